@@ -1,0 +1,130 @@
+"""Roofline cost model: each operator of one forward pass costs max(compute time, memory time) at
+realistic efficiencies plus a fixed launch cost; the step adds CPU-side overheads.
+
+It is the prior for GPUs without a measured profile (datasheet figures from `costmodels.catalog`).
+It ignores GEMM tile quantisation, wave effects and cache reuse; calibrated profiles capture those.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+from costmodels.catalog import DTYPE_BYTES, GPU, ModelShape
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Fractions of datasheet peaks that kernels reach, with the measurement behind each."""
+    # bf16 GEMM: aiconfigurator's H100 tables peak near 937 and sit near 820 TFLOP/s for large shapes
+    # (0.83 of 989); decode-shaped GEMMs reach 63-88% of HBM bandwidth (references.md).
+    gemm_compute: float = 0.80
+    gemm_memory: float = 0.75
+    # Fused (flash) attention reaches roughly 50-70% of peak in prefill; decode attention streams KV.
+    attention_compute: float = 0.55
+    attention_memory: float = 0.70
+    elementwise_memory: float = 0.60     # RMSNorm, rotary, SiLU*mul, residual adds: bandwidth-bound
+    allreduce_link: float = 0.70         # NCCL ring bus bandwidth over the datasheet NVLink figure
+    kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
+    allreduce_latency_s: float = 8.0e-6  # NCCL small-message latency per all-reduce
+    # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
+    per_step_s: float = 4.0e-4
+    per_request_s: float = 6.0e-6        # per sequence in the batch
+
+
+class RooflineCostModel:
+    """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` for one replica of `model` on
+    `tp` GPUs of kind `gpu`. All times in seconds."""
+
+    def __init__(self, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
+                 eff: Efficiencies = Efficiencies()):
+        self.model, self.gpu, self.tp, self.dtype, self.eff = model, gpu, tp, dtype, eff
+        self.dt = DTYPE_BYTES[dtype]
+        m = model
+        self.q_dim = m.num_heads * m.head_dim // tp
+        self.kv_dim = 2 * max(1, m.num_kv_heads // tp) * m.head_dim   # K and V, per GPU
+        self.heads = m.num_heads // tp
+        mlp_in = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
+        # (N, K) of each per-layer GEMM on one GPU: QKV, O, gate+up (or fc1), down (or fc2).
+        self.layer_gemms = [(self.q_dim + self.kv_dim, m.hidden_size), (m.hidden_size, self.q_dim),
+                            (mlp_in, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)]
+        self.peak_flops = gpu.bf16_flops_per_s * (2 if dtype == "fp8" else 1)
+
+    def describe(self) -> dict:
+        return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
+                "gpu": self.gpu.name, "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
+                **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
+
+    def _gemm_s(self, m: float, n: int, k: int) -> float:
+        e = self.eff
+        flops = 2.0 * m * n * k
+        bytes_ = (m * k + k * n + m * n) * self.dt   # read activations + weights, write outputs
+        return max(flops / (self.peak_flops * e.gemm_compute),
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.kernel_launch_s
+
+    def _attention_s(self, new: np.ndarray, cached: np.ndarray, decode_ctx: np.ndarray) -> float:
+        e, hd, dt = self.eff, self.model.head_dim, self.dt
+        t = 0.0
+        if new.size:  # varlen flash attention, causal over the new tokens, full over the cached ones
+            flops = 4.0 * hd * self.heads * float(np.sum(new * (cached + (new + 1) / 2.0)))
+            bytes_ = dt * float(np.sum(2 * new * self.q_dim + (cached + new) * self.kv_dim))
+            t += max(flops / (self.peak_flops * e.attention_compute),
+                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        if decode_ctx.size:  # paged decode attention: stream every sequence's K and V once
+            flops = 4.0 * hd * self.heads * float(decode_ctx.sum())
+            bytes_ = dt * float(decode_ctx.sum() * self.kv_dim + 2 * decode_ctx.size * self.q_dim)
+            t += max(flops / (self.peak_flops * e.attention_compute),
+                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        return t
+
+    def _elementwise_s(self, num_tokens: int) -> float:
+        """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
+        m, e = self.model, self.eff
+        bytes_ = self.dt * num_tokens * (2 * 2 * m.hidden_size + 2 * (self.q_dim + self.kv_dim)
+                                         + 3 * m.intermediate_size // self.tp + 2 * 3 * m.hidden_size)
+        return bytes_ / (self.gpu.hbm_bytes_per_s * e.elementwise_memory) + 5 * e.kernel_launch_s
+
+    def _allreduce_s(self, num_tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        e = self.eff
+        bytes_ = num_tokens * self.model.hidden_size * self.dt * 2 * (self.tp - 1) / self.tp  # ring
+        return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+
+    def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                    num_logits: int | None = None) -> float:
+        pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
+        dc = np.asarray(decode, dtype=float)
+        num_seqs = len(pf) + len(dc)
+        num_tokens = int(pf[:, 0].sum()) + len(dc)
+        if num_tokens == 0:
+            return 0.0
+        if num_logits is None:
+            num_logits = num_seqs
+        layer = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
+        layer += self._attention_s(pf[:, 0], pf[:, 1], dc) + self._elementwise_s(num_tokens)
+        layer += self._allreduce_s(num_tokens)
+        m, e = self.model, self.eff
+        head = 0.0
+        if num_logits:  # final norm, LM head over the vocabulary shard, logits to fp32, sampling
+            head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
+            head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+            head += 3 * e.kernel_launch_s
+        embed = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+        return (m.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+
+
+def weight_bytes(model: ModelShape, tp: int = 1, dtype: str = "bf16") -> float:
+    return model.num_params * DTYPE_BYTES[dtype] / tp
+
+
+def activation_reserve_bytes(model: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
+                             tp: int = 1, dtype: str = "bf16") -> float:
+    """Peak non-KV memory of vLLM's profiling forward at the token budget: the largest live activations
+    (hidden states, QKV, the gated MLP intermediate), fp32 logits for the sampled sequences, plus
+    about 1.5 GiB of CUDA context, NCCL buffers and CUDA graphs that vLLM also counts."""
+    dt = DTYPE_BYTES[dtype]
+    per_token = dt * (4 * model.hidden_size + 3 * model.intermediate_size // tp)
+    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size // tp * 4 * 2
+    return max_num_batched_tokens * per_token + logits + 1.5 * 1024**3

@@ -1,0 +1,1 @@
+"""Experiments: sweep files, wiring, the `python -m experiments.run` entry point."""

@@ -1,0 +1,254 @@
+"""The sweep file: a strict loader from YAML mappings to resolved, typed point configurations.
+
+Every unknown key or bad value raises `ConfigError` with a one-line message naming the dotted key.
+Knob names and defaults follow vLLM where one exists (../shared/docs/engines.md section 1.3).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu, get_model, with_max_model_len
+from policies import POLICIES
+from workloads.errors import WorkloadError
+from workloads.synthetic import Workload, parse_workload
+
+
+class ConfigError(ValueError):
+    """A bad sweep file; the message names the offending key and fits on one line."""
+
+
+TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
+            "engine", "workload", "grid"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine-level settings (not a policy's knobs)."""
+    block_size: int = 16                  # vLLM CacheConfig.DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = 0.9   # vLLM default
+    num_gpu_blocks: int | None = None     # overrides the derived block count
+    max_model_len: int | None = None      # overrides the model's limit
+    preemption_mode: str = "recompute"    # vLLM V1 only recomputes; "swap" is vLLM V0's option
+    swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
+    check_invariants: bool = True
+
+
+ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}
+POLICY_KEYS = {f.name for p in POLICIES.values() for f in dataclasses.fields(p)}
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    """One fully resolved simulation: everything `experiments.simulate` needs, no I/O left."""
+    model: ModelShape
+    gpu: GPU
+    tensor_parallel_size: int
+    dtype: str
+    profile: str | None
+    policy: object
+    engine: EngineSettings
+    workload: Workload
+    unused_engine_keys: tuple[str, ...] = ()
+
+
+def _check_type(key: str, value, default, allow_none: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int) or (default is None and key.endswith(("num_gpu_blocks", "max_model_len"))):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{key}: expected a non-negative number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def vllm_defaults(policy: str, gpu: GPU, max_model_len: int) -> dict:
+    """vLLM 0.19 server defaults (`get_batch_defaults`): 1024 seqs / 8192 tokens on >= 70 GiB GPUs other
+    than A100, else 256 / 2048. Without chunked prefill (V0 default) the budget is max(max_model_len, 2048)."""
+    big = gpu.memory_bytes >= 70 * 1024**3 * 0.999 and not gpu.name.startswith("a100")
+    if policy == "chunked_prefill":
+        return {"max_num_seqs": 1024 if big else 256, "max_num_batched_tokens": 8192 if big else 2048}
+    return {"max_num_seqs": 256, "max_num_batched_tokens": max(max_model_len, 2048)}
+
+
+def _resolve_policy(engine: dict, gpu: GPU, max_model_len: int):
+    name = engine.get("policy", "chunked_prefill")
+    if name not in POLICIES:
+        raise ConfigError(f"engine.policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = {k: v for k, v in vllm_defaults(name, gpu, max_model_len).items() if k in fields}
+    knobs = {}
+    for k, f in fields.items():
+        if k in engine:
+            knobs[k] = _check_type(f"engine.{k}", engine[k], f.default)
+        elif k in defaults:
+            knobs[k] = defaults[k]
+    if "max_num_batched_tokens" in fields and "max_num_seqs" not in engine:
+        knobs["max_num_seqs"] = min(knobs["max_num_seqs"], knobs["max_num_batched_tokens"])  # as vLLM
+    for k in ("max_num_seqs", "max_num_batched_tokens"):
+        if k in knobs and knobs[k] < 1:
+            raise ConfigError(f"engine.{k}: must be at least 1")
+    if knobs.get("max_num_batched_tokens", math.inf) < knobs.get("max_num_seqs", 0):
+        raise ConfigError(f"engine.max_num_batched_tokens ({knobs['max_num_batched_tokens']}) must be >= "
+                          f"engine.max_num_seqs ({knobs['max_num_seqs']}), as vLLM requires")
+    if name == "continuous" and knobs["max_num_batched_tokens"] < max_model_len:
+        raise ConfigError(f"engine.max_num_batched_tokens ({knobs['max_num_batched_tokens']}) < max_model_len "
+                          f"({max_model_len}): without chunked prefill a long prompt could never be scheduled "
+                          "(vLLM refuses this too); raise it or lower engine.max_model_len")
+    try:
+        policy = cls(**knobs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    unused = tuple(sorted(k for k in engine if k in POLICY_KEYS and k not in fields))
+    return policy, unused
+
+
+def resolve_point(raw: dict) -> PointConfig:
+    """Turn one point's mapping (a base config with grid values applied) into a PointConfig."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the sweep file must be a YAML mapping")
+    for k in raw:
+        if k not in TOP_KEYS:
+            raise ConfigError(f"{k}: unknown top-level key; expected one of {', '.join(sorted(TOP_KEYS))}")
+    try:
+        model = get_model(str(raw.get("model", "llama-3-8b")))
+        gpu = get_gpu(str(raw.get("hardware", "h100-sxm")))
+    except CatalogError as e:
+        raise ConfigError(f"{'model' if 'model' in str(e) else 'hardware'}: {e}") from None
+    tp = raw.get("tensor_parallel_size", 1)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tensor_parallel_size: expected a positive integer, got {tp!r}")
+    if model.num_heads % tp:
+        raise ConfigError(f"tensor_parallel_size: {tp} does not divide {model.num_heads} attention heads")
+    dtype = raw.get("dtype", "bf16")
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    profile = raw.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError(f"profile: expected a profile name or path, got {profile!r}")
+    engine = raw.get("engine", {}) or {}
+    if not isinstance(engine, dict):
+        raise ConfigError("engine: expected a mapping")
+    for k in engine:
+        if k != "policy" and k not in ENGINE_KEYS and k not in POLICY_KEYS:
+            raise ConfigError(f"engine.{k}: unknown key; engine keys are policy, "
+                              f"{', '.join(sorted(ENGINE_KEYS | POLICY_KEYS))}")
+    settings = EngineSettings(**{k: _check_type(f"engine.{k}", engine[k], f.default,
+                                                allow_none=f.default is None)
+                                 for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings))
+                                 if k in engine})
+    if settings.block_size < 1:
+        raise ConfigError("engine.block_size: must be at least 1")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise ConfigError(f"engine.gpu_memory_utilization: must be in (0, 1], got {settings.gpu_memory_utilization}")
+    if settings.preemption_mode not in ("recompute", "swap"):
+        raise ConfigError(f"engine.preemption_mode: expected recompute or swap, got {settings.preemption_mode!r}")
+    if settings.max_model_len is not None:
+        if settings.max_model_len < 2:
+            raise ConfigError("engine.max_model_len: must be at least 2")
+        model = with_max_model_len(model, settings.max_model_len)
+    if settings.num_gpu_blocks is not None and settings.num_gpu_blocks < 1:
+        raise ConfigError("engine.num_gpu_blocks: must be at least 1")
+    policy, unused = _resolve_policy(engine, gpu, model.max_model_len)
+    try:
+        workload = parse_workload(raw.get("workload"))
+    except WorkloadError as e:
+        raise ConfigError(str(e)) from None
+    return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused)
+
+
+# ---- sweeps ----
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    grid_values: dict
+    seed: int
+    raw: dict          # the base mapping with this point's grid values applied
+    config: PointConfig
+
+    @property
+    def point_id(self) -> str:
+        return f"p{self.index:03d}-seed{self.seed}"
+
+
+def set_dotted(d: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        if not isinstance(d.get(p, {}), dict):
+            raise ConfigError(f"grid.{dotted}: {p} is not a mapping")
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def expand(sweep: dict) -> list[Point]:
+    """Cartesian product of `grid` over `seeds`; every point resolved (so any error shows up front)."""
+    if not isinstance(sweep, dict):
+        raise ConfigError("the sweep file must be a YAML mapping")
+    grid = sweep.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError("grid: expected a mapping of dotted keys to lists of values")
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"grid.{k}: expected a non-empty list of values")
+        if k.split(".")[0] in ("grid", "seeds", "name", "description"):
+            raise ConfigError(f"grid.{k}: cannot be swept")
+    seeds = sweep.get("seeds", [0])
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"seeds: expected a list of integers, got {seeds!r}")
+    base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds")}
+    points = []
+    keys = list(grid)
+    for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
+        raw = copy.deepcopy(base)
+        values = dict(zip(keys, combo))
+        for k, v in values.items():
+            set_dotted(raw, k, v)
+        try:
+            cfg = resolve_point(raw)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in values.items())
+            raise ConfigError(f"{e} (grid point {where})" if where else str(e)) from None
+        for seed in seeds:
+            points.append(Point(i, values, seed, raw, cfg))
+    return points
+
+
+def load_sweep_file(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such sweep file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    return data

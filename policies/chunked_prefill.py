@@ -1,0 +1,79 @@
+"""vLLM V1 (0.19) / Sarathi-Serve chunked prefill: running requests first, then waiting ones FCFS,
+all under one token budget per step (../shared/docs/engines.md sections 1.2 and 6).
+
+Simplifications: no prefix caching, speculative decoding, multimodal encoder budget, LoRA slots or
+async scheduling (which hides CPU time but keeps one token per decode per step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from simcore.batch import Batch, Scheduled
+from simcore.request import RequestSpec
+from simcore.view import EngineView
+
+
+@dataclass(frozen=True)
+class ChunkedPrefill:
+    """vLLM V1 `Scheduler.schedule`.
+
+    Phase A walks `running` in admission order, giving each request min(its uncomputed tokens,
+    `long_prefill_token_threshold` when > 0, remaining budget) tokens: decodes take 1, a partial prefill
+    its next chunk. When KV blocks run out it preempts the tail of `running` (most recently admitted)
+    until the request fits or it preempted itself. Phase B, only if nothing was preempted: admits waiting
+    requests FCFS with strict head-of-line blocking, while `max_num_seqs` and the budget allow and the
+    whole current sequence fits in free KV (`scheduler_reserve_full_isl`, on by default in 0.19).
+    """
+    name: ClassVar[str] = "chunked_prefill"
+    holds_slots_until_drained: ClassVar[bool] = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+
+    def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
+        return spec.num_prompt_tokens + spec.num_output_tokens
+
+    def _cap(self, n: int, budget: int) -> int:
+        if 0 < self.long_prefill_token_threshold < n:
+            n = self.long_prefill_token_threshold
+        return min(n, budget)
+
+    def schedule(self, view: EngineView) -> Batch:
+        budget = self.max_num_batched_tokens
+        free = view.num_free_blocks
+        running = list(view.running)
+        scheduled: list[Scheduled] = []
+        preempted: list[int] = []
+        # Phase A: running requests, in list order.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = self._cap(req.num_uncomputed_tokens, budget)
+            need = view.blocks_to_hold(req, req.num_computed_tokens + n)
+            while need > free:  # preempt the most recently admitted until it fits
+                victim = running.pop()
+                preempted.append(victim.request_id)
+                free += victim.num_blocks
+                if victim is req:
+                    break
+            if preempted and preempted[-1] == req.request_id:
+                break
+            scheduled.append(Scheduled(req.request_id, n))
+            free -= need
+            budget -= n
+            i += 1
+        # Phase B: waiting requests FCFS, only in a step that preempted nothing.
+        if not preempted:
+            num_seqs = len(running)
+            for req in view.waiting:
+                if budget <= 0 or num_seqs >= self.max_num_seqs:
+                    break
+                n = self._cap(req.num_uncomputed_tokens, budget)
+                if view.blocks_to_hold(req, req.num_tokens) > free:
+                    break  # head-of-line blocking: nobody behind it is admitted
+                scheduled.append(Scheduled(req.request_id, n))
+                free -= view.blocks_to_hold(req, req.num_computed_tokens + n)
+                budget -= n
+                num_seqs += 1
+        return Batch(tuple(scheduled), tuple(preempted))

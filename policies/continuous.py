@@ -1,0 +1,118 @@
+"""Iteration-level (continuous) batching with whole-prompt prefills: Orca (OSDI'22) and vLLM V0's
+default scheduler (../shared/docs/engines.md sections 1.8, 5 and 10).
+
+Simplifications: no prefix caching, no `delay_factor`, one sequence per request (no beam search).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from simcore.batch import Batch, Scheduled
+from simcore.request import RequestSpec, Status
+from simcore.view import EngineView, max_total_tokens
+
+KV_RESERVATIONS = ("paged", "max")
+
+
+@dataclass(frozen=True)
+class Continuous:
+    """vLLM V0 `_schedule_default` (prefill-first) or Orca.
+
+    Prefill pass: waiting requests FCFS, whole prompts (prompt + generated after a recompute) while the
+    token budget `max_num_batched_tokens`, `max_num_seqs` and free KV allow, stopping at the first that
+    does not fit (head-of-line). vLLM V0 keeps `watermark` (1%) of the blocks free at admission; no
+    prefills while swapped requests wait. A step with admissions is prefill-only unless
+    `mix_prefill_decode` (Orca's selective batching puts decodes and new prompts in one step).
+    Decode pass: every running request one token; with `kv_reservation: paged` a request that needs a
+    new block and finds none preempts the tail of `running` (vLLM); with `max` KV for prompt + max
+    output is reserved on admission and nothing is ever preempted (Orca). Swapped requests come back
+    (swap-in) after the decodes, in a step that preempted nothing.
+    """
+    name: ClassVar[str] = "continuous"
+    holds_slots_until_drained: ClassVar[bool] = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_reservation: str = "paged"
+    mix_prefill_decode: bool = False
+    watermark: float = 0.01
+
+    def __post_init__(self):
+        if self.kv_reservation not in KV_RESERVATIONS:
+            raise ValueError(f"engine.kv_reservation must be one of {KV_RESERVATIONS}, not {self.kv_reservation!r}")
+
+    def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
+        if self.kv_reservation == "max":
+            return max_total_tokens(spec, max_model_len)
+        return spec.num_prompt_tokens + spec.num_output_tokens
+
+    def schedule(self, view: EngineView) -> Batch:
+        free = view.num_free_blocks
+        budget = self.max_num_batched_tokens
+        running = list(view.running)
+        decodes: list[Scheduled] = []
+        preempted: list[int] = []
+        if self.mix_prefill_decode:  # Orca: running requests first, then new prompts in the same step
+            free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
+            if preempted:
+                return Batch(tuple(decodes), tuple(preempted))
+        prefills, free = self._prefill_pass(view, len(running), free, budget)
+        if self.mix_prefill_decode:
+            return Batch(tuple(decodes + prefills))
+        if prefills:
+            return Batch(tuple(prefills))
+        free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
+        if not preempted:
+            decodes += self._swap_in_pass(view, len(running), free)
+        return Batch(tuple(decodes), tuple(preempted))
+
+    def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
+        out: list[Scheduled] = []
+        if view.waiting and view.waiting[0].status is Status.SWAPPED:
+            return out, free  # vLLM V0: no new prefills while anything is swapped out
+        watermark_blocks = int(self.watermark * view.num_total_blocks) if self.kv_reservation == "paged" else 0
+        for req in view.waiting:
+            n = req.num_uncomputed_tokens
+            if n > budget or num_seqs >= self.max_num_seqs:
+                break
+            reserve = max_total_tokens(req.spec, view.max_model_len) if self.kv_reservation == "max" else 0
+            need = view.blocks_to_hold(req, max(req.num_tokens, reserve))
+            if free - need < watermark_blocks:
+                break
+            out.append(Scheduled(req.request_id, n, reserve))
+            free -= need
+            budget -= n
+            num_seqs += 1
+        return out, free
+
+    def _decode_pass(self, view, running, out, preempted, free, budget):
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            need = view.blocks_to_hold(req, req.num_computed_tokens + 1)
+            while need > free:
+                victim = running.pop()
+                preempted.append(victim.request_id)
+                free += victim.num_blocks
+                if victim is req:
+                    break
+            if preempted and preempted[-1] == req.request_id:
+                break
+            out.append(Scheduled(req.request_id, 1))
+            free -= need
+            budget -= 1
+            i += 1
+        return free, budget
+
+    def _swap_in_pass(self, view: EngineView, num_seqs: int, free: int) -> list[Scheduled]:
+        out = []
+        for req in view.waiting:
+            if req.status is not Status.SWAPPED or num_seqs >= self.max_num_seqs:
+                break
+            need = view.blocks_to_hold(req, req.num_computed_tokens + req.num_uncomputed_tokens)
+            if need > free:
+                break
+            out.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
+            free -= need
+            num_seqs += 1
+        return out

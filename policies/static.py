@@ -1,0 +1,64 @@
+"""Request-level (static) batching: FasterTransformer / Hugging Face `generate` behind a Triton-style
+dynamic batcher (../shared/docs/engines.md section 7).
+
+Simplifications: outputs are streamed (TTFT = queueing + padded prefill; finish = the request's own last
+token), though its slot and KV stay held until the batch drains; no token budget on the padded prefill.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from simcore.batch import Batch, Scheduled
+from simcore.kvcache import cdiv
+from simcore.request import RequestSpec
+from simcore.view import EngineView, max_total_tokens
+
+
+@dataclass(frozen=True)
+class Static:
+    """A batch of up to `max_num_seqs` requests forms, FIFO, when the engine is idle: at once, or after
+    waiting up to `batch_timeout_s` from the oldest arrival for the batch to fill (Triton's
+    `max_queue_delay`). Prompts are padded to the longest, KV is reserved for every row up to the padded
+    prompt + the largest max_tokens in the batch, every row is computed (finished rows as padding) until
+    the longest output ends, and nobody joins until the batch drains.
+    """
+    name: ClassVar[str] = "static"
+    holds_slots_until_drained: ClassVar[bool] = True
+    max_num_seqs: int = 256
+    batch_timeout_s: float = 0.0
+
+    def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
+        return max_total_tokens(spec, max_model_len)
+
+    def schedule(self, view: EngineView) -> Batch:
+        if view.running:
+            return self._step(view)
+        waiting = view.waiting
+        if not waiting:
+            return Batch()
+        deadline_s = waiting[0].spec.arrival_s + self.batch_timeout_s
+        if len(waiting) < self.max_num_seqs and view.now_s < deadline_s:
+            return Batch(wake_at_s=deadline_s)
+        members, prompt_len, max_new = [], 0, 0
+        for req in waiting:
+            if len(members) == self.max_num_seqs:
+                break
+            p = max(prompt_len, req.num_prompt_tokens)
+            m = max(max_new, max_total_tokens(req.spec, view.max_model_len) - req.num_prompt_tokens)
+            if (len(members) + 1) * cdiv(p + m, view.block_size) > view.num_free_blocks:
+                break
+            members.append(req)
+            prompt_len, max_new = p, m
+        total_len = prompt_len + max_new
+        # Every row reserves the padded prompt + the batch's max output; every row prefills `prompt_len`.
+        scheduled = tuple(Scheduled(r.request_id, r.num_prompt_tokens, total_len) for r in members)
+        return Batch(scheduled, padded_shape=((prompt_len, 0),) * len(members))
+
+    def _step(self, view: EngineView) -> Batch:
+        """One decode step of the batch in flight: unfinished rows decode, finished rows are padding."""
+        prompt_len = max(r.num_prompt_tokens for r in (*view.running, *view.draining))
+        num_generated = view.running[0].num_generated_tokens  # all unfinished rows are in lock-step
+        num_rows = len(view.running) + len(view.draining)
+        scheduled = tuple(Scheduled(r.request_id, 1) for r in view.running)
+        return Batch(scheduled, padded_shape=((1, prompt_len + num_generated - 1),) * num_rows)

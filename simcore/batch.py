@@ -1,0 +1,40 @@
+"""What a policy decides for one iteration: a frozen value the engine applies and a cost model prices."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One request in an iteration.
+
+    `num_new_tokens`: tokens whose KV is computed this step (1 for a decode, a chunk for a prefill).
+    `num_reserved_tokens`: KV the engine must hold for it after this step, in tokens, when a policy
+    reserves ahead (Orca / static batching reserve prompt + max output); 0 means just what it computes.
+    """
+    request_id: int
+    num_new_tokens: int
+    num_reserved_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One iteration's decision.
+
+    `preempt`: running requests to evict before the step (the engine frees or swaps their KV).
+    `padded_shape`: cost-model shape when the policy pads (static batching): one `(new_tokens,
+    cached_tokens)` row per batch slot, finished slots included. None: priced from `scheduled`.
+    `wake_at_s`: nothing to run now, but call the policy again at this time (a batching timeout) or at the
+    next arrival, whichever comes first.
+    """
+    scheduled: tuple[Scheduled, ...] = ()
+    preempt: tuple[int, ...] = ()
+    padded_shape: tuple[tuple[int, int], ...] | None = None
+    wake_at_s: float | None = None
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)

@@ -1,0 +1,251 @@
+"""One engine replica as one SimPy process: schedule -> price -> advance time -> apply, once per iteration.
+
+Requests are passive data; there is one simulation event per iteration, never one per token. The engine
+owns KV allocation, freeing and preemption; the policy only decides. Tokens appear at iteration end.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import simpy
+
+from simcore.batch import Batch
+from simcore.costmodel import CostModel
+from simcore.kvcache import BlockPool, HostSwapSpace
+from simcore.log import EngineLog
+from simcore.request import Request, RequestSpec, Status
+from simcore.view import EngineView, Policy
+
+
+class SimulationError(RuntimeError):
+    """The simulated engine reached a state a real one cannot (a policy bug): fail loudly."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Engine-level settings that are not a policy's knobs."""
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_model_len: int = 8192
+    preemption_mode: str = "recompute"   # or "swap" (vLLM V0 only; V1 always recomputes)
+    kv_bytes_per_token: int = 0          # for swap transfer times
+    host_link_bytes_per_s: float = 25e9  # GPU<->host copy bandwidth (PCIe)
+    num_swap_blocks: int = 0             # host swap space, in blocks
+    check_invariants: bool = True
+
+
+class Engine:
+    def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
+                 log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
+                 replica_id: int = 0):
+        if limits.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
+                             f"not {limits.preemption_mode!r}")
+        self.env, self.policy, self.cost_model, self.limits = env, policy, cost_model, limits
+        self.replica_id = replica_id
+        self.pool = BlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.draining: list[Request] = []
+        self.requests: dict[int, Request] = {}
+        self.log = log if log is not None else EngineLog()
+        self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._loop())
+
+    # ---- arrivals ----
+    def submit(self, spec: RequestSpec) -> None:
+        req = Request(spec)
+        if spec.request_id in self.requests:
+            raise SimulationError(f"duplicate request id {spec.request_id}")
+        self.requests[spec.request_id] = req
+        self.log.arrival(spec, self.replica_id)
+        reason = self._reject_reason(spec)
+        if reason:
+            req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
+            self.log.done(req, self.replica_id)
+            if self.on_done:
+                self.on_done(req)
+            return
+        self.waiting.append(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _reject_reason(self, spec: RequestSpec) -> str | None:
+        # vLLM rejects prompt >= max_model_len, and prompt + max_tokens > max_model_len at the API server.
+        if spec.num_prompt_tokens + max(1, spec.num_output_tokens) > self.limits.max_model_len:
+            return "exceeds_max_model_len"
+        if spec.num_output_tokens < 1 or spec.num_prompt_tokens < 1:
+            return "empty_prompt_or_output"
+        if self.pool.blocks_for(self.policy.kv_tokens_needed(spec, self.limits.max_model_len)) > self.pool.num_blocks:
+            return "exceeds_kv_capacity"
+        return None
+
+    # ---- the loop ----
+    def view(self) -> EngineView:
+        return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
+                          self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
+                          self.draining)
+
+    def _loop(self):
+        env = self.env
+        while True:
+            if not (self.waiting or self.running):
+                self._wake = env.event()
+                yield self._wake
+                continue
+            batch = self.policy.schedule(self.view())
+            if not batch.scheduled:
+                if batch.preempt:
+                    raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
+                if batch.wake_at_s is None or batch.wake_at_s <= env.now:
+                    raise SimulationError(
+                        f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
+                        f"{len(self.waiting)} waiting, {len(self.running)} running, "
+                        f"{self.pool.num_free_blocks}/{self.pool.num_blocks} blocks free")
+                self._wake = env.event()
+                yield self._wake | env.timeout(batch.wake_at_s - env.now)
+                continue
+            start_s = env.now
+            transfer_s = self._preempt(batch.preempt)
+            transfer_s += self._admit_and_allocate(batch)
+            shape = batch.padded_shape
+            if shape is None:
+                shape = [(s.num_new_tokens, self.requests[s.request_id].num_computed_tokens)
+                         for s in batch.scheduled]
+            duration_s = self.cost_model.step_time_s(
+                prefill=[(n, c) for n, c in shape if n > 1 or c == 0],
+                decode=[c + 1 for n, c in shape if n == 1 and c > 0],
+                num_logits=self._num_logits(batch, shape)) + transfer_s
+            yield env.timeout(duration_s)
+            self._complete(batch, start_s, duration_s, shape)
+            if self.limits.check_invariants:
+                self._check_invariants()
+
+    def _num_logits(self, batch: Batch, shape) -> int:
+        if batch.padded_shape is not None:
+            return len(shape)  # padded rows sample too (HF generate keeps finished rows in the batch)
+        reqs = self.requests
+        return sum(1 for s in batch.scheduled
+                   if reqs[s.request_id].num_computed_tokens + s.num_new_tokens >= reqs[s.request_id].num_tokens)
+
+    # ---- applying a decision ----
+    def _preempt(self, victims: tuple[int, ...]) -> float:
+        transfer_s = 0.0
+        for rid in victims:
+            req = self.requests[rid]
+            if req.status is not Status.RUNNING:
+                raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
+            self.running.remove(req)
+            req.num_preemptions += 1
+            if self.limits.preemption_mode == "swap" and self.swap_space.can_hold(req.num_blocks):
+                # vLLM V0 swap: KV copied to host; progress kept.
+                self.swap_space.num_used_blocks += req.num_blocks
+                transfer_s += self._transfer_s(req.num_blocks)
+                self.pool.num_used_blocks -= req.num_blocks
+                req.status = Status.SWAPPED
+            else:
+                # Recompute (vLLM default, and V0's fallback when swap space is full): KV dropped.
+                self.pool.free(req)
+                req.num_computed_tokens = 0
+                req.status = Status.WAITING
+            self.waiting.appendleft(req)  # vLLM: waiting.prepend_request
+            self.log.preemption(req, self.env.now)
+        return transfer_s
+
+    def _transfer_s(self, num_blocks: int) -> float:
+        num_bytes = num_blocks * self.limits.block_size * self.limits.kv_bytes_per_token
+        return num_bytes / self.limits.host_link_bytes_per_s
+
+    def _admit_and_allocate(self, batch: Batch) -> float:
+        transfer_s = 0.0
+        admitted = []
+        for s in batch.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
+                raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
+            if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
+                raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
+                                      f"tokens; it has {req.num_uncomputed_tokens} left to compute")
+            if req.status is Status.SWAPPED:
+                self.swap_space.num_used_blocks -= req.num_blocks
+                self.pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
+                transfer_s += self._transfer_s(req.num_blocks)
+            if req.status is not Status.RUNNING:
+                admitted.append(req)
+                req.status = Status.RUNNING
+                if req.admitted_s is None:
+                    req.admitted_s = self.env.now
+            self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
+        if self.pool.num_used_blocks > self.pool.num_blocks:
+            raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
+        if admitted:
+            waiting = self.waiting
+            num_front = 0  # FCFS policies admit from the front: pop those without scanning the queue
+            while waiting and waiting[0].status is Status.RUNNING:
+                waiting.popleft()
+                num_front += 1
+            if num_front < len(admitted):  # a policy that skipped the head (e.g. priority order)
+                self.waiting = deque(r for r in waiting if r.status is not Status.RUNNING)
+            self.running.extend(admitted)
+        return transfer_s
+
+    def _complete(self, batch: Batch, start_s: float, duration_s: float, shape) -> None:
+        now = self.env.now
+        log = self.log
+        num_prefill = num_decode = 0
+        done = []
+        for s in batch.scheduled:
+            req = self.requests[s.request_id]
+            if req.num_uncomputed_tokens == 1 and req.num_generated_tokens > 0:
+                num_decode += 1
+            else:
+                num_prefill += s.num_new_tokens
+            req.num_computed_tokens += s.num_new_tokens
+            if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
+                req.num_generated_tokens += 1
+                if req.first_token_s is None:
+                    req.first_token_s = now
+                else:
+                    log.itl_gaps_s.append(now - req.last_token_s)
+                req.last_token_s = now
+                if req.num_generated_tokens == req.spec.num_output_tokens:
+                    done.append(req)
+        for req in done:
+            self.running.remove(req)
+            req.finish_s = now
+            if self.policy.holds_slots_until_drained:
+                req.status = Status.DRAINING
+                self.draining.append(req)
+            else:
+                req.status = Status.FINISHED
+                self.pool.free(req)
+            log.done(req, self.replica_id)
+        if self.draining and not self.running:
+            for req in self.draining:
+                self.pool.free(req)
+                req.status = Status.FINISHED
+            self.draining.clear()
+        num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
+        log.iteration(start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled),
+                      len(batch.preempt), len(self.waiting), len(self.running) + len(self.draining),
+                      self.pool.num_used_blocks, self.replica_id)
+        for req in done:
+            if self.on_done:
+                self.on_done(req)
+
+    def _check_invariants(self) -> None:
+        pool = self.pool
+        held = sum(r.num_blocks for r in self.running) + sum(r.num_blocks for r in self.draining)
+        if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != pool.num_used_blocks:
+            raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
+                                  f"{pool.num_blocks}, requests hold {held}")
+        for r in self.running:
+            if r.status is not Status.RUNNING or pool.blocks_for(r.num_computed_tokens) > r.num_blocks:
+                raise SimulationError(f"request {r.request_id} is {r.status.value} in running with "
+                                      f"{r.num_computed_tokens} tokens computed in {r.num_blocks} blocks")
+        if not 0 <= self.swap_space.num_used_blocks <= self.swap_space.num_blocks:
+            raise SimulationError(f"host swap accounting broken: {self.swap_space.num_used_blocks} blocks used")

@@ -1,0 +1,83 @@
+"""Pure functions from an engine log to per-request and per-iteration tables and a summary.
+
+Definitions follow the benchmark tools (../shared/docs/engines.md, section 9): TTFT = first token -
+arrival (queueing and every prefill chunk included); ITL = every gap between consecutive tokens, pooled
+over requests (vllm bench serve); TPOT = (e2e - TTFT) / (output tokens - 1) per request; E2E = finish -
+arrival. Throughput divides by the whole run (t = 0 to the last completion), as vllm bench serve does.
+Request concurrency, running sequences, iteration batch, token budget and queue depth stay distinct:
+`mean_running` counts sequences holding KV, `mean_batch_seqs`/`mean_batch_tokens` what one forward ran,
+`mean_waiting` the queue.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simcore.log import ITERATION_COLUMNS, REQUEST_COLUMNS, EngineLog
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def requests_frame(log: EngineLog) -> pd.DataFrame:
+    df = pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS))
+    df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+    df["queue_s"] = df["admitted_s"] - df["arrival_s"]
+    decode_steps = df["output_tokens"] - 1
+    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / decode_steps).where(decode_steps > 0)
+    return df
+
+
+def iterations_frame(log: EngineLog) -> pd.DataFrame:
+    return pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
+
+
+def _stats_ms(prefix: str, values_s) -> dict:
+    v = np.asarray(values_s, dtype=float)
+    v = v[~np.isnan(v)]
+    out = {f"{prefix}_mean_ms": float(v.mean() * 1e3) if v.size else float("nan")}
+    pcts = np.percentile(v, PERCENTILES) * 1e3 if v.size else [float("nan")] * len(PERCENTILES)
+    out.update({f"{prefix}_p{p}_ms": float(x) for p, x in zip(PERCENTILES, pcts)})
+    return out
+
+
+def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_gpu_blocks: int) -> dict:
+    fin = requests[requests["status"] == "finished"]
+    end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0,
+                      (iterations["start_s"] + iterations["duration_s"]).max() if len(iterations) else 0.0))
+    duration_s = end_s if end_s > 0 else float("nan")
+    out_tokens = int(fin["output_tokens"].sum())
+    in_tokens = int(fin["prompt_tokens"].sum())
+    s = {
+        "num_requests": len(requests),
+        "num_finished": len(fin),
+        "num_rejected": int((requests["status"] == "rejected").sum()),
+        "duration_s": duration_s,
+        "throughput_rps": len(fin) / duration_s,
+        "output_tok_per_s": out_tokens / duration_s,
+        "total_tok_per_s": (in_tokens + out_tokens) / duration_s,
+    }
+    s.update(_stats_ms("ttft", fin["ttft_s"]))
+    s.update(_stats_ms("itl", itl_gaps_s))
+    s.update(_stats_ms("tpot", fin["tpot_s"]))
+    s.update(_stats_ms("e2e", fin["e2e_s"]))
+    s.update(_stats_ms("queue", fin["queue_s"]))
+    it = iterations
+    dur = it["duration_s"].to_numpy()
+    computed = it["prefill_tokens"] + it["decode_tokens"]
+    s.update({
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_iterations": len(it),
+        # time-weighted over the whole run (idle stretches count as zero)
+        "mean_waiting": float((it["num_waiting"] * dur).sum() / duration_s) if len(it) else 0.0,
+        "max_waiting": int(it["num_waiting"].max()) if len(it) else 0,
+        "mean_running": float((it["num_running"] * dur).sum() / duration_s) if len(it) else 0.0,
+        "mean_batch_tokens": float((computed + it["padding_tokens"]).mean()) if len(it) else 0.0,
+        "mean_batch_seqs": float(it["num_seqs"].mean()) if len(it) else 0.0,
+        "kv_usage_mean": float((it["kv_blocks_used"] * dur).sum() / duration_s / num_gpu_blocks) if len(it) else 0.0,
+        "kv_usage_max": float(it["kv_blocks_used"].max() / num_gpu_blocks) if len(it) else 0.0,
+        "padding_waste": float(it["padding_tokens"].sum() / max(1, (computed + it["padding_tokens"]).sum())),
+        "busy_fraction": float(dur.sum() / duration_s) if len(it) else 0.0,
+    })
+    return s

@@ -1,0 +1,57 @@
+"""The read-only view of an engine that a policy decides from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, Sequence
+
+from simcore.batch import Batch
+from simcore.kvcache import cdiv
+from simcore.request import Request, RequestSpec, Status
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """A snapshot an engine hands its policy each iteration. Policies must not mutate what it holds.
+
+    `waiting`: FCFS order, front first (new arrivals, recompute-preempted and swapped requests).
+    `running`: admission order (a resumed request is appended again at the end, as in vLLM).
+    `draining`: finished requests whose slot and KV are still held (static batching only).
+    """
+    now_s: float
+    waiting: Sequence[Request]
+    running: Sequence[Request]
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+    max_model_len: int
+    draining: Sequence[Request] = ()
+
+    def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
+        """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,
+        plus, for a swapped request, the blocks it brings back from the host."""
+        extra = max(0, cdiv(num_tokens, self.block_size) - req.num_blocks)
+        return extra + req.num_blocks if req.status is Status.SWAPPED else extra
+
+    def max_total_tokens(self, spec: RequestSpec) -> int:
+        return max_total_tokens(spec, self.max_model_len)
+
+
+def max_total_tokens(spec: RequestSpec, max_model_len: int) -> int:
+    """Prompt + the client's max_tokens (up to max_model_len when unset): what Orca-style and static
+    schedulers reserve, since the real output length is unknown until EOS."""
+    if spec.max_new_tokens is None:
+        return max_model_len
+    return min(spec.num_prompt_tokens + max(spec.max_new_tokens, spec.num_output_tokens), max_model_len)
+
+
+class Policy(Protocol):
+    """A scheduler: a frozen dataclass whose fields are its knobs. It only decides; the engine applies."""
+    name: ClassVar[str]
+    # Finished requests keep their slot and KV until the whole batch is done (static batching).
+    holds_slots_until_drained: ClassVar[bool]
+
+    def schedule(self, view: EngineView) -> Batch: ...
+
+    def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
+        """KV tokens this request needs at its peak when alone; it is rejected if that never fits."""
+        ...

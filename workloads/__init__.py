@@ -1,0 +1,7 @@
+"""Traffic: synthetic arrival processes and length distributions (and, later, trace replay)."""
+from workloads.distributions import LengthDist, parse_length_dist
+from workloads.errors import WorkloadError
+from workloads.synthetic import Arrival, GeneratedRequests, Workload, generate, parse_arrival, parse_workload
+
+__all__ = ["LengthDist", "parse_length_dist", "WorkloadError", "Arrival", "GeneratedRequests", "Workload",
+           "generate", "parse_arrival", "parse_workload"]

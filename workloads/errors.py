@@ -1,0 +1,2 @@
+class WorkloadError(ValueError):
+    """Bad workload input; the message names the offending key or file in one line."""
