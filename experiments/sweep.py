@@ -1,0 +1,162 @@
+"""Run every point of a sweep (in parallel across local cores), saving each as soon as it finishes.
+
+Output folder layout:
+  results.csv                       one row per point and seed (rewritten after every finished point)
+  sweep.yaml                        the sweep as given
+  points/<point_id>/summary.json    that row, plus a hash of the point's configuration
+  points/<point_id>/requests.csv    per-request table
+  points/<point_id>/iterations.csv  per-iteration table
+  points/<point_id>/config.yaml     the resolved configuration (defaults filled in)
+A rerun into the same folder skips every point whose summary.json matches its configuration, so an
+interrupted sweep loses nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from experiments.config import Point, expand
+from experiments.simulate import SimResult, simulate
+
+SUMMARY_COLUMNS = ["throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+                   "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "num_preemptions", "mean_running",
+                   "kv_usage_max"]
+
+
+@dataclass
+class SweepResult:
+    results: pd.DataFrame                       # one row per point and seed
+    points: dict[str, SimResult] = field(default_factory=dict)  # per point id, when kept in memory
+    num_skipped: int = 0
+
+
+def point_hash(point: Point) -> str:
+    blob = json.dumps({"raw": point.raw, "seed": point.seed}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _row(point: Point, summary: dict) -> dict:
+    row = {"point": point.point_id, **{k: v for k, v in point.grid_values.items()}, "seed": point.seed,
+           "policy": point.config.policy.name}
+    row.update(summary)
+    return row
+
+
+def _run_point(point: Point) -> tuple[Point, SimResult, float]:
+    t0 = time.perf_counter()
+    result = simulate(point.config, point.seed)
+    return point, result, time.perf_counter() - t0
+
+
+def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float) -> None:
+    d = out_dir / "points" / point.point_id
+    d.mkdir(parents=True, exist_ok=True)
+    result.requests.to_csv(d / "requests.csv", index=False)
+    result.iterations.to_csv(d / "iterations.csv", index=False)
+    (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
+    summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
+    tmp = d / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, default=str, indent=1))
+    tmp.replace(d / "summary.json")  # atomic: a point is either finished or absent
+
+
+def _load_finished(out_dir: Path, point: Point) -> dict | None:
+    f = out_dir / "points" / point.point_id / "summary.json"
+    try:
+        s = json.loads(f.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return s if s.get("config_hash") == point_hash(point) else None
+
+
+def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None,
+              progress: bool = True, keep_in_memory: bool | None = None) -> SweepResult:
+    """Run a sweep mapping (as loaded from YAML). With `out_dir`, every finished point is saved and a rerun
+    resumes; without it, everything stays in memory (`SweepResult.points`), as a notebook wants."""
+    points = expand(sweep)
+    out = Path(out_dir) if out_dir is not None else None
+    keep = keep_in_memory if keep_in_memory is not None else out is None
+    rows: dict[str, dict] = {}
+    todo = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+        for p in points:
+            done = _load_finished(out, p)
+            if done is not None:
+                rows[p.point_id] = done
+            else:
+                todo.append(p)
+    else:
+        todo = list(points)
+    result = SweepResult(pd.DataFrame(), num_skipped=len(points) - len(todo))
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo))) if todo else 1
+    bar = _progress_bar(len(points), result.num_skipped, progress)
+
+    def finish(point: Point, sim: SimResult, wall_s: float) -> None:
+        rows[point.point_id] = {**_row(point, sim.summary), "wall_s": round(wall_s, 3)}
+        if out is not None:
+            _save_point(out, point, sim, wall_s)
+            _write_results(out, points, rows)
+        if keep:
+            result.points[point.point_id] = sim
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if jobs == 1:
+            for p in todo:
+                if bar is not None:
+                    bar.set_postfix_str(f"running {p.point_id}")
+                finish(*_run_point(p))
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                pending = {pool.submit(_run_point, p) for p in todo}
+                while pending:
+                    if bar is not None:
+                        bar.set_postfix_str(f"{len(pending)} left, {min(jobs, len(pending))} running")
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        finish(*f.result())
+    finally:
+        if bar is not None:
+            bar.close()
+    result.results = _frame(points, rows)
+    if out is not None:
+        _write_results(out, points, rows)
+    return result
+
+
+def _frame(points: list[Point], rows: dict[str, dict]) -> pd.DataFrame:
+    return pd.DataFrame([rows[p.point_id] for p in points if p.point_id in rows])
+
+
+def _write_results(out: Path, points: list[Point], rows: dict[str, dict]) -> None:
+    df = _frame(points, rows).drop(columns=["config_hash"], errors="ignore")
+    tmp = out / "results.csv.tmp"
+    df.to_csv(tmp, index=False)
+    tmp.replace(out / "results.csv")
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, unit="point", desc="sweep", dynamic_ncols=True)
+
+
+def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:
+    """The readable table printed at the end of a run."""
+    cols = ["point"] + [k for k in grid_keys if k != "engine.policy"] + ["seed", "policy"]
+    cols += [c for c in SUMMARY_COLUMNS if c in results.columns]
+    df = results[[c for c in cols if c in results.columns]].copy()
+    rename = {c: c.replace("workload.", "").replace("engine.", "").replace("arrival.", "") for c in df.columns}
+    return df.rename(columns=rename).to_string(index=False, float_format=lambda v: f"{v:,.1f}")
