@@ -251,4 +251,28 @@ def load_sweep_file(path: str | Path) -> dict:
         raise ConfigError(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    resolve_relative_paths(data, path.parent)
     return data
+
+
+def resolve_relative_paths(sweep: dict, base_dir: Path) -> None:
+    """Make a relative `workload.trace.path` (also in `grid`) relative to the sweep file's folder, so a
+    sweep runs the same from any working directory. Mutates `sweep`."""
+    def fix(trace) -> None:
+        if isinstance(trace, dict) and isinstance(trace.get("path"), str) and not Path(trace["path"]).is_absolute():
+            trace["path"] = str((base_dir / trace["path"]).resolve())
+
+    workload = sweep.get("workload")
+    if isinstance(workload, dict):
+        fix(workload.get("trace"))
+    grid = sweep.get("grid")
+    if isinstance(grid, dict):
+        for k, values in grid.items():
+            if isinstance(values, list) and k in ("workload.trace.path", "workload.trace", "workload"):
+                for i, v in enumerate(values):
+                    if k == "workload.trace.path" and isinstance(v, str) and not Path(v).is_absolute():
+                        values[i] = str((base_dir / v).resolve())
+                    elif k == "workload.trace":
+                        fix(v)
+                    elif isinstance(v, dict):
+                        fix(v.get("trace"))

@@ -15,7 +15,7 @@ from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory
 from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame, summarize
-from workloads.synthetic import generate
+from workloads.synthetic import describe_workload, generate
 
 
 @dataclass
@@ -53,9 +53,7 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
                    "unused_keys": list(cfg.unused_engine_keys)},
         "memory": {**dataclasses.asdict(plan), "kv_capacity_tokens": plan.kv_capacity_tokens},
         "cost_model": cost,
-        "workload": {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
-                     "prompt_tokens": {"dist": w.prompt_tokens.dist, **dict(w.prompt_tokens.params)},
-                     "output_tokens": {"dist": w.output_tokens.dist, **dict(w.output_tokens.params)}},
+        "workload": describe_workload(w),
     }
 
 
@@ -64,7 +62,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
     cost_model = load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
-    gen = generate(cfg.workload, seed, cfg.model.max_model_len)
+    gen = generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size)
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     limits = EngineLimits(
         num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,

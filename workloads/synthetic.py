@@ -2,6 +2,7 @@
 independent seeded streams for arrival times, prompt lengths and output lengths."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from simcore.request import RequestSpec
 from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError
+from workloads.traces import TraceWorkload, parse_trace_workload, trace_specs
 
 PROCESSES = ("poisson", "gamma", "closed")
 
@@ -69,9 +71,13 @@ def parse_arrival(spec, key: str = "workload.arrival") -> Arrival:
     return Arrival(process, rate_per_s=float(spec["rate_per_s"]), cv=float(spec.get("cv", 1.0)))
 
 
-def parse_workload(spec, key: str = "workload") -> Workload:
+def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping")
+    if "trace" in spec:  # trace replay (workloads/traces.py)
+        if extra := sorted(set(spec) - {"trace"}):
+            raise WorkloadError(f"{key}.{extra[0]}: not used with a trace (put replay options under {key}.trace)")
+        return parse_trace_workload(spec["trace"], f"{key}.trace")
     allowed = {"num_requests", "arrival", "prompt_tokens", "output_tokens"}
     for k in spec:
         if k not in allowed:
@@ -101,9 +107,13 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
     return np.cumsum(gaps)
 
 
-def generate(workload: Workload, seed: int, max_model_len: int) -> GeneratedRequests:
+def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
+             block_size: int = 16) -> GeneratedRequests:
     """Draw the requests. Streams: arrivals, prompt lengths and output lengths are independent, so
-    changing one distribution does not reshuffle the others."""
+    changing one distribution does not reshuffle the others. A trace is replayed as logged; prefix-block
+    ids are expressed in `block_size`-token engine blocks."""
+    if isinstance(workload, TraceWorkload):
+        return trace_specs(workload, max_model_len, block_size)
     arrival_rng, prompt_rng, output_rng = np.random.default_rng(seed).spawn(3)
     n = workload.num_requests
     times = arrival_times_s(workload.arrival, n, arrival_rng)
@@ -119,3 +129,12 @@ def generate(workload: Workload, seed: int, max_model_len: int) -> GeneratedRequ
         RequestSpec(i, float(t), int(p), int(o), None if max_new is None else max(int(o), min(max_new, max_model_len - int(p))))
         for i, (t, p, o) in enumerate(zip(times, prompts, outputs)))
     return GeneratedRequests(specs, int(clipped_p.sum()), int(clipped_o.sum()))
+
+
+def describe_workload(w: Workload | TraceWorkload) -> dict:
+    """The workload as recorded with results (resolved.yaml)."""
+    if isinstance(w, TraceWorkload):
+        return {"trace": {k: v for k, v in dataclasses.asdict(w).items() if v is not None}}
+    return {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
+            "prompt_tokens": {"dist": w.prompt_tokens.dist, **dict(w.prompt_tokens.params)},
+            "output_tokens": {"dist": w.output_tokens.dist, **dict(w.output_tokens.params)}}
