@@ -38,6 +38,7 @@ class EngineSettings:
     preemption_mode: str = "recompute"    # vLLM V1 only recomputes; "swap" is vLLM V0's option
     swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
     check_invariants: bool = True
+    enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
 
 
 ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}
@@ -169,6 +170,11 @@ def resolve_point(raw: dict) -> PointConfig:
     if settings.num_gpu_blocks is not None and settings.num_gpu_blocks < 1:
         raise ConfigError("engine.num_gpu_blocks: must be at least 1")
     policy, unused = _resolve_policy(engine, gpu, model.max_model_len)
+    if settings.enable_prefix_caching:
+        if not getattr(policy, "supports_prefix_caching", False):
+            raise ConfigError(f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching")
+        if settings.preemption_mode != "recompute":
+            raise ConfigError("engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)")
     try:
         workload = parse_workload(raw.get("workload"))
     except WorkloadError as e:

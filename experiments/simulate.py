@@ -69,7 +69,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
-        check_invariants=cfg.engine.check_invariants)
+        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     env = simpy.Environment()
     log = EngineLog()
     engine = Engine(env, cfg.policy, cost_model, limits, log)
@@ -91,5 +91,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?")})
+    if engine.prefix_cache is not None:
+        summary.update(engine.prefix_cache.stats())
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed))

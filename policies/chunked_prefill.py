@@ -1,7 +1,10 @@
 """vLLM V1 (0.19) / Sarathi-Serve chunked prefill: running requests first, then waiting ones FCFS,
 all under one token budget per step (../shared/docs/engines.md sections 1.2 and 6).
 
-Simplifications: no prefix caching, speculative decoding, multimodal encoder budget, LoRA slots or
+Prefix caching (engine.enable_prefix_caching): a new or preempted request's prefill skips its cached
+prefix, as vLLM's Phase B does after `get_computed_blocks`.
+
+Simplifications: no speculative decoding, multimodal encoder budget, LoRA slots or
 async scheduling (which hides CPU time but keeps one token per decode per step).
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ class ChunkedPrefill:
     """
     name: ClassVar[str] = "chunked_prefill"
     holds_slots_until_drained: ClassVar[bool] = False
+    supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
@@ -69,11 +73,12 @@ class ChunkedPrefill:
             for req in view.waiting:
                 if budget <= 0 or num_seqs >= self.max_num_seqs:
                     break
-                n = self._cap(req.num_uncomputed_tokens, budget)
+                hit = view.num_cached_prefix_tokens(req)
+                n = self._cap(req.num_uncomputed_tokens - hit, budget)
                 if view.blocks_to_hold(req, req.num_tokens) > free:
                     break  # head-of-line blocking: nobody behind it is admitted
                 scheduled.append(Scheduled(req.request_id, n))
-                free -= view.blocks_to_hold(req, req.num_computed_tokens + n)
+                free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
                 budget -= n
                 num_seqs += 1
         return Batch(tuple(scheduled), tuple(preempted))
