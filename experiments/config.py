@@ -16,6 +16,7 @@ import yaml
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu, get_model, with_max_model_len
 from policies import POLICIES
+from policies.routers import ROUTERS
 from workloads.errors import WorkloadError
 from workloads.synthetic import Workload, parse_workload
 
@@ -25,7 +26,7 @@ class ConfigError(ValueError):
 
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
-            "engine", "workload", "grid"}
+            "engine", "workload", "grid", "cluster"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,45 @@ class PointConfig:
     engine: EngineSettings
     workload: Workload
     unused_engine_keys: tuple[str, ...] = ()
+    cluster: ClusterSettings | None = None  # None: one replica
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """`cluster: {num_replicas: 4, router: round_robin, ...router knobs}` (policies/routers.py)."""
+    num_replicas: int
+    router: object
+
+
+def parse_cluster(spec) -> ClusterSettings | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError("cluster: expected a mapping with num_replicas and router")
+    n = spec.get("num_replicas", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"cluster.num_replicas: expected a positive integer, got {n!r}")
+    name = spec.get("router", "round_robin")
+    if name not in ROUTERS:
+        raise ConfigError(f"cluster.router: unknown router {name!r}; known: {', '.join(ROUTERS)}")
+    cls = ROUTERS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    knobs = {}
+    for k, v in spec.items():
+        if k in ("num_replicas", "router"):
+            continue
+        if k not in fields:
+            raise ConfigError(f"cluster.{k}: not a knob of router {name}; "
+                              f"expected {', '.join(sorted(fields)) or 'none'}")
+        knobs[k] = _check_type(f"cluster.{k}", v, fields[k].default)
+    try:
+        router = cls(**knobs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if name == "length_split" and router.num_long_replicas >= n:
+        raise ConfigError(f"cluster.num_long_replicas: {router.num_long_replicas} leaves no replica for short "
+                          f"requests among {n}")
+    return ClusterSettings(n, router)
 
 
 def _check_type(key: str, value, default, allow_none: bool = False):
@@ -179,7 +219,8 @@ def resolve_point(raw: dict) -> PointConfig:
         workload = parse_workload(raw.get("workload"))
     except WorkloadError as e:
         raise ConfigError(str(e)) from None
-    return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused)
+    return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused,
+                       parse_cluster(raw.get("cluster")))
 
 
 # ---- sweeps ----

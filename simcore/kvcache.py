@@ -111,6 +111,18 @@ _NONE_HASH = 0x5BD1E995  # the first block's parent (vLLM's seeded NONE_HASH)
 _UNNAMED = 0x2545F491  # salt: a prompt block with no id is unique to its request
 
 
+def chain_hashes(spec: RequestSpec, block_size: int) -> list[int]:
+    """Hashes of the full prompt blocks of `spec`, each chained over its parent's (vLLM `hash_block_tokens`)."""
+    ids = spec.prefix_block_ids or ()
+    h, hashes = _NONE_HASH, []
+    for k in range(spec.num_prompt_tokens // block_size):
+        # 64-bit chained hash as nano-vllm's xxhash64; ids beyond the given ones are request-unique.
+        # (ids[k] == -1) because CPython's hash(-1) == hash(-2).
+        h = hash((h, ids[k], ids[k] == -1)) if k < len(ids) else hash((h, spec.request_id, k, _UNNAMED))
+        hashes.append(h)
+    return hashes
+
+
 class PrefixCachingBlockPool(BlockPool):
     """vLLM V1's BlockPool with automatic prefix caching (../shared/docs/engines.md section 1.4).
 
@@ -148,16 +160,17 @@ class PrefixCachingBlockPool(BlockPool):
         """Chained hashes of the full prompt blocks of `spec` (memoised per request)."""
         hashes = self._hashes.get(spec.request_id)
         if hashes is None:
-            ids = spec.prefix_block_ids or ()
-            num_full = spec.num_prompt_tokens // self.block_size
-            h, hashes = _NONE_HASH, []
-            for k in range(num_full):
-                # 64-bit chained hash as nano-vllm's xxhash64; ids beyond the given ones are request-unique
-                # (ids[k] == -1) because CPython's hash(-1) == hash(-2)
-                h = hash((h, ids[k], ids[k] == -1)) if k < len(ids) else hash((h, spec.request_id, k, _UNNAMED))
-                hashes.append(h)
-            self._hashes[spec.request_id] = hashes
+            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size)
         return hashes
+
+    def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
+        """Cached prefix of a request that is not in this pool (a router's question); no side effects."""
+        n = 0
+        for h in hashes[:(num_tokens - 1) // self.block_size]:
+            if h not in self._cached:
+                break
+            n += 1
+        return n * self.block_size
 
     def match(self, spec: RequestSpec, num_tokens: int) -> list[_Block]:
         """The longest chain of cached blocks that prefixes the request, leaving at least its last token
@@ -265,9 +278,17 @@ class PrefixCachingBlockPool(BlockPool):
         return n
 
     def stats(self) -> dict:
-        q, qb = self.num_queried_tokens, self.num_queried_blocks
-        return {"prefix_hit_rate": self.num_hit_tokens / q if q else 0.0,
-                "prefix_block_hit_rate": self.num_hit_blocks / qb if qb else 0.0,
-                "num_cached_prompt_tokens": self.num_hit_tokens,
-                "num_recomputed_prompt_tokens": q - self.num_hit_tokens,
-                "num_prefix_evicted_blocks": self.num_evicted_blocks}
+        return prefix_cache_stats([self])
+
+
+def prefix_cache_stats(pools) -> dict:
+    """Prefix-cache counters summed over pools (one per replica). `prefix_hit_rate` is the token fraction
+    (vLLM `prefix_cache_hits / prefix_cache_queries`); `prefix_block_hit_rate` counts full prompt blocks."""
+    q = sum(p.num_queried_tokens for p in pools)
+    hit = sum(p.num_hit_tokens for p in pools)
+    qb = sum(p.num_queried_blocks for p in pools)
+    return {"prefix_hit_rate": hit / q if q else 0.0,
+            "prefix_block_hit_rate": sum(p.num_hit_blocks for p in pools) / qb if qb else 0.0,
+            "num_cached_prompt_tokens": hit,
+            "num_recomputed_prompt_tokens": q - hit,
+            "num_prefix_evicted_blocks": sum(p.num_evicted_blocks for p in pools)}
