@@ -172,12 +172,17 @@ class Engine:
     def _admit_and_allocate(self, batch: Batch) -> float:
         transfer_s = 0.0
         admitted = []
+        if self.prefix_cache is not None:
+            # Share every admitted request's cached prefix before allocating any new block, so that one
+            # request's allocation cannot evict a block that another counted as a hit this step.
+            for s in batch.scheduled:
+                req = self.requests.get(s.request_id)
+                if req is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
+                    self._apply_prefix_hit(req, s.num_new_tokens)
         for s in batch.scheduled:
             req = self.requests.get(s.request_id)
             if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
-            if self.prefix_cache is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
-                self._apply_prefix_hit(req, s.num_new_tokens)
             if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")

@@ -159,3 +159,11 @@ def test_config_switch_and_summary():
     assert "prefix_hit_rate" not in simulate(base).summary
     with pytest.raises(ConfigError, match="engine.enable_prefix_caching: policy static"):
         resolve_point({**base, "engine": {"policy": "static", "enable_prefix_caching": True}})
+
+
+def test_allocation_in_a_step_cannot_evict_another_admitted_requests_hit():
+    specs = [spec(0, 64, range(4), 1, 0.0), spec(1, 64, None, 1, 0.0),    # fill and free all 8 blocks
+             spec(2, 48, None, 1, 10.0), spec(3, 65, range(4), 1, 10.0)]  # 2 allocates from the LRU head
+    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=512), specs, True, num_gpu_blocks=8)
+    assert [r[2] for r in log.iterations] == [128, 48 + 1]  # request 3 recomputes only its last token
+    assert eng.pool.stats()["num_cached_prompt_tokens"] == 64
