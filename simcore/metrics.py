@@ -66,6 +66,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
     it = iterations
     dur = it["duration_s"].to_numpy()
     computed = it["prefill_tokens"] + it["decode_tokens"]
+    s.update(per_priority_stats(requests))
     s.update({
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_iterations": len(it),
@@ -81,3 +82,19 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
         "busy_fraction": float(dur.sum() / duration_s) if len(it) else 0.0,
     })
     return s
+
+
+def per_priority_stats(requests: pd.DataFrame) -> dict:
+    """With more than one priority class: counts and TTFT / TPOT / E2E / queue statistics per class,
+    as columns suffixed `_prio{class}` (e.g. `ttft_p99_ms_prio0`). Empty with a single class."""
+    if "priority" not in requests or requests["priority"].nunique() < 2:
+        return {}
+    out = {}
+    for prio, group in requests.groupby("priority", sort=True):
+        fin = group[group["status"] == "finished"]
+        stats = {"num_requests": len(group), "num_finished": len(fin),
+                 "num_preemptions": int(group["num_preemptions"].sum())}
+        for metric in ("ttft", "tpot", "e2e", "queue"):
+            stats.update(_stats_ms(metric, fin[f"{metric}_s"]))
+        out.update({f"{k}_prio{int(prio)}": v for k, v in stats.items()})
+    return out
