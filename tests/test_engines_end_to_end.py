@@ -79,3 +79,22 @@ def test_sglang_retracts_when_outputs_outgrow_its_estimate():
     summary = simulate(config, seed=0).summary
     assert summary["num_preemptions"] > 0
     assert summary["num_finished"] == WORKLOAD["num_requests"]
+
+
+def test_engine_knobs_pass_the_strict_loader_and_bad_values_name_their_key():
+    from pathlib import Path
+
+    from experiments.config import ConfigError, expand, load_sweep_file, resolve_point
+    points = expand(load_sweep_file(Path(__file__).parent.parent / "examples" / "engines.yaml"))
+    assert sorted({p.config.policy.name for p in points}) == ["chunked_prefill", "sglang", "tgi", "trtllm"]
+    assert len(points) == 30
+    base = {"workload": WORKLOAD}
+    tgi = resolve_point({**base, "engine": {"policy": "tgi", "max_batch_prefill_tokens": 8192,
+                                            "prefill_chunking": False, "waiting_served_ratio": 1.2}}).policy
+    assert (tgi.max_batch_prefill_tokens, tgi.prefill_chunking, tgi.waiting_served_ratio) == (8192, False, 1.2)
+    for engine, key in [({"policy": "trtllm", "capacity_scheduler_policy": "NEVER"}, "capacity_scheduler_policy"),
+                        ({"policy": "tgi", "max_batch_total_tokens": -5}, "max_batch_total_tokens"),
+                        ({"policy": "sglang", "max_running_requests": 0}, "max_running_requests"),
+                        ({"policy": "sglang", "init_new_token_ratio": "high"}, "init_new_token_ratio")]:
+        with pytest.raises(ConfigError, match=key):
+            resolve_point({**base, "engine": engine})
