@@ -64,9 +64,9 @@ class Sglang:
     enable_mixed_chunk: bool = False
 
     def __post_init__(self):
-        if self.max_running_requests is not None and (not isinstance(self.max_running_requests, int)
-                                                      or self.max_running_requests < 1):
-            raise ValueError(f"engine.max_running_requests: must be a positive integer, got {self.max_running_requests!r}")
+        n = self.max_running_requests
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"engine.max_running_requests: must be a positive integer, got {n!r}")
         if self.max_prefill_tokens < 1 or self.new_token_ratio_decay_steps < 1:
             raise ValueError("engine.max_prefill_tokens and engine.new_token_ratio_decay_steps must be at least 1")
 
@@ -124,70 +124,35 @@ class Sglang:
         return heapq.merge(retracted, fresh, key=lambda r: entry.get(r.request_id, r.spec.arrival_s))
 
     def _prefill(self, view: EngineView, st: SglangState, chunked: Request | None, decoding: list[Request]):
-        """Returns (scheduled chunks, whether batch_is_full was set)."""
+        """`get_new_batch_prefill`. Returns (scheduled chunks, whether batch_is_full was set)."""
         max_running = self._max_running(view)
         if (st.full_ids is not None or not view.waiting) and chunked is None:
             return [], False
         if len(decoding) >= max_running and chunked is None:
             return [], True
-        page = view.block_size
         free_blocks = view.num_free_blocks
-        rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size or None
-        if self.enable_mixed_chunk and decoding:
+        num_mixed = len(decoding) if self.enable_mixed_chunk else 0
+        if num_mixed:
             free_blocks -= sum(view.blocks_to_hold(r, r.num_computed_tokens + 1) for r in decoding)
             if free_blocks < 0:
                 return [], False  # the decodes alone do not fit: decode (and retract) instead
-            rem_input -= len(decoding)
-            rem_chunk = None if rem_chunk is None else rem_chunk - len(decoding)
-        avail = free_blocks * page
-        offset = sum(min(self._max_new(r, view.max_model_len) - r.num_generated_tokens,
-                         CLIP_MAX_NEW_TOKENS_ESTIMATION) * st.new_token_ratio for r in decoding)
-        cur_offset = 0
-        out: list[Scheduled] = []
-
-        def charge(extend: int, max_new: int) -> None:
-            nonlocal offset, cur_offset, rem_input, rem_chunk
-            extend = cdiv(extend, page) * page
-            offset += extend + max_new
-            cur_offset += extend
-            rem_input -= extend
-            if rem_chunk is not None:
-                rem_chunk -= extend
-
-        if chunked is not None:  # add_chunked_req
-            n = min(chunked.num_uncomputed_tokens, rem_chunk if rem_chunk is not None else chunked.num_uncomputed_tokens,
-                    int(avail - offset))
-            if n > 0:
-                done = n == chunked.num_uncomputed_tokens
-                out.append(Scheduled(chunked.request_id, n))
-                charge(n, min(self._max_new(chunked, view.max_model_len), CLIP_MAX_NEW_TOKENS_ESTIMATION) if done else 0)
+        running_estimate = sum(self._remaining_estimate(r, view.max_model_len) * st.new_token_ratio for r in decoding)
+        adder = _PrefillAdder(view.block_size, free_blocks * view.block_size, running_estimate,
+                              self.max_prefill_tokens - num_mixed,
+                              self.chunked_prefill_size - num_mixed if self.chunked_prefill_size else None)
+        if chunked is not None:
+            adder.add_chunked(chunked, self._remaining_estimate(chunked, view.max_model_len))
         num_allocatable = max_running - len(decoding)
         for req in self._queue(view, st):
-            if len(out) >= num_allocatable:
-                return out, True
-            extend = req.num_uncomputed_tokens
-            max_new = min(self._max_new(req, view.max_model_len) - req.num_generated_tokens,
-                          CLIP_MAX_NEW_TOKENS_ESTIMATION)
-            if extend + max_new >= avail - offset:
-                return out, True  # NO_TOKEN
-            paged = cdiv(extend, page) * page
-            if paged >= rem_input and out:
-                break
-            if rem_chunk is None or paged <= rem_chunk:
-                out.append(Scheduled(req.request_id, extend))
-                charge(extend, max_new)
-            else:
-                trunc = rem_chunk // page * page
-                if trunc <= 0:
-                    break
-                out.append(Scheduled(req.request_id, trunc))
-                charge(trunc, 0)
-                break  # rem_chunk is now below one page
-            if avail - offset <= 0 or avail - cur_offset <= 0:
-                return out, True
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
-                break
-        return out, False
+            if len(adder.out) >= num_allocatable:
+                return adder.out, True
+            result = adder.add_one(req, self._remaining_estimate(req, view.max_model_len))
+            if result != _CONTINUE:
+                return adder.out, result == _NO_TOKEN
+        return adder.out, False
+
+    def _remaining_estimate(self, req: Request, max_model_len: int) -> int:
+        return min(self._max_new(req, max_model_len) - req.num_generated_tokens, CLIP_MAX_NEW_TOKENS_ESTIMATION)
 
     # ---- decode ----
     def _decode(self, view: EngineView, st: SglangState, decoding: list[Request]) -> Batch:
@@ -219,3 +184,62 @@ class Sglang:
         requeued = st.requeued + tuple((r.request_id, view.now_s) for r in retracted)
         return Batch(tuple(Scheduled(r.request_id, 1) for r in kept), tuple(r.request_id for r in retracted),
                      policy_state=SglangState(ratio, None, requeued))
+
+
+_CONTINUE, _NO_TOKEN, _OTHER = "continue", "no_token", "other"  # schedule_policy.AddReqResult
+
+
+class _PrefillAdder:
+    """SGLang's `PrefillAdder` budgets for one prefill batch, in tokens (extends rounded up to pages):
+    `rem_total` = free KV - the running requests' ratio-scaled output estimate - what was added
+    (extend + output estimate); `rem_input` (max_prefill_tokens); `rem_chunk` (chunked_prefill_size)."""
+
+    def __init__(self, page: int, avail: int, running_estimate: float, rem_input: int, rem_chunk: int | None):
+        self.page, self.avail = page, avail
+        self.offset, self.cur_offset = running_estimate, 0
+        self.rem_input, self.rem_chunk = rem_input, rem_chunk
+        self.out: list[Scheduled] = []
+
+    @property
+    def rem_total(self) -> float:
+        return self.avail - self.offset
+
+    def _paged(self, n: int) -> int:
+        return cdiv(n, self.page) * self.page
+
+    def _charge(self, extend: int, output_estimate: int) -> None:
+        extend = self._paged(extend)
+        self.offset += extend + output_estimate
+        self.cur_offset += extend
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+    def add_chunked(self, req: Request, output_estimate: int) -> None:
+        """The chunked request's next chunk: as much as the chunk budget and KV allow (no ratio check)."""
+        left = req.num_uncomputed_tokens
+        n = min(left, self.rem_chunk if self.rem_chunk is not None else left, int(self.rem_total))
+        if n > 0:
+            self.out.append(Scheduled(req.request_id, n))
+            self._charge(n, output_estimate if n == left else 0)
+
+    def add_one(self, req: Request, output_estimate: int) -> str:
+        extend = req.num_uncomputed_tokens
+        if extend + output_estimate >= self.rem_total:
+            return _NO_TOKEN
+        if self._paged(extend) >= self.rem_input and self.out:
+            return _OTHER
+        if self.rem_chunk is None or self._paged(extend) <= self.rem_chunk:
+            self.out.append(Scheduled(req.request_id, extend))
+            self._charge(extend, output_estimate)
+        else:  # becomes the one chunked request; its output is charged with its last chunk
+            trunc = self.rem_chunk // self.page * self.page
+            if trunc <= 0:
+                return _OTHER
+            self.out.append(Scheduled(req.request_id, trunc))
+            self._charge(trunc, 0)
+        if self.rem_total <= 0 or self.avail - self.cur_offset <= 0:
+            return _NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return _OTHER
+        return _CONTINUE
