@@ -88,6 +88,9 @@ def test_engine_knobs_pass_the_strict_loader_and_bad_values_name_their_key():
     points = expand(load_sweep_file(Path(__file__).parent.parent / "examples" / "engines.yaml"))
     assert sorted({p.config.policy.name for p in points}) == ["chunked_prefill", "sglang", "tgi", "trtllm"]
     assert len(points) == 30
+    prio = expand(load_sweep_file(Path(__file__).parent.parent / "examples" / "priorities.yaml"))
+    assert {p.config.policy.scheduling_policy for p in prio} == {"fcfs", "priority"}
+    assert prio[0].config.workload.priority.classes == (0, 1)
     base = {"workload": WORKLOAD}
     tgi = resolve_point({**base, "engine": {"policy": "tgi", "max_batch_prefill_tokens": 8192,
                                             "prefill_chunking": False, "waiting_served_ratio": 1.2}}).policy
