@@ -66,7 +66,6 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
     it = iterations
     dur = it["duration_s"].to_numpy()
     computed = it["prefill_tokens"] + it["decode_tokens"]
-    s.update(per_priority_stats(requests))
     s.update({
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_iterations": len(it),
@@ -81,6 +80,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
         "padding_waste": float(it["padding_tokens"].sum() / max(1, (computed + it["padding_tokens"]).sum())),
         "busy_fraction": float(dur.sum() / duration_s) if len(it) else 0.0,
     })
+    s.update(per_priority_stats(requests))
     return s
 
 
