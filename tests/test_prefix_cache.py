@@ -91,10 +91,10 @@ def test_blocks_to_hold_counts_idle_hits_but_not_shared_ones():
     compute_prompt(pool, a)
     from simcore.view import EngineView
     b = Request(spec(1, 10, (1, 2)))
-    v = EngineView(0.0, [b], [a], pool.num_free_blocks, 10, BS, 100, (), pool)
+    v = EngineView(0.0, [b], [a], pool.num_free_blocks, 10, BS, 100, prefix_cache=pool)
     assert v.num_cached_prefix_tokens(b) == 8 and v.blocks_to_hold(b, 10) == 1  # 2 shared + 1 new
     finish(pool, a)
-    v = EngineView(0.0, [b], [], pool.num_free_blocks, 10, BS, 100, (), pool)
+    v = EngineView(0.0, [b], [], pool.num_free_blocks, 10, BS, 100, prefix_cache=pool)
     assert v.blocks_to_hold(b, 10) == 3  # idle cached blocks leave the free queue when touched
 
 

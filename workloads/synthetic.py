@@ -34,6 +34,14 @@ class Arrival:
 
 
 @dataclass(frozen=True)
+class PriorityMix:
+    """Priority classes (lower value = served first, as vLLM) drawn independently per request with
+    the given weights (normalised)."""
+    classes: tuple[int, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Workload:
     """`prompt_tokens`/`output_tokens` are None when `mix` gives per-class lengths (workloads/prefix.py,
     which also defines `shared_prefix` and `sessions`)."""
@@ -41,6 +49,7 @@ class Workload:
     arrival: Arrival
     prompt_tokens: LengthDist | None
     output_tokens: LengthDist | None
+    priority: PriorityMix | None = None  # None: every request has priority 0
     shared_prefix: SharedPrefix | None = None
     sessions: Sessions | None = None
     mix: tuple[RequestClass, ...] | None = None
@@ -78,6 +87,29 @@ def parse_arrival(spec, key: str = "workload.arrival") -> Arrival:
     return Arrival(process, rate_per_s=float(spec["rate_per_s"]), cv=float(spec.get("cv", 1.0)))
 
 
+def parse_priority(spec, key: str = "workload.priority") -> PriorityMix:
+    """`{classes: [0, 1], weights: [0.2, 0.8]}`; weights may be omitted (equal shares)."""
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{key}: expected a mapping with classes and weights")
+    for k in spec:
+        if k not in ("classes", "weights"):
+            raise WorkloadError(f"{key}.{k}: unknown key; expected classes, weights")
+    classes = spec.get("classes")
+    if (not isinstance(classes, list) or not classes
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in classes)):
+        raise WorkloadError(f"{key}.classes: expected a non-empty list of integers, got {classes!r}")
+    if len(set(classes)) != len(classes):
+        raise WorkloadError(f"{key}.classes: repeated class in {classes}")
+    weights = spec.get("weights", [1.0] * len(classes))
+    if (not isinstance(weights, list) or len(weights) != len(classes)
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w >= 0
+                       for w in weights) or sum(weights) <= 0):
+        raise WorkloadError(f"{key}.weights: expected {len(classes)} non-negative numbers with a positive sum, "
+                            f"got {weights!r}")
+    total = float(sum(weights))
+    return PriorityMix(tuple(classes), tuple(float(w) / total for w in weights))
+
+
 def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping")
@@ -88,8 +120,8 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     required = {"num_requests", "arrival"} | ({"prompt_tokens", "output_tokens"} if "mix" not in spec else set())
     allowed = required | {"shared_prefix", "sessions", "mix"} | ({"prompt_tokens"} if "sessions" in spec else set())
     for k in spec:
-        if k not in allowed:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed))}")
+        if k not in allowed | {"priority"}:
+            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed | {'priority'}))}")
     for k in sorted(required):
         if k not in spec:
             raise WorkloadError(f"{key}.{k}: required")
@@ -102,8 +134,9 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
         raise WorkloadError(f"{key}.sessions: needs an open-loop arrival process (poisson or gamma)")
     if sessions is not None and "mix" in spec:
         raise WorkloadError(f"{key}.sessions: cannot be combined with {key}.mix")
+    priority = parse_priority(spec["priority"], f"{key}.priority") if spec.get("priority") is not None else None
     dist = lambda k: parse_length_dist(spec[k], f"{key}.{k}") if k in spec else None  # noqa: E731
-    return Workload(n, arrival, dist("prompt_tokens"), dist("output_tokens"),
+    return Workload(n, arrival, dist("prompt_tokens"), dist("output_tokens"), priority,
                     parse_shared_prefix(spec["shared_prefix"], f"{key}.shared_prefix") if "shared_prefix" in spec else None,
                     sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None)
 
@@ -125,12 +158,12 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
 def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
              block_size: int = 16) -> GeneratedRequests:
     """Draw the requests. Streams: arrivals, prompt lengths and output lengths are independent, so
-    changing one distribution does not reshuffle the others. A trace is replayed as logged; prefix-block
-    ids are expressed in `block_size`-token engine blocks."""
+    changing one distribution does not reshuffle the others (spawned children do not depend on how many
+    are spawned: priorities, classes and system-prompt groups use streams 4-6 and leave the first three
+    unchanged). A trace is replayed as logged; prefix-block ids are in `block_size`-token engine blocks."""
     if isinstance(workload, TraceWorkload):
         return trace_specs(workload, max_model_len, block_size)
-    # spawn(5): the first three streams are those of spawn(3), so plain workloads draw as before
-    arrival_rng, prompt_rng, output_rng, class_rng, group_rng = np.random.default_rng(seed).spawn(5)
+    arrival_rng, prompt_rng, output_rng, priority_rng, class_rng, group_rng = np.random.default_rng(seed).spawn(6)
     n = workload.num_requests
     if workload.mix is not None:
         _, prompts, outputs, max_new = sample_mix(workload.mix, n, class_rng, prompt_rng, output_rng)
@@ -154,6 +187,9 @@ def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
     prompts = np.minimum(prompts, max_model_len - 1)
     clipped_o = outputs > max_model_len - prompts
     outputs = np.minimum(outputs, max_model_len - prompts)
+    mix = workload.priority
+    priorities = (priority_rng.choice(np.asarray(mix.classes), size=n, p=np.asarray(mix.weights))
+                  if mix is not None else np.zeros(n, dtype=np.int64))
     order = np.argsort(times, kind="stable")  # sessions interleave; ids follow arrival order
     specs = []
     for i, j in enumerate(order):
@@ -164,7 +200,7 @@ def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
                                    sp.prefix_tokens if sp is not None else 0,
                                    None if session is None else int(session[j]))
         specs.append(RequestSpec(i, float(times[j]), p, o, None if m < 0 else max(o, min(m, max_model_len - p)),
-                                 prefix_block_ids=ids))
+                                 prefix_block_ids=ids, priority=int(priorities[j])))
     return GeneratedRequests(tuple(specs), int(clipped_p.sum()), int(clipped_o.sum()))
 
 
@@ -174,7 +210,8 @@ def describe_workload(w: Workload | TraceWorkload) -> dict:
         return {"trace": {k: v for k, v in dataclasses.asdict(w).items() if v is not None}}
     dist = lambda d: None if d is None else {"dist": d.dist, **dict(d.params)}  # noqa: E731
     out = {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
-           "prompt_tokens": dist(w.prompt_tokens), "output_tokens": dist(w.output_tokens)}
+           "prompt_tokens": dist(w.prompt_tokens), "output_tokens": dist(w.output_tokens),
+           "priority": dataclasses.asdict(w.priority) if w.priority else None}
     for k in ("shared_prefix", "sessions"):
         if getattr(w, k) is not None:
             out[k] = dataclasses.asdict(getattr(w, k))
