@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.config import load_sweep_file, resolve_point
+from experiments.config import expand, load_sweep_file, resolve_point
 from experiments.simulate import simulate
 from workloads.errors import WorkloadError
 from workloads.synthetic import generate, parse_workload
@@ -146,3 +146,15 @@ def test_real_traces_match_published_statistics():
     assert len(mc) == 12031
     assert mc.repeated_block_fraction() == pytest.approx(0.366, abs=0.001)
     assert np.median(mc.output_tokens) == pytest.approx(350, abs=1)
+
+
+@pytest.mark.parametrize("name", ["trace_azure_replay", "trace_mooncake_prefix", "trace_mooncake_routing", "routing"])
+def test_example_sweeps_resolve(name):
+    """Every example sweep loads and resolves (the trace files themselves are read only when run)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.yaml"
+    points = expand(load_sweep_file(path))
+    assert len(points) >= 2
+    for p in points:
+        w = p.config.workload
+        if hasattr(w, "path"):
+            assert Path(w.path).is_absolute() and Path(w.path).parent == SHARED
