@@ -148,7 +148,7 @@ def test_real_traces_match_published_statistics():
     assert np.median(mc.output_tokens) == pytest.approx(350, abs=1)
 
 
-@pytest.mark.parametrize("name", ["trace_azure_replay", "trace_mooncake_prefix", "trace_mooncake_routing", "routing"])
+@pytest.mark.parametrize("name", ["trace_azure_replay", "trace_mooncake_prefix", "trace_mooncake_routing", "routing", "prefix_sessions"])
 def test_example_sweeps_resolve(name):
     """Every example sweep loads and resolves (the trace files themselves are read only when run)."""
     path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.yaml"
