@@ -107,5 +107,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
                     "cost_model": cost_model.describe().get("kind", "?")})
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
+        cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
+        requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas)

@@ -154,6 +154,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_queried_tokens = self.num_hit_tokens = 0
         self.num_queried_blocks = self.num_hit_blocks = 0
         self.num_evicted_blocks = 0
+        self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
 
     # ---- identities ----
     def block_hashes(self, spec: RequestSpec) -> list[int]:
@@ -211,6 +212,7 @@ class PrefixCachingBlockPool(BlockPool):
         req.num_blocks = len(blocks)
         self.num_block_refs += len(blocks)
         hit = len(blocks) * self.block_size
+        self.cached_tokens_by_request[rid] = self.cached_tokens_by_request.get(rid, 0) + hit
         self.num_queried_tokens += req.num_tokens
         self.num_hit_tokens += hit
         self.num_queried_blocks += len(self.block_hashes(req.spec))

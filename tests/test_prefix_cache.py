@@ -156,6 +156,7 @@ def test_config_switch_and_summary():
                          "shared_prefix": {"num_groups": 2, "prefix_tokens": 512}}}
     res = simulate({**base, "engine": {"enable_prefix_caching": True}})
     assert 0.5 < res.summary["prefix_hit_rate"] < 1 and res.summary["num_cached_prompt_tokens"] > 0
+    assert res.requests["cached_prompt_tokens"].sum() == res.summary["num_cached_prompt_tokens"]
     assert "prefix_hit_rate" not in simulate(base).summary
     with pytest.raises(ConfigError, match="engine.enable_prefix_caching: policy static"):
         resolve_point({**base, "engine": {"policy": "static", "enable_prefix_caching": True}})

@@ -75,7 +75,7 @@ def test_generic_csv_and_jsonl(tmp_path):
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,10,1\n2023-11-16 18:15:47.0,x,1\n",
      ": line 3, column ContextTokens: expected an integer >= 0, got 'x'"),
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,1\n", ": line 2, column TIMESTAMP: expected a timestamp"),
-    ("azure", "TIMESTAMP,Context,GeneratedTokens\n2023-11-16 18:15:46.0,10,1\n", ": missing column 'ContextTokens'"),
+    ("azure", "TIMESTAMP,Context,GeneratedTokens\n2023-11-16 18:15:46.0,10,1\n", ": line 1: missing column 'ContextTokens'"),
     ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5,\n',
      ": line 2, column 36: invalid JSON"),
     ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0, "a"]}\n',

@@ -110,7 +110,8 @@ def _show(v) -> str:
 def _int_column(df: pd.DataFrame, col: str, path: str, line_of, minimum: int = 1) -> np.ndarray:
     """Column `col` as positive integers, or a WorkloadError naming the first bad row."""
     if col not in df.columns:
-        _fail(path, None, None, f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
+        _fail(path, line_of(-1) if line_of(-1) > 0 else None, None,  # a CSV header is line 1
+              f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce")
     bad = num.isna() | (num < minimum) | (num != np.floor(num))
@@ -165,7 +166,8 @@ def _read_jsonl(path: str) -> pd.DataFrame:
 
 def _arrival_s(df: pd.DataFrame, col: str, unit, path: str, line_of) -> np.ndarray:
     if col not in df.columns:
-        _fail(path, None, None, f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
+        _fail(path, line_of(-1) if line_of(-1) > 0 else None, None,  # a CSV header is line 1
+              f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
     if unit == "datetime":
         t = pd.to_datetime(df[col], format="ISO8601", errors="coerce")
         if t.isna().any():
