@@ -221,7 +221,7 @@ class PrefixCachingBlockPool(BlockPool):
         return hit
 
     def grow(self, req: Request, num_tokens: int) -> None:
-        extra = self.blocks_for(num_tokens) - req.num_blocks
+        extra = -(-num_tokens // self.block_size) - req.num_blocks
         if extra <= 0:
             return
         if extra > self.num_free_blocks:
@@ -249,7 +249,9 @@ class PrefixCachingBlockPool(BlockPool):
         """Register the request's prompt blocks that became full (called after each step)."""
         rid = req.request_id
         start = self._num_registered.get(rid, 0)
-        hashes = self.block_hashes(req.spec)
+        hashes = self._hashes.get(rid) or self.block_hashes(req.spec)
+        if start >= len(hashes):  # fast path: every prompt block is registered (decoding)
+            return
         end = min(req.num_computed_tokens // self.block_size, len(hashes))
         if start >= end:
             return
