@@ -13,6 +13,7 @@ merged by their median. The tables have no elementwise, sampling or whole-step t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib.util
 import sys
@@ -104,7 +105,7 @@ def import_tables(root: Path, gpu: str, model: ModelShape, tp: int, dtype: str, 
     for d in (gemm_dir, attn_dir):
         if (d / "collection_meta.yaml").exists():
             collection[d.parent.parent.name] = yaml.safe_load((d / "collection_meta.yaml").read_text())
-    meta = {"source": "aiconfigurator", "model": model.name, "model_shape": vars(model).copy(),
+    meta = {"source": "aiconfigurator", "model": model.name, "model_shape": dataclasses.asdict(model),
             "gpu": gpu.replace("_", "-"), "tp": tp, "dtype": dtype, "device_name": str(gemm["device"].iloc[0]),
             "framework": f"vllm {version}", "table_versions": sorted(set(context["version"]) | set(gemm["version"])),
             "kernel_sources": sorted(set(gemm["kernel_source"]) | set(context["kernel_source"])),
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    meta["command"] = "python -m calibration.import_aic " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     counts = pd.Series([r["family"] for r in rows]).value_counts().to_dict()
     print(f"wrote {path}: {counts}")

@@ -36,8 +36,8 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for col in INT_COLUMNS:
         frame[col] = frame[col].astype("Int64")
-    frame["op"] = frame["op"].fillna("")
-    frame["batch"] = frame["batch"].fillna("")
+    for col in ("op", "batch", "status"):
+        frame[col] = frame[col].astype(object).where(frame[col].notna(), "")
     return frame
 
 
@@ -65,7 +65,7 @@ def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise MeasurementError(f"{table}: missing columns {missing}")
-    frame["op"] = frame["op"].fillna("")
-    frame["batch"] = frame["batch"].fillna("")
+    for col in ("op", "batch"):
+        frame[col] = frame[col].astype(object).where(frame[col].notna(), "")
     ok = frame[(frame["status"] == "ok") & (frame["latency_s"] > 0)].reset_index(drop=True)
     return ok, meta

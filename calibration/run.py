@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1)})
+    meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")

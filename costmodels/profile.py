@@ -42,20 +42,20 @@ def attention_heads(model: ModelShape, tp: int = 1) -> tuple[int, int, int]:
     return model.num_heads // tp, max(1, model.num_kv_heads // tp), model.head_dim
 
 
-def prefill_coords(new_tokens: np.ndarray, cached_tokens: np.ndarray) -> tuple[float, float]:
+def prefill_coords(new_tokens: Sequence[float], cached_tokens: Sequence[float]) -> tuple[float, float]:
     """A varlen prefill batch as (number of sequences, equivalent length L): B sequences of L new tokens
     without cache do the same causal attention work sum(new * (cached + (new + 1) / 2))."""
-    work = float(np.sum(new_tokens * (cached_tokens + (new_tokens + 1) / 2.0)))
+    work = sum(n * (c + (n + 1) / 2.0) for n, c in zip(new_tokens, cached_tokens))
     b = float(len(new_tokens))
     return b, (math.sqrt(1.0 + 8.0 * work / b) - 1.0) / 2.0
 
 
-def decode_coords(context_lens: np.ndarray) -> tuple[float, float]:
+def decode_coords(context_lens: Sequence[float]) -> tuple[float, float]:
     """A decode batch as (batch size, mean context): decode attention streams every sequence's KV once."""
-    return float(len(context_lens)), float(np.mean(context_lens))
+    return float(len(context_lens)), sum(context_lens) / len(context_lens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds arrays: identity, not value, equality
 class LogGrid:
     """log(latency_s) on a tensor grid of log(sizes). `slopes[i]` is the exponent beyond the last knot of
     axis i (physical extrapolation); below the first knot latency stays at the launch-bound floor."""
@@ -75,31 +75,49 @@ class LogGrid:
     def to_dict(self) -> dict:
         return {"axes": list(self.axes), "slopes": list(self.slopes),
                 "knots": [np.round(np.exp(k), 6).tolist() for k in self.log_knots],
-                "latency_s": np.exp(self.log_s).tolist()}
+                "latency_s": _round_sig(np.exp(self.log_s)).tolist()}
+
+    def __post_init__(self):
+        # Plain Python floats: a step evaluates a handful of grids, and numpy scalars are slow one by one.
+        object.__setattr__(self, "_knots", [[float(v) for v in k] for k in self.log_knots])
+        object.__setattr__(self, "_flat", [float(v) for v in np.ravel(self.log_s)])
+        strides, stride = [], 1
+        for k in reversed(self.log_knots):
+            strides.append(stride)
+            stride *= len(k)
+        object.__setattr__(self, "_strides", strides[::-1])
 
     def __call__(self, *sizes: float) -> float:
         """Latency in seconds at `sizes` (one per axis, in the axes' raw units)."""
         cells, extra = [], 0.0
-        for x_raw, k, slope in zip(sizes, self.log_knots, self.slopes):
+        for x_raw, k, slope, stride in zip(sizes, self._knots, self.slopes, self._strides):
             x = math.log(max(x_raw, 1e-12))
             if x >= k[-1]:
                 extra += slope * (x - k[-1])
-                cells.append((len(k) - 1, len(k) - 1, 0.0))
+                cells.append(((len(k) - 1) * stride, 0, 0.0))
             elif x <= k[0]:
                 cells.append((0, 0, 0.0))
             else:
                 i = bisect_right(k, x) - 1
-                cells.append((i, i + 1, (x - k[i]) / (k[i + 1] - k[i])))
+                cells.append((i * stride, stride, (x - k[i]) / (k[i + 1] - k[i])))
         value = 0.0
         for corner in range(1 << len(cells)):  # multilinear: 2^d corners (d <= 3)
-            idx, w = [], 1.0
-            for axis, (lo, hi, t) in enumerate(cells):
-                upper = (corner >> axis) & 1
-                idx.append(hi if upper else lo)
-                w *= t if upper else 1.0 - t
+            index, w = 0, 1.0
+            for axis, (base, step, t) in enumerate(cells):
+                if (corner >> axis) & 1:
+                    index, w = index + base + step, w * t
+                else:
+                    index, w = index + base, w * (1.0 - t)
             if w:
-                value += w * self.log_s[tuple(idx)]
+                value += w * self._flat[index]
         return math.exp(value + extra)
+
+
+def _round_sig(x: np.ndarray, digits: int = 4) -> np.ndarray:
+    """Round to significant digits (a monotone map, so monotone grids stay monotone)."""
+    exponent = np.floor(np.log10(np.abs(x)))
+    scale = 10.0 ** (digits - 1 - exponent)
+    return np.round(x * scale) / scale
 
 
 @dataclass(frozen=True)
@@ -158,19 +176,18 @@ class ProfileCostModel:
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
-        pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
-        dc = np.asarray(decode, dtype=float)
-        num_seqs = len(pf) + len(dc)
-        num_tokens = int(pf[:, 0].sum()) + len(dc)
+        new = [n for n, _ in prefill]
+        num_seqs = len(new) + len(decode)
+        num_tokens = sum(new) + len(decode)
         if num_tokens == 0:
             return 0.0
         if num_logits is None:
             num_logits = num_seqs
         layer = self.dense_layer_s(num_tokens)
-        if len(pf):
-            layer += self.prefill_attn(*prefill_coords(pf[:, 0], pf[:, 1]))
-        if len(dc):
-            layer += self.decode_attn(*decode_coords(dc))
+        if new:
+            layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
+        if decode:
+            layer += self.decode_attn(*decode_coords(decode))
         step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
         if num_logits:
             step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
