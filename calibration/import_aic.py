@@ -8,7 +8,9 @@ Layout read: ROOT/<gpu>/{gemm,attention}/vllm/<version>/*.parquet (as in the rep
 `aiconfigurator-core` package's systems/data). Kept: bf16 GEMMs whose N and K bracket the model's GEMM
 shapes (the fit interpolates between them); prefill and decode attention rows with the model's per-GPU
 heads, full attention (no sliding window), bf16 KV cache. Duplicate shapes (0.19.0 and 0.19.1 rows) are
-merged by their median. The tables have no elementwise, sampling or whole-step timings.
+merged by their median. Rows faster than the GPU's datasheet peak FLOP/s or bandwidth are timing bugs
+and are dropped (counted in meta.json; --keep-above-peak keeps them). The tables have no elementwise,
+sampling or whole-step timings.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import pandas as pd
 import yaml
 
 from calibration import measurements
-from costmodels.catalog import DTYPE_BYTES, CatalogError, ModelShape, get_model
+from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import attention_heads, gemm_shapes
 
 TABLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
@@ -81,37 +83,64 @@ def attention_rows(context: pd.DataFrame, generation: pd.DataFrame, model: Model
     rows = []
     c = select(context)
     c = c[c["step"] == 0].groupby(["batch_size", "isl"], as_index=False)["latency"].median()
-    for b, isl, ms in c.itertuples(index=False):
+    e = DTYPE_BYTES[dtype]
+    for b, isl, ms in c.itertuples(index=False):  # causal: 2 matmuls x 2 FLOP x hd x heads x L(L+1)/2
         rows.append({"family": "prefill_attn", "batch_size": b, "new_tokens": isl, "cached_tokens": 0,
-                     "latency_s": ms / 1e3, "status": "ok", **attn})
+                     "latency_s": ms / 1e3, "status": "ok", "flops": 2.0 * head_dim * heads * b * isl * (isl + 1),
+                     "bytes": float(e * head_dim * b * isl * (2 * heads + 2 * kv_heads)), **attn})
     g = select(generation).groupby(["batch_size", "step"], as_index=False)["latency"].median()
     for b, step, ms in g.itertuples(index=False):  # `step` tokens are cached; the decoded one makes step + 1
         rows.append({"family": "decode_attn", "batch_size": b, "context_len": step + 1, "latency_s": ms / 1e3,
-                     "status": "ok", **attn})
+                     "status": "ok", "flops": 4.0 * head_dim * heads * b * (step + 1),
+                     "bytes": float(e * head_dim * b * (2 * kv_heads * (step + 1) + 2 * heads)), **attn})
     if not rows:
         raise CatalogError(f"no attention rows for {heads} heads / {kv_heads} KV heads / head dim {head_dim} "
                            f"with {dtype} KV cache")
     return rows
 
 
-def import_tables(root: Path, gpu: str, model: ModelShape, tp: int, dtype: str, version: str) -> tuple[list, dict]:
+def above_peak(rows: list[dict], gpu_name: str) -> tuple[list[dict], dict]:
+    """(rows a real kernel can achieve, what was set aside): a row faster than the catalog GPU's
+    datasheet peak FLOP/s or HBM bandwidth cannot be a correct timing of that shape."""
+    gpu = GPUS.get(gpu_name)
+    if gpu is None:
+        return rows, {}
+    kept, dropped = [], {}
+    for r in rows:
+        pct = max(r["flops"] / r["latency_s"] / gpu.bf16_flops_per_s, r["bytes"] / r["latency_s"] / gpu.hbm_bytes_per_s)
+        if pct <= 1.0:
+            kept.append(r)
+            continue
+        d = dropped.setdefault(r["family"], {"rows": 0, "max_fraction_of_peak": 0.0})
+        d["rows"] += 1
+        d["max_fraction_of_peak"] = round(max(d["max_fraction_of_peak"], pct), 2)
+    return kept, dropped
+
+
+def import_tables(root: Path, gpu: str, model: ModelShape, tp: int, dtype: str, version: str,
+                  keep_above_peak: bool = False) -> tuple[list, dict]:
     base = root / gpu
     gemm_dir, attn_dir = base / "gemm" / "vllm" / version, base / "attention" / "vllm" / version
     gemm = _read(gemm_dir / "gemm_perf.parquet")
     context = _read(attn_dir / "context_attention_perf.parquet")
     generation = _read(attn_dir / "generation_attention_perf.parquet")
     rows = gemm_rows(gemm, model, tp, dtype) + attention_rows(context, generation, model, tp, dtype)
+    catalog_gpu = gpu.replace("_", "-")
+    kept, dropped = above_peak(rows, catalog_gpu)
+    if not keep_above_peak:
+        rows = kept
     collection = {}
     for d in (gemm_dir, attn_dir):
         if (d / "collection_meta.yaml").exists():
             collection[d.parent.parent.name] = yaml.safe_load((d / "collection_meta.yaml").read_text())
     meta = {"source": "aiconfigurator", "model": model.name, "model_shape": dataclasses.asdict(model),
-            "gpu": gpu.replace("_", "-"), "tp": tp, "dtype": dtype, "device_name": str(gemm["device"].iloc[0]),
+            "gpu": catalog_gpu, "tp": tp, "dtype": dtype, "device_name": str(gemm["device"].iloc[0]),
             "framework": f"vllm {version}", "table_versions": sorted(set(context["version"]) | set(gemm["version"])),
             "kernel_sources": sorted(set(gemm["kernel_source"]) | set(context["kernel_source"])),
             "tables": {"root": str(root), "gpu_dir": gpu, "version_dir": version}, "collection_meta": collection,
             "publisher": "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), systems/data",
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": "published tables"}
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": "published tables",
+            "rows_above_datasheet_peak": dropped, "rows_above_peak_kept": keep_above_peak}
     return rows, meta
 
 
@@ -124,19 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=sorted(TABLE_DTYPES))
     ap.add_argument("--vllm", default="0.19.0", help="vLLM version folder of the tables")
+    ap.add_argument("--keep-above-peak", action="store_true",
+                    help="keep rows faster than the GPU's datasheet peak (dropped by default: timing bugs)")
     ap.add_argument("--fit", type=Path, metavar="PROFILE.json", help="also fit and write this profile")
     args = ap.parse_args(argv)
     root = args.root or default_root()
     if root is None:
         ap.error("--root: no tables root given and no aiconfigurator_core package installed")
     try:
-        rows, meta = import_tables(root, args.gpu, get_model(args.model), args.tp, args.dtype, args.vllm)
+        rows, meta = import_tables(root, args.gpu, get_model(args.model), args.tp, args.dtype, args.vllm,
+                                   args.keep_above_peak)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta["command"] = "python -m calibration.import_aic " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     counts = pd.Series([r["family"] for r in rows]).value_counts().to_dict()
+    for family, d in meta["rows_above_datasheet_peak"].items():
+        print(f"warning: {d['rows']} {family} rows run faster than the {meta['gpu']} datasheet peak (up to "
+              f"{100 * d['max_fraction_of_peak']:.0f}%): {'kept' if args.keep_above_peak else 'dropped'}")
     print(f"wrote {path}: {counts}")
     if args.fit:
         from calibration import fit

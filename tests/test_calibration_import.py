@@ -30,6 +30,14 @@ def h200(tmp_path_factory):
     return measurements.read(out)
 
 
+@pytest.fixture(scope="module")
+def h200_as_published(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aic_h200_all")
+    assert import_aic.main(["--gpu", "h200_sxm", "--root", str(ROOT), "--model", "llama-3-8b",
+                            "--out", str(out), "--keep-above-peak"]) == 0
+    return measurements.read(out)
+
+
 def test_import_keeps_the_model_shapes_in_the_measurement_format(h200):
     frame, meta = h200
     assert set(frame["family"]) == {"gemm", "prefill_attn", "decode_attn"}
@@ -44,12 +52,30 @@ def test_import_keeps_the_model_shapes_in_the_measurement_format(h200):
     assert meta["device_name"] == "NVIDIA H200" and meta["gpu"] == "h200-sxm" and meta["framework"] == "vllm 0.19.0"
 
 
-def test_fit_report_on_h200_tables_meets_the_accuracy_bar(h200):
-    profile, report, _ = build_profile(*h200, source="h200")
+def test_rows_faster_than_the_datasheet_peak_are_dropped_and_counted(h200, h200_as_published):
+    frame, meta = h200
+    dropped = meta["rows_above_datasheet_peak"]
+    assert set(dropped) == {"prefill_attn"} and dropped["prefill_attn"]["rows"] == 51
+    assert dropped["prefill_attn"]["max_fraction_of_peak"] > 2.5   # causal attention at 2.6x dense peak
+    prefill = frame[frame["family"] == "prefill_attn"]
+    assert (prefill["flops"] / prefill["latency_s"] <= get_gpu("h200-sxm").bf16_flops_per_s).all()
+    assert len(h200_as_published[0]) == len(frame) + 51
+
+
+def test_fit_report_on_h200_tables_as_published_meets_the_accuracy_bar(h200_as_published):
+    profile, report, _ = build_profile(*h200_as_published, source="h200")
     for family in ("gemm", "prefill_attn", "decode_attn"):
         assert report[family]["num_held_out"] >= 20
         assert report[family]["held_out_median_ape"] <= 5.0, report[family]
         assert report[family]["held_out_p90_ape"] <= 15.0, report[family]
+
+
+def test_fit_on_physically_possible_h200_rows(h200):
+    profile, report, _ = build_profile(*h200, source="h200")
+    for family in ("gemm", "decode_attn"):
+        assert report[family]["held_out_median_ape"] <= 5.0 and report[family]["held_out_p90_ape"] <= 15.0
+    # What is left of prefill attention is the launch-bound corner (<= 1.5K tokens), noisier: ~7% / 13%.
+    assert report["prefill_attn"]["held_out_median_ape"] <= 8.0 and report["prefill_attn"]["held_out_p90_ape"] <= 15.0
     assert profile["family_sources"]["sampling"] == "roofline prior"
     cost = profile_cost_model(profile, LLAMA, get_gpu("h200-sxm"))
     context = [cost.step_time_s(decode=[c] * 64) for c in np.geomspace(2, 200000, 12).astype(int)]
