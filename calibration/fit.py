@@ -161,7 +161,8 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
         grid = fitted.get(f"elementwise_{op}") or prior_family(f"elementwise_{op}", model, gpu, tp, dtype)
         families["elementwise"][op] = grid.to_dict()
         sources[f"elementwise_{op}"] = "measured" if f"elementwise_{op}" in fitted else "roofline prior"
-    profile = {"format": FORMAT, "name": meta.get("name") or f"{model.name}@{gpu} tp{tp} {dtype} ({meta.get('source')})",
+    name = meta.get("name") or f"{model.name}@{gpu} tp{tp} {dtype} ({meta.get('source')})"
+    profile = {"format": FORMAT, "name": name,
                "model": model.name, "gpu": gpu, "tp": tp, "dtype": dtype,
                "shapes": {"gemm": {op: list(s) for op, s in gemm_shapes(model, tp).items()},
                           "attention_heads": list(attention_heads(model, tp))},

@@ -79,10 +79,11 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
-            progress: bool = True) -> list[dict]:
+            progress: bool = True, repeats: int | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal."""
     b = Builder(device, dtype)
-    timer = Timer(device, *grid.timing_settings(size))
+    warmup, default_repeats = grid.timing_settings(size)
+    timer = Timer(device, warmup, repeats or default_repeats)
     rows = []
     for p in tqdm(grid.design(model, tp, size), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr):
         row = dict(p)
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--grid", choices=["full", "small"], help="default: full on cuda, small on cpu")
     ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
+    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15 full, 3 small)")
     ap.add_argument("--no-fit", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = machine_meta(device)
     gpu = args.gpu or meta.get("catalog_gpu") or args.device
     t0 = time.perf_counter()
-    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet)
+    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats)
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1)})

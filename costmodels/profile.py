@@ -124,7 +124,8 @@ def _round_sig(x: np.ndarray, digits: int = 4) -> np.ndarray:
 class Overheads:
     """CPU-side time a real engine adds to the kernels of a step (scheduling, input preparation, sampling
     bookkeeping, detokenisation) and per-layer launch gaps; fitted from whole-iteration timings when the
-    profile has them, else the roofline prior's figures. Issue 5 refits them against engine traces."""
+    profile has them, else the roofline prior's figures. Explicit fields, so that a fit against real
+    engine traces can replace them without touching the kernel families."""
     per_step_s: float
     per_request_s: float
     per_layer_s: float = 0.0
@@ -154,8 +155,10 @@ class ProfileCostModel:
     def describe(self) -> dict:
         p = self.profile
         return {"kind": "profile", "name": p.get("name", "?"), "source": self.source,
-                "gpu": self.gpu.name if self.gpu else p["gpu"], "measured_on": p["gpu"], "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
+                "gpu": self.gpu.name if self.gpu else p["gpu"], "measured_on": p["gpu"],
+                "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
                 "provenance": p.get("provenance", {}), "held_out_error": p.get("fit_report", {}),
+                "family_sources": p.get("family_sources", {}),
                 "overheads": {"per_step_s": self.overheads.per_step_s,
                               "per_request_s": self.overheads.per_request_s,
                               "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
