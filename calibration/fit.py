@@ -24,7 +24,7 @@ from calibration import measurements
 from calibration.fitting import choose_knots, errors, fit_loggrid, monotone, split
 from calibration.overheads import fit_overheads, prior_family
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
-from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, GEMM_OPS, LogGrid,
+from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,
                                 attention_heads, decode_coords, gemm_shapes, prefill_coords)
 
 HELD_OUT_FRACTION = 0.2

@@ -113,7 +113,7 @@ class Builder:
         e = self.elem
         if op == "rmsnorm":
             x, w = self.randn(m, hidden), self.randn(hidden)
-            return lambda: F.rms_norm(x, (hidden,), w, 1e-5), 4.0 * m * hidden, 2.0 * m * hidden * e
+            return lambda: rms_norm(x, w), 4.0 * m * hidden, 2.0 * m * hidden * e
         if op == "residual_add":
             x, y = self.randn(m, hidden), self.randn(m, hidden)
             return lambda: x + y, float(m * hidden), 3.0 * m * hidden * e
@@ -139,6 +139,13 @@ class Builder:
             probs = torch.softmax(logits.float() / 0.8, dim=-1)
             return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
         return run, 5.0 * m * vocab, float(m * vocab * (self.elem + 4 * 4))
+
+
+def rms_norm(x, weight, eps: float = 1e-5):
+    """torch's RMSNorm (torch >= 2.4), else its definition in eager ops."""
+    if hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * weight
 
 
 def rotate(x, cos, sin):

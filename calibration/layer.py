@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from calibration.kernels import Builder, rotate
+from calibration.kernels import Builder, rms_norm, rotate
 from costmodels.catalog import ModelShape
 from costmodels.profile import attention_heads, gemm_shapes
 
@@ -67,15 +67,15 @@ class LlamaStep:
         return torch.cat(out).reshape(self.num_tokens, self.heads * hd)
 
     def layer(self, x):
-        h, w, hd = self.model.hidden_size, self.w, self.head_dim
-        y = F.rms_norm(x, (h,), self.norm, 1e-5)
+        w, hd = self.w, self.head_dim
+        y = rms_norm(x, self.norm)
         qkv = F.linear(y, w["qkv"])
         q_dim, kv_dim = self.heads * hd, self.kv_heads * hd
         q = rotate(qkv[:, :q_dim].reshape(-1, self.heads, hd), self.cos, self.sin)
         k = rotate(qkv[:, q_dim:q_dim + kv_dim].reshape(-1, self.kv_heads, hd), self.cos, self.sin)
         v = qkv[:, q_dim + kv_dim:].reshape(-1, self.kv_heads, hd)
         x = x + F.linear(self.attention(q, k, v), w["o"])
-        gu = F.linear(F.rms_norm(x, (h,), self.norm, 1e-5), w["gate_up"])
+        gu = F.linear(rms_norm(x, self.norm), w["gate_up"])
         return x + F.linear(F.silu(gu[:, :self.inter]) * gu[:, self.inter:], w["down"])
 
     def run_layer(self):
@@ -86,7 +86,7 @@ class LlamaStep:
         for _ in range(self.model.num_layers):
             x = self.layer(x)
         last = self._last_token_rows()
-        logits = F.linear(F.rms_norm(x[last], (self.model.hidden_size,), self.norm, 1e-5), self.w["lm_head"])
+        logits = F.linear(rms_norm(x[last], self.norm), self.w["lm_head"])
         probs = torch.softmax(logits.float() / 0.8, dim=-1)
         return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
