@@ -81,12 +81,11 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, gpu: str = "h
             SMOOTHING["prefill_attn"],
             lambda x, c=_fixed_s(p): roof(2 * head_dim * heads * x[:, 0] * x[:, 1] * (x[:, 1] + 1),
                                           e * head_dim * x[:, 0] * x[:, 1] * (2 * heads + 2 * kv_heads), c))
-    d = attn[attn["family"] == "decode_attn"]
+    d = attn[(attn["family"] == "decode_attn") & (attn["op"] != "mixed")]  # mixed lengths: a check, below
     if len(d):
-        pts = [decode_coords(np.asarray(json.loads(batch), float)) if op == "mixed" else (b, ctx)
-               for op, batch, b, ctx in d[["op", "batch", "batch_size", "context_len"]].itertuples(index=False)]
         out["decode_attn"] = Family(
-            ("sequences", "context"), np.array(pts, float), d["latency_s"].to_numpy(), SLOPES["decode_attn"],
+            ("sequences", "context"), d[["batch_size", "context_len"]].to_numpy(float), d["latency_s"].to_numpy(),
+            SLOPES["decode_attn"],
             SMOOTHING["decode_attn"],
             lambda x, c=_fixed_s(d): roof(4 * head_dim * heads * x[:, 0] * x[:, 1],
                                           e * head_dim * x[:, 0] * (2 * kv_heads * x[:, 1] + 2 * heads), c))
@@ -168,6 +167,11 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
                           "attention_heads": list(attention_heads(model, tp))},
                "families": families, "family_sources": sources}
     profile["overheads"], report["composition"] = fit_overheads(profile, frame, model)
+    mixed = frame[(frame["family"] == "decode_attn") & (frame["op"] == "mixed")]
+    if len(mixed) and "decode_attn" in fitted:  # does (batch, mean context) stand for a mixed batch?
+        pred = [fitted["decode_attn"](*decode_coords(json.loads(b))) for b in mixed["batch"]]
+        report["composition"]["decode_mixed_lengths_error_pct"] = [
+            round(float(x), 1) for x in (np.array(pred) / mixed["latency_s"].to_numpy() - 1) * 100]
     profile["fit_report"] = {k: v for k, v in report.items() if k != "composition"}
     profile["provenance"] = {k: v for k, v in meta.items() if k not in ("grid_spec",)} | {
         "measurements": source, "held_out_fraction": HELD_OUT_FRACTION, "fit": "calibration.fit LogGrid"}

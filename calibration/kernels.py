@@ -64,6 +64,9 @@ class Builder:
         self.device, self.dtype = device, TORCH_DTYPES[dtype]
         self.elem = torch.finfo(self.dtype).bits // 8
         self.gqa = _sdpa_has_gqa()
+        self.notes: set[str] = set()   # kernel fallbacks taken, written to meta.json
+        if not self.gqa:
+            self.notes.add("torch without enable_gqa: KV heads repeated before attention")
 
     def randn(self, *shape, dtype=None):
         return torch.randn(*shape, device=self.device, dtype=dtype or self.dtype)
@@ -77,11 +80,19 @@ class Builder:
         return run, 2.0 * m * n * k, float((m * k + n * k + m * n) * self.elem)
 
     def _sdpa(self, q, k, v, mask=None, causal=False):
-        if not self.gqa and k.shape[1] != q.shape[1]:  # torch < 2.5: repeat KV heads (extra traffic)
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        extra = {"enable_gqa": True} if self.gqa else {}
-        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **extra)
+        """Fused attention with grouped KV heads. Where the device's kernels reject GQA with this mask
+        (or torch predates enable_gqa), KV heads are repeated beforehand: more traffic, noted in meta."""
+        if self.gqa or k.shape[1] == q.shape[1]:
+            extra = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+            run = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **extra)  # noqa: E731
+            try:
+                run()
+                return run
+            except RuntimeError as e:
+                self.notes.add(f"GQA attention fell back to repeated KV heads ({str(e).splitlines()[0][:120]})")
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
     def prefill_attn(self, b: int, new: int, cached: int, heads: int, kv_heads: int, head_dim: int):
         q = self.randn(b, heads, new, head_dim)

@@ -79,8 +79,9 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
-            progress: bool = True, repeats: int | None = None) -> list[dict]:
-    """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal."""
+            progress: bool = True, repeats: int | None = None, notes: set | None = None) -> list[dict]:
+    """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
+    Kernel fallbacks taken are added to `notes`."""
     b = Builder(device, dtype)
     warmup, default_repeats = grid.timing_settings(size)
     timer = Timer(device, warmup, repeats or default_repeats)
@@ -98,6 +99,8 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)
+    if notes is not None:
+        notes.update(b.notes)
     return rows
 
 
@@ -154,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     meta = machine_meta(device)
     gpu = args.gpu or meta.get("catalog_gpu") or args.device
     t0 = time.perf_counter()
-    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats)
+    notes: set[str] = set()
+    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
+                   notes=notes)
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
-                 if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1)})
+                 if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
+                 "kernel_notes": sorted(notes)})
     meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
