@@ -27,12 +27,12 @@ GPU_NAMES = {"H200": "h200-sxm", "H100": "h100-sxm", "A100-SXM4-40GB": "a100-40g
              "A100 80GB": "a100-80gb", "L40S": "l40s", "L4": "l4"}
 
 
-def catalog_gpu(device: torch.device) -> str | None:
-    """The catalog entry for this CUDA device (for its datasheet peaks), None on CPU or unknown GPUs."""
-    if device.type != "cuda":
+def catalog_gpu(device_name: str) -> str | None:
+    """The catalog entry for a CUDA device name (for its datasheet peaks); None when not in the catalog
+    (PCIe H100s have lower peaks than the SXM part the catalog lists)."""
+    if "PCIe" in device_name or "NVL" in device_name:
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((g for key, g in GPU_NAMES.items() if key in name), None)
+    return next((g for key, g in GPU_NAMES.items() if key in device_name), None)
 
 
 def machine_meta(device: torch.device) -> dict:
@@ -41,7 +41,7 @@ def machine_meta(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         meta.update({"device_name": props.name, "device_memory_bytes": props.total_memory,
-                     "sm_count": props.multi_processor_count, "catalog_gpu": catalog_gpu(device),
+                     "sm_count": props.multi_processor_count, "catalog_gpu": catalog_gpu(props.name),
                      "cudnn": torch.backends.cudnn.version()})
         try:
             import subprocess

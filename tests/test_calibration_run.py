@@ -61,6 +61,13 @@ def test_a_failing_grid_point_is_recorded_not_fatal(monkeypatch):
     assert failed[0]["status"].startswith("failed: OutOfMemoryError: CUDA out of memory")
 
 
+def test_cuda_device_names_map_to_catalog_gpus():
+    assert run.catalog_gpu("NVIDIA H200") == "h200-sxm"
+    assert run.catalog_gpu("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert run.catalog_gpu("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+    assert run.catalog_gpu("NVIDIA H100 PCIe") is None and run.catalog_gpu("NVIDIA B200") is None
+
+
 def test_achieved_throughput_above_peak_is_flagged():
     rows = [{"family": "gemm", "status": "ok", "flops": 2e12, "bytes": 1e6, "latency_s": 1e-3}]
     lines = run.roofline_report(rows, "h100-sxm")
