@@ -39,3 +39,11 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
                                f"(shipped: {', '.join(shipped_profiles()) or 'none'})")
     data = read_profile(path)  # a profile named explicitly is used as given; describe() says where it was measured
     return profile_cost_model(data, model, gpu, tp, dtype, source=str(path))
+
+
+def cost_model(model: str = "llama-3-8b", hardware: str = "h100-sxm", tp: int = 1, dtype: str = "bf16",
+               profile: str | None = None):
+    """Notebook entry point by names: `cost_model("llama-3-8b", "h100-sxm").step_time_s(prefill=[(512, 0)],
+    decode=[1024] * 64)` gives one iteration's time in seconds, with the same cost model a sweep uses."""
+    from costmodels.catalog import get_gpu, get_model
+    return load_cost_model(profile, get_model(model), get_gpu(hardware), tp, dtype)
