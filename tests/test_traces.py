@@ -65,10 +65,14 @@ def test_generic_csv_and_jsonl(tmp_path):
     j = write(tmp_path, "g.jsonl", '{"arrival_s": 0, "prompt_tokens": 64, "output_tokens": 2, '
               '"prefix_group": "sys-a", "prefix_tokens": 40}\n'
               '{"arrival_s": 1, "prompt_tokens": 50, "output_tokens": 2, "prefix_group": "sys-a", "prefix_tokens": 40}\n'
-              '{"arrival_s": 2, "prompt_tokens": 50, "output_tokens": 2, "prefix_group": "sys-b", "prefix_tokens": 40}\n')
-    tr = load_trace(j, "jsonl", prefix_block_tokens=16)
-    assert tr.prefix_ids[0] == tr.prefix_ids[1] and len(tr.prefix_ids[0]) == 2
-    assert set(tr.prefix_ids[2]).isdisjoint(tr.prefix_ids[0])
+              '{"arrival_s": 2, "prompt_tokens": 50, "output_tokens": 2, "prefix_group": "sys-b", "prefix_tokens": 40}\n'
+              '{"arrival_s": 3, "prompt_tokens": 50, "output_tokens": 2}\n')
+    tr = load_trace(j, "jsonl")
+    assert tr.prefix_groups.tolist() == [[0, 40], [0, 40], [1, 40], [-1, 0]]
+    specs = trace_specs(parse_trace_workload({"path": j, "format": "jsonl"}), 8192, block_size=16).specs
+    ids = [s.prefix_block_ids for s in specs]
+    assert ids[0] == ids[1] and len(ids[0]) == 2  # 40 shared tokens: two full 16-token blocks
+    assert set(ids[2]).isdisjoint(ids[0]) and ids[3] is None
 
 
 @pytest.mark.parametrize("fmt,text,expect", [
@@ -85,6 +89,8 @@ def test_generic_csv_and_jsonl(tmp_path):
     ("csv", "arrival_s,prompt_tokens,output_tokens\n0,5,1\n-2,5,1\n", ": line 3, column arrival_s: expected a non-negative"),
     ("csv", "arrival_s,prompt_tokens,output_tokens\n0,5,1,7\n", ": line 2, column 4: expected 3 fields as in the header, saw 4"),
     ("jsonl", '{"arrival_s": 0, "prompt_tokens": 5.5, "output_tokens": 1}\n', ": line 1, column prompt_tokens"),
+    ("jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 1, "prefix_group": 1, "prefix_tokens": 4}\n'
+              '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 1, "prefix_group": 1}\n', ": line 2, column prefix_tokens"),
     ("csv", "", ": empty file"),
 ])
 def test_malformed_files_name_file_line_and_column(tmp_path, fmt, text, expect):

@@ -56,6 +56,7 @@ class Trace:
     output_tokens: np.ndarray
     max_new_tokens: np.ndarray | None = None
     prefix_ids: tuple[tuple[int, ...] | None, ...] | None = None
+    prefix_groups: np.ndarray | None = None  # generic format: (group index, shared prefix tokens) per request
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     num_dropped: int = 0  # rows with a zero length (BurstGPT's failed requests)
 
@@ -76,7 +77,7 @@ class Trace:
         ids = None if self.prefix_ids is None else tuple(self.prefix_ids[i] for i in idx)
         return dataclasses.replace(self, arrival_s=t[idx] - start_s, prompt_tokens=self.prompt_tokens[idx],
                                    output_tokens=self.output_tokens[idx], max_new_tokens=pick(self.max_new_tokens),
-                                   prefix_ids=ids)
+                                   prefix_ids=ids, prefix_groups=pick(self.prefix_groups))
 
     def repeated_block_fraction(self) -> float | None:
         """Fraction of prefix blocks seen earlier in the trace: the hit rate of an infinite prefix cache
@@ -200,20 +201,27 @@ def _ids(value, path: str, line: int, col: str) -> tuple[int, ...] | None:
     return out
 
 
-def _prefix_ids(df: pd.DataFrame, fmt: str, prompts: np.ndarray, block_tokens: int, path: str, line_of):
+def _prefix_ids(df: pd.DataFrame, fmt: str, path: str, line_of):
     col = _IDS_COLUMN.get(fmt)
     if col is not None and col in df.columns:
         ids = tuple(_ids(v, path, line_of(i), col) for i, v in enumerate(df[col].tolist()))
         return ids if any(x is not None for x in ids) else None
-    if fmt in ("csv", "jsonl") and "prefix_group" in df.columns:
-        shared = _int_column(df, "prefix_tokens", path, line_of, minimum=0)
-        groups = pd.factorize(df["prefix_group"].astype(str))[0]
-        out = []
-        for g, n, p in zip(groups, shared, prompts):
-            # Group g's k-th shared block gets id -(g * 2**32 + k + 1): never equal to a trace id (>= 0).
-            out.append(tuple(-(int(g) * 2**32 + k + 1) for k in range(min(int(n), int(p)) // block_tokens)))
-        return tuple(out)
     return None
+
+
+def _prefix_groups(df: pd.DataFrame, fmt: str, path: str, line_of) -> np.ndarray | None:
+    """Generic format: `prefix_group` (any label) + `prefix_tokens` as (group index, tokens) rows."""
+    if fmt not in ("csv", "jsonl") or "prefix_group" not in df.columns:
+        return None
+    groups = pd.factorize(df["prefix_group"])[0]  # -1 where a row has no group
+    if "prefix_tokens" not in df.columns:
+        _fail(path, line_of(-1) if line_of(-1) > 0 else None, None, "prefix_group needs a prefix_tokens column")
+    shared = pd.to_numeric(df["prefix_tokens"], errors="coerce").fillna(-1).to_numpy()
+    bad = (groups >= 0) & ((shared < 0) | (shared != np.floor(shared)))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        _fail(path, line_of(i), "prefix_tokens", f"expected an integer >= 0, got {_show(df['prefix_tokens'].iloc[i])}")
+    return np.stack([groups, np.where(groups >= 0, shared, 0)], axis=1).astype(np.int64)
 
 
 @lru_cache(maxsize=8)
@@ -229,7 +237,8 @@ def _load_cached(path: str, fmt: str, mtime_ns: int, prefix_block_tokens: int) -
     if max_new is not None and (max_new < outputs).any():
         i = int(np.flatnonzero(max_new < outputs)[0])
         _fail(path, line_of(i), "max_new_tokens", f"{max_new[i]} < output_tokens {outputs[i]}")
-    ids = _prefix_ids(df, fmt, prompts, prefix_block_tokens, path, line_of)
+    ids = _prefix_ids(df, fmt, path, line_of)
+    groups = _prefix_groups(df, fmt, path, line_of)
     keep = (prompts > 0) & (outputs > 0)  # BurstGPT logs failed requests with 0 response tokens
     order = np.argsort(arrival[keep], kind="stable")
     idx = np.flatnonzero(keep)[order]
@@ -237,8 +246,8 @@ def _load_cached(path: str, fmt: str, mtime_ns: int, prefix_block_tokens: int) -
         _fail(path, None, None, "no request with positive prompt and output lengths")
     t = arrival[idx]
     return Trace(path, fmt, t - t[0], prompts[idx], outputs[idx], None if max_new is None else max_new[idx],
-                 None if ids is None else tuple(ids[i] for i in idx), prefix_block_tokens,
-                 num_dropped=int((~keep).sum()))
+                 None if ids is None else tuple(ids[i] for i in idx), None if groups is None else groups[idx],
+                 prefix_block_tokens, num_dropped=int((~keep).sum()))
 
 
 def load_trace(path: str, fmt: str, prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
@@ -334,9 +343,10 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
     return TraceWorkload(**out)
 
 
-def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int | None = None):
+def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = 16):
     """The trace's requests as RequestSpecs (ids = row order after selection), clipped only to the model's
     hard limits (and counted), with prefix ids mapped to `block_size`-token engine blocks."""
+    from workloads.prefix import prefix_block_ids
     from workloads.synthetic import GeneratedRequests
     tr = w.load()
     if not len(tr):
@@ -353,8 +363,11 @@ def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int | None = N
     specs = []
     for i in range(len(tr)):
         ids = tr.prefix_ids[i] if tr.prefix_ids is not None else None
-        if ids is not None and block_size is not None:
+        if ids is not None:
             ids = engine_block_ids(ids, int(prompts[i]), tr.prefix_block_tokens, block_size)
+        elif tr.prefix_groups is not None and tr.prefix_groups[i, 0] >= 0:  # a shared system prompt
+            g, shared = tr.prefix_groups[i]
+            ids = prefix_block_ids(int(prompts[i]), block_size, int(g), int(shared), None)
         mn = None if max_new is None else int(min(max_new[i], max_model_len - prompts[i]))
         specs.append(RequestSpec(i, float(times[i]), int(prompts[i]), int(outputs[i]),
                                  None if mn is None else max(mn, int(outputs[i])), prefix_block_ids=ids))
