@@ -7,11 +7,12 @@ ignored: the simulator needs lengths, times and prefix identities only.
 
 Generic format (`format: csv` or `jsonl`), one request per row or line:
   arrival_s        arrival time in seconds (any origin; rows are sorted by it)
-  prompt_tokens    prompt length, a positive integer
-  output_tokens    tokens generated, a positive integer
+  prompt_tokens    prompt length, an integer (rows with a zero prompt or output are dropped and counted)
+  output_tokens    tokens generated, an integer
   max_new_tokens   optional: the client's max_tokens (>= output_tokens)
-  prefix_block_ids optional: ids of the prompt's `prefix_block_tokens`-token blocks, front first, chained
-                   as in Mooncake (a CSV cell holds them space-separated); equal ids mean equal content
+  prefix_block_ids optional: ids of the prompt's blocks of `prefix_block_tokens` tokens (a trace option,
+                   default 512 as Mooncake), front first; equal ids at equal positions after equal
+                   parents mean equal content (a CSV cell holds them space-separated)
   prefix_group     optional (instead of prefix_block_ids): requests with the same group share their first
   prefix_tokens    `prefix_tokens` prompt tokens (a shared system prompt)
 """
