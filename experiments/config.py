@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
-            "engine", "workload", "grid", "cluster"}
+            "engine", "workload", "grid", "cluster", "disaggregation", "slo"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,15 @@ class PointConfig:
     workload: Workload
     unused_engine_keys: tuple[str, ...] = ()
     cluster: ClusterSettings | None = None  # None: one replica
+    disaggregation: DisaggSettings | None = None  # None: co-located prefill and decode
+    slo: SloSettings | None = None  # per-request SLOs for goodput (None: no goodput columns)
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            d = self.disaggregation
+            return (d.num_prefill_replicas + d.num_decode_replicas) * self.tensor_parallel_size
+        return (self.cluster.num_replicas if self.cluster is not None else 1) * self.tensor_parallel_size
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,92 @@ def parse_cluster(spec) -> ClusterSettings | None:
         raise ConfigError(f"cluster.num_long_replicas: {router.num_long_replicas} leaves no replica for short "
                           f"requests among {n}")
     return ClusterSettings(n, router)
+
+
+DISAGG_POLICIES = ("continuous", "chunked_prefill")  # policies whose decisions stay valid for handed-off requests
+
+
+@dataclass(frozen=True)
+class DisaggSettings:
+    """`disaggregation: {num_prefill_replicas: 2, num_decode_replicas: 6, ...}` (simcore/disagg.py). Both
+    pools run `engine.policy`; the prefill pool's engines hand every request off after its first token.
+    `link_bandwidth_gb_per_s`: per GPU, GB = 1e9 bytes (50: one InfiniBand NDR 400 Gb/s NIC per GPU)."""
+    num_prefill_replicas: int
+    num_decode_replicas: int
+    router: object                     # prefill pool, at arrival
+    decode_router: object              # decode pool, at the hand-off
+    link_bandwidth_gb_per_s: float = 50.0
+    link_latency_s: float = 0.0005
+    first_token_from: str = "prefill"  # or "decode" (simcore/disagg.py)
+
+
+DISAGG_KEYS = {"num_prefill_replicas", "num_decode_replicas", "router", "decode_router",
+               "link_bandwidth_gb_per_s", "link_latency_s", "first_token_from"}
+
+
+def _pool_router(key: str, name, pool_size: int):
+    if name not in ROUTERS:
+        raise ConfigError(f"{key}: unknown router {name!r}; known: {', '.join(ROUTERS)}")
+    if name == "prefix_affinity":
+        raise ConfigError(f"{key}: prefix_affinity needs prefix caching, which disaggregation does not model")
+    router = ROUTERS[name]()
+    if name == "length_split" and router.num_long_replicas >= pool_size:
+        raise ConfigError(f"{key}: length_split needs more than {router.num_long_replicas} replicas in its pool")
+    return router
+
+
+def parse_disaggregation(spec) -> DisaggSettings | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError("disaggregation: expected a mapping with num_prefill_replicas and num_decode_replicas")
+    for k in spec:
+        if k not in DISAGG_KEYS:
+            raise ConfigError(f"disaggregation.{k}: unknown key; expected one of {', '.join(sorted(DISAGG_KEYS))}")
+    sizes = []
+    for k in ("num_prefill_replicas", "num_decode_replicas"):
+        n = spec.get(k)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"disaggregation.{k}: expected a positive integer, got {n!r}")
+        sizes.append(n)
+    knobs = {}
+    for k in ("link_bandwidth_gb_per_s", "link_latency_s"):
+        if k in spec:
+            knobs[k] = _check_type(f"disaggregation.{k}", spec[k], 0.0)
+    if knobs.get("link_bandwidth_gb_per_s", 1.0) <= 0:
+        raise ConfigError("disaggregation.link_bandwidth_gb_per_s: must be positive")
+    first = spec.get("first_token_from", "prefill")
+    if first not in ("prefill", "decode"):
+        raise ConfigError(f"disaggregation.first_token_from: expected prefill or decode, got {first!r}")
+    return DisaggSettings(
+        sizes[0], sizes[1],
+        router=_pool_router("disaggregation.router", spec.get("router", "least_outstanding"), sizes[0]),
+        decode_router=_pool_router("disaggregation.decode_router", spec.get("decode_router", "least_outstanding"),
+                                   sizes[1]),
+        first_token_from=first, **knobs)
+
+
+@dataclass(frozen=True)
+class SloSettings:
+    """`slo: {ttft_ms: 400, tpot_ms: 40}`: per-request limits; a request is good when it finished and meets
+    every one given (vllm bench serve `--goodput`; TPOT counts as 0 for one-token outputs)."""
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+def parse_slo(spec) -> SloSettings | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError("slo: expected a mapping like {ttft_ms: 400, tpot_ms: 40}")
+    fields = {f.name for f in dataclasses.fields(SloSettings)}
+    for k, v in spec.items():
+        if k not in fields:
+            raise ConfigError(f"slo.{k}: unknown key; expected one of {', '.join(sorted(fields))}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"slo.{k}: expected a positive number of milliseconds, got {v!r}")
+    return SloSettings(**{k: float(v) for k, v in spec.items()})
 
 
 def _check_type(key: str, value, default, allow_none: bool = False):
@@ -219,8 +314,17 @@ def resolve_point(raw: dict) -> PointConfig:
         workload = parse_workload(raw.get("workload"))
     except WorkloadError as e:
         raise ConfigError(str(e)) from None
+    disagg = parse_disaggregation(raw.get("disaggregation"))
+    if disagg is not None:
+        if raw.get("cluster") is not None:
+            raise ConfigError("disaggregation: set either cluster (co-located replicas) or disaggregation, not both")
+        if policy.name not in DISAGG_POLICIES:
+            raise ConfigError(f"disaggregation: engine.policy {policy.name} is not supported; "
+                              f"use one of {', '.join(DISAGG_POLICIES)}")
+        if settings.enable_prefix_caching:
+            raise ConfigError("disaggregation: engine.enable_prefix_caching is not modelled with disaggregation")
     return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused,
-                       parse_cluster(raw.get("cluster")))
+                       parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")))
 
 
 # ---- sweeps ----

@@ -9,13 +9,15 @@ import simpy
 
 from costmodels import load_cost_model
 from costmodels.roofline import activation_reserve_bytes, weight_bytes
+from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import cluster_summary, iterations_frame, replicas_frame, requests_frame, summarize
+from simcore.metrics import (cluster_summary, goodput_stats, iterations_frame, meets_slo, replicas_frame,
+                             requests_frame, summarize)
 from workloads.synthetic import describe_workload, generate
 
 
@@ -27,6 +29,7 @@ class SimResult:
     summary: dict              # the results.csv row (metrics)
     resolved: dict             # the configuration actually simulated, defaults filled in
     replicas: pd.DataFrame | None = None  # one row per replica, for a cluster (cluster.num_replicas > 1)
+                                          # or a disaggregated deployment (with a `role` column)
 
 
 def memory_plan(cfg: PointConfig) -> MemoryPlan:
@@ -58,6 +61,8 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
         "workload": describe_workload(w),
         **({"cluster": {"num_replicas": cfg.cluster.num_replicas, "router": cfg.cluster.router.name,
                         **dataclasses.asdict(cfg.cluster.router)}} if cfg.cluster is not None else {}),
+        **(disaggregation.resolved_keys(cfg) if cfg.disaggregation is not None else {}),
+        **({"slo": dataclasses.asdict(cfg.slo)} if cfg.slo is not None else {}),
     }
 
 
@@ -78,14 +83,26 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     log = EngineLog()
     # A cluster (simcore/cluster.py): N identical replicas sharing the log, behind the router.
     num_replicas = cfg.cluster.num_replicas if cfg.cluster is not None else 1
-    engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+    disagg = None
+    if cfg.disaggregation is not None:  # prefill and decode pools (simcore/disagg.py)
+        disagg = disaggregation.build(env, cfg, cost_model, limits, log, plan.kv_bytes_per_token)
+        engines = disagg.prefill + disagg.decode
+        num_replicas = len(engines)
+        submit = disagg.submit
+    else:
+        engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+        submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
-    submit = engine.submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     arrival = cfg.workload.arrival
+    users = None
     if arrival.is_closed:
         users = ClosedLoopUsers(env, gen.specs, arrival.concurrency, submit, arrival.think_time_s)
+    if disagg is not None:
+        disagg.chain_on_done(users.on_done if users else None)
+    elif users is not None:
         for e in engines:
             e.on_done = users.on_done
+    if users is not None:
         users.start()
     else:
         env.process(open_loop(env, gen.specs, submit))
@@ -99,12 +116,22 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     iterations = iterations_frame(log)
     summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks * num_replicas)
     replicas = None
-    if num_replicas > 1:
+    if disagg is not None:
+        requests = disaggregation.add_handoff_columns(requests, disagg)
+        iterations["role"] = [disaggregation.role_of(r, len(disagg.prefill)) for r in iterations["replica_id"]]
+        replicas = disaggregation.replicas_by_role(requests, iterations, plan.num_gpu_blocks,
+                                                   len(disagg.prefill), len(disagg.decode))
+        summary.update(disaggregation.summary_keys(requests, replicas, disagg, cfg))
+    elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, plan.num_gpu_blocks, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?")})
+    summary["num_gpus"] = cfg.num_gpus
+    if cfg.slo is not None:
+        requests["meets_slo"] = meets_slo(requests, cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.e2e_ms)
+        summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
         cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}

@@ -35,12 +35,15 @@ class EngineLimits:
     num_swap_blocks: int = 0             # host swap space, in blocks
     check_invariants: bool = True
     enable_prefix_caching: bool = False  # vLLM V1 automatic prefix caching (PrefixCachingBlockPool)
+    # Prefill instance of a disaggregated deployment (simcore/disagg.py): a request that sampled its first
+    # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
+    handoff_after_first_token: bool = False
 
 
 class Engine:
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
-                 replica_id: int = 0):
+                 replica_id: int = 0, on_handoff: Callable[[Request], None] | None = None):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
                              f"not {limits.preemption_mode!r}")
@@ -59,6 +62,9 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.draining: list[Request] = []
+        self.sending: list[Request] = []    # handed off after the first token; KV held until release()
+        self.receiving: list[Request] = []  # prefilled elsewhere; KV allocated here, transfer in flight
+        self.on_handoff = on_handoff        # called when a request is handed off (handoff_after_first_token)
         self.requests: dict[int, Request] = {}
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
@@ -81,6 +87,44 @@ class Engine:
                 self.on_done(req)
             return
         self.waiting.append(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ---- disaggregation: a request prefilled on another engine (simcore/disagg.py) ----
+    def can_receive(self, num_tokens: int) -> bool:
+        """Whether KV for `num_tokens` tokens fits in free blocks now."""
+        return self.pool.blocks_for(num_tokens) <= self.pool.num_free_blocks
+
+    def receive(self, req: Request) -> None:
+        """Allocate blocks for the KV of `req` (a fresh progress record with `num_computed_tokens` and
+        `num_generated_tokens` already set, holding no blocks here) before its transfer; it joins the batch
+        at `received`. The caller checks `can_receive` first."""
+        if req.request_id in self.requests:
+            raise SimulationError(f"duplicate request id {req.request_id}")
+        if req.num_blocks or not 0 <= req.num_computed_tokens < req.num_tokens:
+            raise SimulationError(f"request {req.request_id} cannot be received with {req.num_blocks} blocks "
+                                  f"and {req.num_computed_tokens} of {req.num_tokens} tokens computed")
+        self.requests[req.request_id] = req
+        self.pool.grow(req, req.num_computed_tokens)
+        req.status = Status.WAITING
+        self.receiving.append(req)
+
+    def received(self, req: Request) -> None:
+        """The KV of `req` has arrived: it runs from the next iteration on (policies see a running request
+        with one token to compute, a decode)."""
+        self.receiving.remove(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        self._wake_up()
+
+    def release(self, req: Request) -> None:
+        """The KV of a handed-off request has been copied out: free its blocks here."""
+        self.sending.remove(req)
+        self.pool.free(req)
+        req.status = Status.FINISHED
+        self._wake_up()
+
+    def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -112,6 +156,10 @@ class Engine:
             if not batch.scheduled:
                 if batch.preempt:
                     raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
+                if (self.sending or self.receiving) and batch.wake_at_s is None:
+                    self._wake = env.event()  # blocks held by KV transfers: wait for one to end
+                    yield self._wake
+                    continue
                 if batch.wake_at_s is None or batch.wake_at_s <= env.now:
                     raise SimulationError(
                         f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
@@ -226,6 +274,8 @@ class Engine:
         log = self.log
         num_prefill = num_decode = 0
         done = []
+        handed_off = []
+        handoff = self.limits.handoff_after_first_token
         for s in batch.scheduled:
             req = self.requests[s.request_id]
             if req.num_uncomputed_tokens == 1 and req.num_generated_tokens > 0:
@@ -244,6 +294,12 @@ class Engine:
                 req.last_token_s = now
                 if req.num_generated_tokens == req.spec.num_output_tokens:
                     done.append(req)
+                elif handoff:
+                    handed_off.append(req)
+        for req in handed_off:
+            self.running.remove(req)
+            req.status = Status.SENDING
+            self.sending.append(req)
         for req in done:
             self.running.remove(req)
             req.finish_s = now
@@ -266,10 +322,13 @@ class Engine:
         for req in done:
             if self.on_done:
                 self.on_done(req)
+        for req in handed_off:
+            self.on_handoff(req)
 
     def _check_invariants(self) -> None:
         pool = self.pool
-        held = sum(r.num_blocks for r in self.running) + sum(r.num_blocks for r in self.draining)
+        held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving)
+                   for r in group)
         expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks  # shared blocks
         if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != expected:
             raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "

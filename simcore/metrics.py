@@ -139,3 +139,26 @@ def per_priority_stats(requests: pd.DataFrame) -> dict:
             stats.update(_stats_ms(metric, fin[f"{metric}_s"]))
         out.update({f"{k}_prio{int(prio)}": v for k, v in stats.items()})
     return out
+
+
+def meets_slo(requests: pd.DataFrame, ttft_ms: float | None = None, tpot_ms: float | None = None,
+              e2e_ms: float | None = None) -> pd.Series:
+    """Per request: finished and within every SLO given (vllm bench serve `--goodput`: TPOT counts as 0
+    for a one-token output). Rejected requests never meet it."""
+    ok = requests["status"] == "finished"
+    if ttft_ms is not None:
+        ok &= requests["ttft_s"] * 1e3 <= ttft_ms
+    if tpot_ms is not None:
+        ok &= requests["tpot_s"].fillna(0.0) * 1e3 <= tpot_ms
+    if e2e_ms is not None:
+        ok &= requests["e2e_s"] * 1e3 <= e2e_ms
+    return ok
+
+
+def goodput_stats(good: pd.Series, duration_s: float, num_gpus: int) -> dict:
+    """Goodput = requests meeting every SLO per second of the whole run (DistServe, vLLM, AIPerf); per GPU
+    divides by every GPU the deployment uses. `slo_attainment`: the fraction of all requests that are good
+    (DistServe's measure; it targets 90%)."""
+    n = int(good.sum())
+    return {"slo_attainment": n / len(good) if len(good) else float("nan"),
+            "goodput_rps": n / duration_s, "goodput_rps_per_gpu": n / duration_s / num_gpus}

@@ -31,6 +31,7 @@ class Status(enum.Enum):
     SWAPPED = "swapped"      # preempted with its KV copied to host memory; waiting to be swapped back
     RUNNING = "running"      # holds KV blocks and is being scheduled
     DRAINING = "draining"    # finished, but its slot and KV stay held until its static batch drains
+    SENDING = "sending"      # prefilled and handed off; its KV stays held until the transfer ends
     FINISHED = "finished"
     REJECTED = "rejected"
 
