@@ -154,12 +154,17 @@ class Engine:
             batch = self.policy.schedule(self.view())
             self.policy_state = batch.policy_state
             if not batch.scheduled:
-                if batch.preempt:
-                    raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
                 if (self.sending or self.receiving) and batch.wake_at_s is None:
-                    self._wake = env.event()  # blocks held by KV transfers: wait for one to end
+                    # Blocks held by KV transfers (disaggregation): a policy may have had to preempt even
+                    # the request it was placing; apply that, then wait for a transfer to end.
+                    self._wake = env.event()  # before any swap-out time, so that no release is missed
+                    swap_out_s = self._preempt(batch.preempt)
+                    if swap_out_s:
+                        yield env.timeout(swap_out_s)
                     yield self._wake
                     continue
+                if batch.preempt:
+                    raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
                 if batch.wake_at_s is None or batch.wake_at_s <= env.now:
                     raise SimulationError(
                         f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
