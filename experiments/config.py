@@ -375,7 +375,7 @@ def expand(sweep: dict) -> list[Point]:
         raw = copy.deepcopy(base)
         values = dict(zip(keys, combo))
         for k, v in values.items():
-            set_dotted(raw, k, v)
+            set_dotted(raw, k, copy.deepcopy(v))  # a mapping swept whole must not be shared between points
         try:
             cfg = resolve_point(raw)
         except ConfigError as e:
