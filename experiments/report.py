@@ -1,0 +1,265 @@
+"""After a run: pick the runs worth plotting, draw the figures (`experiments.plots`) and write `summary.md`,
+which states the answers in words ("chunked_prefill: 212 concurrent users at p99 TTFT <= 200 ms, ...").
+
+Reads only what the sweep or search saved in the output folder, so it can be rerun on finished results.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import plots
+from experiments.capacity import CapacitySpec, replicas_curve
+from experiments.search import pretty_metric
+from experiments.search_run import SearchResult
+
+LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
+
+
+def md_table(df: pd.DataFrame) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
+        return str(v)
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def describe_setup(sweep: dict) -> str:
+    """One line a reader needs to interpret a figure without the YAML."""
+    w = sweep.get("workload") or {}
+    a = w.get("arrival") or {}
+
+    def dist(d):
+        d = dict(d or {})
+        name = d.pop("dist", "?")
+        return f"{name}(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
+    tp = sweep.get("tensor_parallel_size", 1)
+    traffic = ("closed loop" if a.get("process") == "closed" else
+               f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else ""))
+    return (f"{sweep.get('model', 'llama-3-8b')} on {tp}x {sweep.get('hardware', 'h100-sxm')}, {traffic}, "
+            f"prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}")
+
+
+def _label(row, grid_keys: list[str]) -> str:
+    extra = [f"{k.split('.')[-1]}={row[k]}" for k in grid_keys if k != "engine.policy" and k in row]
+    return ", ".join([str(row["policy"])] + extra)
+
+
+def _requests_cdf_input(d: Path) -> tuple[np.ndarray, np.ndarray]:
+    req = pd.read_csv(d / "requests.csv")
+    ttft = (req.loc[req["status"] == "finished", "ttft_s"] * 1e3).to_numpy()
+    f = d / "itl_gaps_ms.npy"
+    return ttft, (np.load(f) if f.exists() else np.zeros(0))
+
+
+def _gantt_window_s(static_req: pd.DataFrame) -> float:
+    """Enough time to see three static batches (or the whole run when shorter)."""
+    starts = np.sort(static_req["admitted_s"].dropna().unique())
+    end = float(static_req["finish_s"].max())
+    return float(starts[3]) if len(starts) > 3 else end
+
+
+def _gantt(panels: dict[str, Path], out: Path, subtitle: str) -> Path | None:
+    """panels: label -> folder with requests.csv; needs a static one and at least one other."""
+    static = [k for k in panels if k.startswith("static")]
+    if not static or len(panels) < 2:
+        return None
+    tables = {k: pd.read_csv(d / "requests.csv") for k, d in panels.items()}
+    window = _gantt_window_s(tables[static[0]])
+    ordered = static + [k for k in panels if k not in static]
+    return plots.slot_gantt({k: (tables[k], k.startswith("static")) for k in ordered}, window,
+                            out / "plots" / "slot_gantt.png", subtitle)
+
+
+def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
+    import json
+    data = {}
+    for label, d in runs.items():
+        blocks = json.loads((d / "summary.json").read_text()).get("num_gpu_blocks", 1)
+        data[label] = (pd.read_csv(d / "iterations.csv"), blocks)
+    return plots.engine_timeseries(data, out / "plots" / "engine_timeseries.png", subtitle)
+
+
+def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame | None,
+                  cap_spec: CapacitySpec | None) -> list[Path]:
+    spec, grid_keys = res.spec, list((sweep.get("grid") or {}).keys())
+    load_col = spec.over.split(".")[-1]
+    setup = describe_setup(sweep)
+    labels = {f"g{p.index:03d}": _label({**p.grid_values, "policy": p.config.policy.name}, grid_keys)
+              for p in res.grid_points}
+    curves = {labels[g]: df for g, df in res.points.groupby("grid_point", sort=False)}
+    answers = {labels[r.grid_point]: r.max_value for r in res.searches.itertuples()}
+    made = []
+    for i, (metric, limit) in enumerate(spec.slo_ms):
+        name = "latency_vs_load.png" if i == 0 else f"latency_vs_load_{metric}.png"
+        made.append(plots.latency_vs_load(curves, load_col, metric, out / "plots" / name, setup, limit, answers))
+    metric0, limit0 = spec.slo_ms[0]
+    made.append(plots.throughput_vs_load(curves, load_col, out / "plots" / "throughput_vs_load.png", setup, answers))
+    made.append(plots.throughput_latency(curves, load_col, metric0, out / "plots" / "throughput_latency.png",
+                                         setup, limit0))
+    at_answer = {}
+    for gi, o in res.outcomes.items():
+        v = o.best if o.best is not None else spec.lo
+        if (gi, v) in res.details:
+            at_answer[f"{labels[f'g{gi:03d}']} at {v:g}"] = res.details[(gi, v)]
+    if at_answer:
+        made.append(plots.latency_cdfs({k: _requests_cdf_input(d) for k, d in at_answer.items()},
+                                       out / "plots" / "latency_cdf.png", f"each at its SLO maximum; {setup}"))
+        made.append(_timeseries(at_answer, out, f"each at its SLO maximum; {setup}"))
+    static = [gi for gi, p in enumerate(res.grid_points) if p.config.policy.name == "static"]
+    if static:
+        gs = res.grid_points[static[0]].index
+        v = res.outcomes[gs].best if res.outcomes[gs].best is not None else spec.lo
+        panels = {labels[f"g{gi:03d}"]: d for (gi, val), d in res.details.items() if val == v}
+        g = _gantt(panels, out, f"same traffic, {load_col} = {v:g}; {setup}")
+        if g:
+            made.append(g)
+    if cap is not None and cap_spec is not None:
+        hi = 2 * cap_spec.target_rps
+        cc = {labels[r.grid_point]: replicas_curve(r.capacity_rps_per_replica, cap_spec.headroom, hi)
+              for r in cap.itertuples() if r.replicas is not None and not pd.isna(r.replicas)}
+        tps = {labels[r.grid_point]: int(r.tensor_parallel_size) for r in cap.itertuples()}
+        made.append(plots.capacity_plan(cc, cap_spec.target_rps, out / "plots" / "capacity_plan.png",
+                                        f"headroom {cap_spec.headroom:.0%}; {setup}", tps, cap_spec.gpu_price_per_hour))
+    (out / "summary.md").write_text(_search_md(sweep, res, labels, cap, cap_spec, made, out))
+    return made
+
+
+def answer_sentence(row, spec, label: str) -> str:
+    unit = spec.unit
+    fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
+    if row.status == "infeasible":
+        worst = getattr(row, f"{spec.slo_ms[0][0]}_at_max", math.nan)
+        return (f"**{label}**: even the lowest load tried, {fmt(spec.lo)} {unit}, misses {spec.slo_text}"
+                + ("" if pd.isna(worst) else f" ({worst:,.0f} ms)") + ".")
+    slo_vals = ", ".join(f"{pretty_metric(m)} {getattr(row, f'{m}_at_max'):,.0f} ms" for m, _ in spec.slo_ms)
+    s = (f"**{label}**: {fmt(row.max_value)} {unit} at {spec.slo_text}, "
+         f"{row.output_tok_per_s:,.0f} output tok/s ({row.throughput_rps:,.2f} requests/s); worst seed {slo_vals}")
+    if row.status == "above_range":
+        s += f"; still passing at the top of the range, so the true maximum is higher"
+    elif not pd.isna(row.first_fail):
+        s += f"; first failing load {fmt(row.first_fail)}"
+    if row.non_monotone:
+        s += f". **Warning: non-monotone** - the SLO is met again at {row.non_monotone} above the first failure"
+    if row.status == "max_evaluations":
+        s += " (stopped at max_evaluations before the tolerance)"
+    return s + "."
+
+
+def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path) -> str:
+    spec = res.spec
+    lines = [f"# {sweep.get('name', 'sweep')}: maximum load within the SLO", "",
+             describe_setup(sweep) + ".", "",
+             f"Searched `{spec.over}` over [{spec.lo:g}, {spec.hi:g}] for the largest load meeting "
+             f"{spec.slo_text}; {spec.rule_text} (seeds: {res.searches['seeds'].iloc[0]}). Tolerance: "
+             f"{'exact to one user' if spec.is_integer and spec.tolerance <= 1 else f'{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative'}.",
+             ""]
+    if spec.is_integer and spec.warmup == "auto":
+        lines += ["Latency is measured in steady state: each user's first request (all sent at t = 0) and the "
+                  "last requests (while users run out of work) are left out; throughput counts the window where "
+                  f"all users are active. Each run has at least {spec.min_requests_per_user} requests per user.", ""]
+    lines += ["## Answers", ""]
+    for r in res.searches.itertuples():
+        lines.append("- " + answer_sentence(r, spec, labels[r.grid_point]))
+    cols = ["policy", "status", "max_value", "first_fail", "throughput_rps", "output_tok_per_s"]
+    cols += [f"{m}_at_max" for m, _ in spec.slo_ms] + ["num_loads", "note"]
+    tab = res.searches.copy()
+    tab["policy"] = [labels[g] for g in tab["grid_point"]]
+    lines += ["", md_table(tab[cols]), "",
+              f"Every simulated load is in `search_points.csv` ({len(res.points)} runs"
+              + (f", {res.num_reused} reused from an earlier run" if res.num_reused else "") + ").", ""]
+    if cap is not None:
+        lines += ["## Capacity plan", "",
+                  f"Target {cap_spec.target_rps:g} requests/s of this traffic; every replica kept at or below "
+                  f"{1 - cap_spec.headroom:.0%} of its SLO capacity (headroom {cap_spec.headroom:.0%}).", ""]
+        for r in cap.itertuples():
+            if r.replicas is None or pd.isna(r.replicas):
+                lines.append(f"- **{labels[r.grid_point]}**: cannot meet the SLO at any load on one replica.")
+                continue
+            cost = ""
+            if cap_spec.gpu_price_per_hour is not None:
+                cost = (f", {r.cost_per_hour:,.2f}/hour, {r.cost_per_million_output_tokens:,.3f} per million "
+                        "output tokens")
+            lines.append(f"- **{labels[r.grid_point]}**: {int(r.replicas)} replicas ({int(r.gpus)} GPUs) at "
+                         f"{r.capacity_rps_per_replica:,.3g} requests/s each{cost}." + (f" {r.note}." if r.note else ""))
+        show = [c for c in ("policy", "capacity_rps_per_replica", "replicas", "gpus", "utilization",
+                            "cost_per_hour", "cost_per_million_output_tokens") if c in cap.columns]
+        t = cap.copy()
+        t["policy"] = [labels[g] for g in t["grid_point"]]
+        lines += ["", md_table(t[show]), "", f"Capacity basis: {cap['capacity_basis'].iloc[0]}.", ""]
+    lines += ["## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]
+    return "\n".join(lines)
+
+
+def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
+    grid_keys = list((sweep.get("grid") or {}).keys())
+    setup = describe_setup(sweep)
+    first = results[results["seed"] == results["seed"].iloc[0]]
+    load_keys = [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)]
+    others = [k for k in grid_keys if k != "engine.policy" and k not in load_keys]
+    results = results.assign(label=[_label(r, others) for _, r in results.iterrows()])
+    made = []
+    if load_keys:
+        lk = load_keys[0]
+        curves = {lab: df for lab, df in results.groupby("label", sort=False)}
+        for m in ("ttft_p99_ms", "itl_p99_ms"):
+            made.append(plots.latency_vs_load(curves, lk, m, out / "plots" / f"latency_vs_load_{m}.png", setup))
+        made.append(plots.throughput_vs_load(curves, lk, out / "plots" / "throughput_vs_load.png", setup))
+        made.append(plots.throughput_latency(curves, lk, "ttft_p99_ms", out / "plots" / "throughput_latency.png", setup))
+        chosen = first[first[lk] == first[lk].max()]
+    elif others:
+        made.append(plots.metric_by_setting(results, others[0], "output_tok_per_s", "output throughput (tokens/s)",
+                                            out / "plots" / "throughput_by_setting.png", setup))
+        chosen = first[first[others[0]] == first[others[0]].iloc[-1]]
+    else:
+        chosen = first
+    runs = {_label(r, grid_keys): out / "points" / r["point"] for _, r in chosen.iterrows()}
+    made.append(plots.latency_cdfs({k: _requests_cdf_input(d) for k, d in runs.items()},
+                                   out / "plots" / "latency_cdf.png", setup))
+    made.append(_timeseries(runs, out, setup))
+    if load_keys:
+        low = first[first[load_keys[0]] == first[load_keys[0]].min()]
+    else:
+        low = first[first[others[0]] == first[others[0]].iloc[-1]] if others else first
+    for k in others:  # one static panel: the other settings as in the first row
+        low = low[low[k] == low[k].iloc[0]] if len(low) else low
+    g = _gantt({_label(r, grid_keys): out / "points" / r["point"] for _, r in low.iterrows()}, out, setup)
+    if g:
+        made.append(g)
+    (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
+    return made
+
+
+def policy_ratio(results: pd.DataFrame, by: list[str], num: str = "continuous", den: str = "static",
+                 col: str = "output_tok_per_s") -> pd.DataFrame | None:
+    """Throughput of one policy over another at equal settings (mean over seeds), e.g. Anyscale's ratio."""
+    pol = set(results["policy"])
+    if num not in pol or den not in pol:
+        return None
+    m = results.groupby(by + ["policy"])[col].mean().unstack("policy") if by else \
+        results.groupby("policy")[col].mean().to_frame().T
+    return pd.DataFrame({**({k: m.index.get_level_values(k) for k in by} if by else {}),
+                         f"{num}_{col}": m[num].values, f"{den}_{col}": m[den].values,
+                         "ratio": (m[num] / m[den]).values})
+
+
+def _sweep_md(sweep, results, grid_keys, others, made) -> str:
+    lines = [f"# {sweep.get('name', 'sweep')}", "", describe_setup(sweep) + ".", ""]
+    by = [k for k in grid_keys if k != "engine.policy"]
+    for num in ("continuous", "chunked_prefill"):
+        ratio = policy_ratio(results, by, num)
+        if ratio is not None:
+            words = "; ".join(", ".join(f"{k.split('.')[-1]}={r[k]}" for k in by) + f": {r['ratio']:.2f}x"
+                              for _, r in ratio.iterrows())
+            lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
+    cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "throughput_rps",
+            "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "mean_running",
+            "kv_usage_max", "num_preemptions"]
+    lines += ["## Results", "", md_table(results[[c for c in cols if c in results.columns]]), "",
+              "## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]
+    return "\n".join(lines)
