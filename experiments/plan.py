@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.capacity import parse_capacity, plan
-from experiments.report import answer_sentence, md_table, search_report
+from experiments.report import answer_sentence, label_of, md_table, search_report
 from experiments.search import parse_search
 from experiments.search_run import run_search
 
@@ -23,8 +23,7 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
         cap.to_csv(out / "capacity.csv", index=False)
     if make_plots:
         search_report(sweep, out, res, cap, cap_spec)
-    labels = {f"g{p.index:03d}": ", ".join([p.config.policy.name] + [f"{k.split('.')[-1]}={v}" for k, v in
-                                            p.grid_values.items() if k != "engine.policy"]) for p in res.grid_points}
+    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
     lines = [f"{res.spec.rule_text}; {len(res.points)} simulations"
              + (f" ({res.num_reused} reused from an earlier run)" if res.num_reused else "")]
     lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]

@@ -46,8 +46,21 @@ def describe_setup(sweep: dict) -> str:
 
 
 def _label(row, grid_keys: list[str]) -> str:
-    extra = [f"{k.split('.')[-1]}={row[k]}" for k in grid_keys if k != "engine.policy" and k in row]
+    """'chunked_prefill, max_num_batched_tokens=512': the policy, then every other swept setting."""
+    extra = []
+    for k in grid_keys:
+        if k == "engine.policy" or k not in row:
+            continue
+        v = row[k]
+        if isinstance(v, dict):  # a whole mapping swept (e.g. `engine:`): show its settings, not the dict
+            extra += [f"{kk}={vv}" for kk, vv in v.items() if kk != "policy"]
+        else:
+            extra.append(f"{k.split('.')[-1]}={v}")
     return ", ".join([str(row["policy"])] + extra)
+
+
+def label_of(grid_values: dict, policy: str, grid_keys: list[str]) -> str:
+    return _label({**grid_values, "policy": policy}, grid_keys)
 
 
 def _requests_cdf_input(d: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -90,8 +103,7 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
     spec, grid_keys = res.spec, list((sweep.get("grid") or {}).keys())
     load_col = spec.over.split(".")[-1]
     setup = describe_setup(sweep)
-    labels = {f"g{p.index:03d}": _label({**p.grid_values, "policy": p.config.policy.name}, grid_keys)
-              for p in res.grid_points}
+    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
     curves = {labels[g]: df for g, df in res.points.groupby("grid_point", sort=False)}
     answers = {labels[r.grid_point]: r.max_value for r in res.searches.itertuples()}
     made = []

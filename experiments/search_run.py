@@ -183,7 +183,7 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
         per_seed = {s: spec.meets_slo(r) for s, r in results[(gi, value)].items()}
         verdict = spec.seeds_pass(list(per_seed.values()))
         for s, r in results[(gi, value)].items():
-            rows.append({"grid_point": f"g{gi:03d}", **p.grid_values, "policy": p.config.policy.name,
+            rows.append({"grid_point": f"g{gi:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
                          spec.over.split(".")[-1]: value, "seed": s, "meets_slo": per_seed[s],
                          "load_passes": verdict, **r})
     points_df = pd.DataFrame(rows)
@@ -199,9 +199,11 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
     rows = []
     for p in points:
         o = outcomes[p.index]
-        row = {"grid_point": f"g{p.index:03d}", **p.grid_values, "policy": p.config.policy.name,
+        row = {"grid_point": f"g{p.index:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
                "over": spec.over, "unit": spec.unit, "slo": spec.slo_text, "rule": spec.rule_text,
-               "seeds": len(seeds), "status": o.status, "max_value": o.best, "first_fail": o.first_fail,
+               "seeds": len(seeds), "status": o.status,
+               "max_value": math.nan if o.best is None else o.best,
+               "first_fail": math.nan if o.first_fail is None else o.first_fail,
                "non_monotone": " ".join(f"{v:g}" for v in o.non_monotone), "num_loads": len(o.evaluated),
                "note": o.message}
         at = results.get((p.index, o.best), {}) if o.best is not None else {}
@@ -222,9 +224,8 @@ def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: i
     static = [gi for gi, p in by_index.items() if p.config.policy.name == "static"]
     for gs in static:
         v = next(v for gi, v in wanted if gi == gs)
-        same = {k: x for k, x in by_index[gs].grid_values.items() if k != "engine.policy"}
-        wanted |= {(gi, v) for gi, p in by_index.items()
-                   if {k: x for k, x in p.grid_values.items() if k != "engine.policy"} == same}
+        same = _not_policy(by_index[gs].grid_values)
+        wanted |= {(gi, v) for gi, p in by_index.items() if _not_policy(p.grid_values) == same}
     found, futures = {}, {}
     for gi, value in sorted(wanted):
         d = out / "search" / f"g{gi:03d}" / f"detail-{_label(spec, value)}"
@@ -243,6 +244,16 @@ def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: i
                                          "policy": by_index[gi].config.policy.name, "value": value})
         found[(gi, value)] = d
     return found
+
+
+def _not_policy(grid_values: dict) -> dict:
+    return {k: v for k, v in grid_values.items() if k not in ("engine.policy", "engine")}
+
+
+def flat(grid_values: dict) -> dict:
+    """Grid values for a table: a swept mapping (e.g. a whole `engine:`) becomes 'key=value ...' text."""
+    return {k: " ".join(f"{kk}={vv}" for kk, vv in v.items()) if isinstance(v, dict) else v
+            for k, v in grid_values.items()}
 
 
 def _read_json(f: Path | None) -> dict | None:
