@@ -6,6 +6,7 @@ and returns the path; choosing which runs to show and reading files is `experime
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from experiments.search import pretty_metric  # noqa: E402
 
@@ -28,8 +30,14 @@ def _color(label: str, i: int):
     return f"C{i + 3}"
 
 
+def _title(title: str) -> str:
+    """Headline, then the setup wrapped to the figure's width."""
+    head, _, rest = title.partition("\n")
+    return head + ("\n" + "\n".join(textwrap.wrap(rest, 90)) if rest else "")
+
+
 def _save(fig, path: Path, title: str) -> Path:
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(_title(title), fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -39,6 +47,14 @@ def _save(fig, path: Path, title: str) -> Path:
 
 def _load_label(load_col: str) -> str:
     return "closed-loop concurrency (users)" if load_col.endswith("concurrency") else "arrival rate (requests/s)"
+
+
+def _load_axis(ax, curves: dict[str, pd.DataFrame], load_col: str) -> None:
+    """Log x when the loads span a wide range (bracketing doubles), so low and high loads both show."""
+    loads = pd.concat([df[load_col] for df in curves.values()]) if curves else pd.Series(dtype=float)
+    if len(loads) and loads.min() > 0 and loads.max() / loads.min() >= 50:
+        ax.set_xscale("log")
+    ax.set_xlabel(_load_label(load_col) + (", log scale" if ax.get_xscale() == "log" else ""))
 
 
 def _by_load(df: pd.DataFrame, load_col: str, col: str) -> pd.DataFrame:
@@ -63,7 +79,7 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
     if slo_ms is not None:
         ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {pretty_metric(metric)} = {slo_ms:g} ms")
     ax.set_yscale("log")
-    ax.set_xlabel(_load_label(load_col))
+    _load_axis(ax, curves, load_col)
     ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -80,7 +96,7 @@ def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Pat
         best = (answers or {}).get(label)
         if best is not None and not math.isnan(best) and best in s.index:
             ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k", label=f"{label} at its SLO max")
-    ax.set_xlabel(_load_label(load_col))
+    _load_axis(ax, curves, load_col)
     ax.set_ylabel("output throughput (tokens/s)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -163,6 +179,7 @@ def slot_gantt(panels: dict[str, tuple[pd.DataFrame, bool]], window_s: float, pa
             ax.barh(r["slot"], w, left=r[start], height=0.85, color=color, lw=0)
         ax.set_ylim(-0.5, num_slots - 0.5)
         ax.invert_yaxis()
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("batch slot")
         busy = r["release_s"].clip(upper=window_s) - r["admitted_s"]
         padded = (r["release_s"].clip(upper=window_s) - r["finish_s"].clip(upper=window_s)).clip(lower=0)
@@ -173,7 +190,7 @@ def slot_gantt(panels: dict[str, tuple[pd.DataFrame, bool]], window_s: float, pa
     handles = [Patch(color=c, label=t) for *_, c, t in parts] + [Patch(color="#eeeeee", label="idle slot")]
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.16)
-    fig.suptitle(f"Slot occupancy, first {window_s:g} s\n{subtitle}", fontsize=11)
+    fig.suptitle(_title(f"Slot occupancy, first {window_s:.3g} s\n{subtitle}"), fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -31,6 +31,7 @@ from experiments.search import Outcome, SearchSpec, bracket_then_bisect, parse_s
 from experiments.simulate import SimResult, simulate
 
 METRICS_VERSION = 1  # bump when steady_state_metrics changes meaning, so saved evaluations are redone
+GANTT_USERS = 16
 RUN_COLUMNS = ("num_requests", "num_rejected", "num_preemptions", "mean_running", "mean_waiting", "kv_usage_max",
                "ttft_p99_ms", "throughput_rps", "output_tok_per_s")
 
@@ -205,6 +206,7 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
                "max_value": math.nan if o.best is None else o.best,
                "first_fail": math.nan if o.first_fail is None else o.first_fail,
                "non_monotone": " ".join(f"{v:g}" for v in o.non_monotone), "num_loads": len(o.evaluated),
+               "max_num_seqs": getattr(p.config.policy, "max_num_seqs", math.nan),
                "note": o.message}
         at = results.get((p.index, o.best), {}) if o.best is not None else {}
         for k in ("throughput_rps", "output_tok_per_s", "run_mean_running", "run_kv_usage_max"):
@@ -216,14 +218,15 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
 
 
 def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None) -> dict:
-    """Full runs for plots: each grid point at its answer (or the low end, when infeasible), and static
-    batching's load for every other policy too, so a slot timeline compares them on identical traffic."""
+    """Full runs for plots: each grid point at its answer (or the low end, when infeasible), and every policy
+    at the load where static batching first fails, so a slot timeline compares them on identical traffic
+    just where static breaks down."""
     if out is None:
         return {}
     wanted = {(gi, o.best if o.best is not None else spec.lo) for gi, o in outcomes.items()}
     static = [gi for gi, p in by_index.items() if p.config.policy.name == "static"]
     for gs in static:
-        v = next(v for gi, v in wanted if gi == gs)
+        v = gantt_load(spec, outcomes[gs])
         same = _not_policy(by_index[gs].grid_values)
         wanted |= {(gi, v) for gi, p in by_index.items() if _not_policy(p.grid_values) == same}
     found, futures = {}, {}
@@ -244,6 +247,16 @@ def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: i
                                          "policy": by_index[gi].config.policy.name, "value": value})
         found[(gi, value)] = d
     return found
+
+
+def gantt_load(spec: SearchSpec, static: Outcome) -> float:
+    """The load a static-vs-others slot timeline is drawn at: 16 users (enough slots to see static's
+    padding, few enough to read), else the rate where static first fails, else its answer."""
+    if spec.is_integer:
+        return float(min(spec.hi, max(spec.lo, GANTT_USERS)))
+    if static.first_fail is not None:
+        return static.first_fail
+    return static.best if static.best is not None else spec.lo
 
 
 def _not_policy(grid_values: dict) -> dict:
