@@ -14,7 +14,7 @@ import pandas as pd
 from experiments import plots
 from experiments.capacity import CapacitySpec, replicas_curve
 from experiments.search import pretty_metric
-from experiments.search_run import SearchResult, gantt_load
+from experiments.search_run import SearchResult, comparison_load, gantt_load
 
 LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
 
@@ -122,7 +122,10 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
     if at_answer:
         made.append(plots.latency_cdfs({k: _requests_cdf_input(d) for k, d in at_answer.items()},
                                        out / "plots" / "latency_cdf.png", f"each at its SLO maximum; {setup}"))
-        made.append(_timeseries(at_answer, out, f"each at its SLO maximum; {setup}"))
+    v = comparison_load(spec, res.outcomes, {p.index: p for p in res.grid_points})
+    same_load = {labels[f"g{gi:03d}"]: d for (gi, val), d in sorted(res.details.items()) if val == v}
+    if same_load:
+        made.append(_timeseries(same_load, out, f"same traffic, {load_col} = {v:g}; {setup}"))
     static = [gi for gi, p in enumerate(res.grid_points) if p.config.policy.name == "static"]
     if static:
         gs = res.grid_points[static[0]].index
@@ -146,20 +149,20 @@ def answer_sentence(row, spec, label: str) -> str:
     unit = spec.unit
     fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
     if row.status == "infeasible":
-        worst = getattr(row, f"{spec.slo_ms[0][0]}_at_max", math.nan)
+        how = row.note.partition("(")[2].rstrip(")")
         return (f"**{label}**: even the lowest load tried, {fmt(spec.lo)} {unit}, misses {spec.slo_text}"
-                + ("" if pd.isna(worst) else f" ({worst:,.0f} ms)") + ".")
+                + (f" ({how})" if how else "") + ".")
     slo_vals = ", ".join(f"{pretty_metric(m)} {getattr(row, f'{m}_at_max'):,.0f} ms" for m, _ in spec.slo_ms)
     if row.max_value == 1 and spec.is_integer:
         unit = "concurrent user"
     s = (f"**{label}**: {fmt(row.max_value)} {unit} at {spec.slo_text}, "
          f"{row.output_tok_per_s:,.0f} output tok/s ({row.throughput_rps:,.2f} requests/s); worst seed {slo_vals}")
     if row.status == "above_range":
-        s += f"; still passing at the top of the range, so the true maximum is higher"
+        s += "; still passing at the top of the range, so the true maximum is higher"
     elif not pd.isna(row.first_fail):
         s += f"; first failing load {fmt(row.first_fail)}"
     if spec.is_integer and row.max_value == getattr(row, "max_num_seqs", math.nan):
-        s += f" (the engine's max_num_seqs: more users than batch slots wait in the queue)"
+        s += " (the engine's max_num_seqs: more users than batch slots wait in the queue)"
     if row.non_monotone:
         s += f". **Warning: non-monotone** - the SLO is met again at {row.non_monotone} above the first failure"
     if row.status == "max_evaluations":

@@ -27,7 +27,8 @@ import yaml
 
 from experiments.cluster import open_executor
 from experiments.config import ConfigError, Point, expand, set_dotted
-from experiments.search import Outcome, SearchSpec, bracket_then_bisect, parse_search, steady_state_metrics
+from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
+                                steady_state_metrics)
 from experiments.simulate import SimResult, simulate
 
 METRICS_VERSION = 1  # bump when steady_state_metrics changes meaning, so saved evaluations are redone
@@ -213,22 +214,24 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
             row[k.replace("run_", "")] = float(np.mean([r[k] for r in at.values()])) if at else math.nan
         for m, _ in spec.slo_ms:  # the worst seed at the answer: the figure the rule vouches for
             row[f"{m}_at_max"] = float(np.max([r[m] for r in at.values()])) if at else math.nan
+        if o.status == "infeasible":  # say by how much the lowest load misses
+            low = results[(p.index, spec.lo)].values()
+            row["note"] += " (worst seed at the lowest load: " + ", ".join(
+                f"{pretty_metric(m)} {np.max([r[m] for r in low]):,.0f} ms" for m, _ in spec.slo_ms) + ")"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None) -> dict:
-    """Full runs for plots: each grid point at its answer (or the low end, when infeasible), and every policy
-    at the load where static batching first fails, so a slot timeline compares them on identical traffic
-    just where static breaks down."""
+    """Full runs for plots: each grid point at its answer (or the low end, when infeasible); and all grid
+    points at two shared loads, so the slot timeline (`gantt_load`) and the engine-state plot
+    (`comparison_load`) compare policies on identical traffic."""
     if out is None:
         return {}
     wanted = {(gi, o.best if o.best is not None else spec.lo) for gi, o in outcomes.items()}
     static = [gi for gi, p in by_index.items() if p.config.policy.name == "static"]
-    for gs in static:
-        v = gantt_load(spec, outcomes[gs])
-        same = _not_policy(by_index[gs].grid_values)
-        wanted |= {(gi, v) for gi, p in by_index.items() if _not_policy(p.grid_values) == same}
+    shared = {comparison_load(spec, outcomes, by_index)} | {gantt_load(spec, outcomes[gs]) for gs in static[:1]}
+    wanted |= {(gi, v) for gi in by_index for v in shared}
     found, futures = {}, {}
     for gi, value in sorted(wanted):
         d = out / "search" / f"g{gi:03d}" / f"detail-{_label(spec, value)}"
@@ -257,6 +260,14 @@ def gantt_load(spec: SearchSpec, static: Outcome) -> float:
     if static.first_fail is not None:
         return static.first_fail
     return static.best if static.best is not None else spec.lo
+
+
+def comparison_load(spec: SearchSpec, outcomes: dict, by_index: dict) -> float:
+    """The load at which every policy's engine state is plotted: the lowest answer among the policies other
+    than static (static's answer when it is the only one; the range's low end when nothing passes)."""
+    others = [o.best for gi, o in outcomes.items() if o.best is not None and by_index[gi].config.policy.name != "static"]
+    anyone = [o.best for o in outcomes.values() if o.best is not None]
+    return min(others or anyone or [spec.lo])
 
 
 def _not_policy(grid_values: dict) -> dict:
