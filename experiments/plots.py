@@ -103,21 +103,22 @@ def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Pat
     return _save(fig, path, f"Output throughput against load\n{subtitle}")
 
 
-def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, metric: str, path: Path, subtitle: str,
-                       slo_ms: float | None = None) -> Path:
-    """The trade-off: each point is one load; further right is more work done, lower is faster."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for i, (label, df) in enumerate(curves.items()):
-        x = _by_load(df, load_col, "output_tok_per_s")["mean"]
-        y = _by_load(df, load_col, metric)["mean"]
-        ax.plot(x.values, y.values, "o-", ms=3.5, color=_color(label, i), label=label)
-    if slo_ms is not None:
-        ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {slo_ms:g} ms")
-    ax.set_yscale("log")
-    ax.set_xlabel("output throughput (tokens/s)")
-    ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: list[tuple[str, float | None]],
+                       path: Path, subtitle: str) -> Path:
+    """The trade-off, one panel per latency metric: each point is one load; right is more work, lower faster."""
+    fig, axes = plt.subplots(1, len(slos), figsize=(7.5 * min(len(slos), 2) ** 0.75, 4.6), squeeze=False)
+    for ax, (metric, slo_ms) in zip(axes[0], slos):
+        for i, (label, df) in enumerate(curves.items()):
+            x = _by_load(df, load_col, "output_tok_per_s")["mean"]
+            y = _by_load(df, load_col, metric)["mean"]
+            ax.plot(x.values, y.values, "o-", ms=3.5, color=_color(label, i), label=label)
+        if slo_ms is not None:
+            ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {slo_ms:g} ms")
+        ax.set_yscale("log")
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     return _save(fig, path, f"Throughput-latency trade-off (one point per load)\n{subtitle}")
 
 

@@ -110,10 +110,9 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
     for i, (metric, limit) in enumerate(spec.slo_ms):
         name = "latency_vs_load.png" if i == 0 else f"latency_vs_load_{metric}.png"
         made.append(plots.latency_vs_load(curves, load_col, metric, out / "plots" / name, setup, limit, answers))
-    metric0, limit0 = spec.slo_ms[0]
     made.append(plots.throughput_vs_load(curves, load_col, out / "plots" / "throughput_vs_load.png", setup, answers))
-    made.append(plots.throughput_latency(curves, load_col, metric0, out / "plots" / "throughput_latency.png",
-                                         setup, limit0))
+    made.append(plots.throughput_latency(curves, load_col, list(spec.slo_ms), out / "plots" / "throughput_latency.png",
+                                         setup))
     at_answer = {}
     for gi, o in res.outcomes.items():
         v = o.best if o.best is not None else spec.lo
@@ -229,7 +228,8 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
         for m in ("ttft_p99_ms", "itl_p99_ms"):
             made.append(plots.latency_vs_load(curves, lk, m, out / "plots" / f"latency_vs_load_{m}.png", setup))
         made.append(plots.throughput_vs_load(curves, lk, out / "plots" / "throughput_vs_load.png", setup))
-        made.append(plots.throughput_latency(curves, lk, "ttft_p99_ms", out / "plots" / "throughput_latency.png", setup))
+        made.append(plots.throughput_latency(curves, lk, [("ttft_p99_ms", None), ("itl_p99_ms", None)],
+                                             out / "plots" / "throughput_latency.png", setup))
         chosen = first[first[lk] == first[lk].max()]
     elif others:
         made.append(plots.metric_by_setting(results, others[0], "output_tok_per_s", "output throughput (tokens/s)",
