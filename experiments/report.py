@@ -5,6 +5,7 @@ Reads only what the sweep or search saved in the output folder, so it can be rer
 """
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pandas as pd
 
 from experiments import plots
 from experiments.capacity import CapacitySpec, replicas_curve
+from experiments.config import set_dotted
 from experiments.search import pretty_metric
 from experiments.search_run import SearchResult, comparison_load, gantt_load
 
@@ -30,7 +32,12 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def describe_setup(sweep: dict) -> str:
-    """One line a reader needs to interpret a figure without the YAML."""
+    """One line a reader needs to interpret a figure without the YAML; swept settings show as 'swept'."""
+    sweep = copy.deepcopy(sweep)
+    searched = [sweep["search"]["over"]] if isinstance(sweep.get("search"), dict) and "over" in sweep["search"] else []
+    for k in [*(sweep.get("grid") or {}), *searched]:
+        if k not in ("engine", "engine.policy"):
+            set_dotted(sweep, k, "swept")
     w = sweep.get("workload") or {}
     a = w.get("arrival") or {}
 
@@ -39,8 +46,14 @@ def describe_setup(sweep: dict) -> str:
         name = d.pop("dist", "?")
         return f"{name}(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
     tp = sweep.get("tensor_parallel_size", 1)
-    traffic = ("closed loop" if a.get("process") == "closed" else
-               f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else ""))
+    rate = a.get("rate_per_s")
+    if a.get("process") == "closed":
+        traffic = "closed loop" + (f", think time {a['think_time_s']} s" if a.get("think_time_s") else "")
+    elif isinstance(rate, float) and math.isinf(rate):
+        traffic = "all requests at t = 0"
+    else:
+        traffic = (f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else "")
+                   + (f" at {rate} requests/s" if isinstance(rate, (int, float)) else ""))
     return (f"{sweep.get('model', 'llama-3-8b')} on {tp}x {sweep.get('hardware', 'h100-sxm')}, {traffic}, "
             f"prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}")
 
@@ -273,7 +286,8 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
     for num in ("continuous", "chunked_prefill"):
         ratio = policy_ratio(results, by, num)
         if ratio is not None:
-            words = "; ".join(", ".join(f"{k.split('.')[-1]}={r[k]}" for k in by) + f": {r['ratio']:.2f}x"
+            words = "; ".join(", ".join(f"{k.split('.')[-1]}={r[k]:g}" if isinstance(r[k], float) else
+                                        f"{k.split('.')[-1]}={r[k]}" for k in by) + f": {r['ratio']:.2f}x"
                               for _, r in ratio.iterrows())
             lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
     cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "throughput_rps",
