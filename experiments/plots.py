@@ -239,15 +239,29 @@ def capacity_plan(curves: dict[str, tuple[list, list]], target_rps: float, path:
 
 
 def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str, path: Path, subtitle: str,
-                      line_col: str = "policy") -> Path:
-    """A sweep without a load axis: one line per policy over the first swept setting (mean over seeds)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+                      line_col: str = "policy", ratio: pd.DataFrame | None = None) -> Path:
+    """A sweep without a load axis: one line per policy over the first swept setting (mean over seeds), and
+    with `ratio` (columns x_col, 'ratio') a second panel: one policy's throughput over another's."""
+    fig, axes = plt.subplots(1, 2 if ratio is not None else 1, figsize=(12 if ratio is not None else 7.5, 4.6),
+                             squeeze=False)
+    ax = axes[0, 0]
+    numeric = pd.api.types.is_numeric_dtype(table[x_col])
     for i, (label, df) in enumerate(table.groupby(line_col, sort=False)):
         s = df.groupby(x_col)[y_col].mean().sort_index()
-        ax.plot([str(v) for v in s.index] if s.index.dtype == object else s.index, s.values, "o-",
+        ax.plot(s.index if numeric else [str(v) for v in s.index], s.values, "o-",
                 color=_color(str(label), i), label=str(label))
-    ax.set_xlabel(x_col)
     ax.set_ylabel(y_label)
-    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path, f"{y_label} by {x_col.split('.')[-1]}\n{subtitle}")
+    if ratio is not None:
+        r = ratio.sort_values(x_col)
+        axes[0, 1].plot(r[x_col] if numeric else r[x_col].astype(str), r["ratio"], "o-", color="k")
+        axes[0, 1].axhline(1, color="grey", ls=":", lw=1)
+        axes[0, 1].set_ylabel(ratio.attrs.get("label", "ratio"))
+        axes[0, 1].set_ylim(bottom=0)
+    for a in axes[0]:
+        if numeric and table[x_col].min() > 0 and table[x_col].max() / table[x_col].min() >= 20:
+            a.set_xscale("log")
+            a.set_xticks(sorted(table[x_col].unique()), [f"{v:g}" for v in sorted(table[x_col].unique())])
+        a.set_xlabel(x_col.split(".", 1)[-1] + (" (log scale)" if a.get_xscale() == "log" else ""))
+        a.grid(True, alpha=0.3)
+    return _save(fig, path, f"{y_label} by {x_col.split('.', 1)[-1]}\n{subtitle}")

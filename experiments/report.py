@@ -245,8 +245,11 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
                                              out / "plots" / "throughput_latency.png", setup))
         chosen = first[first[lk] == first[lk].max()]
     elif others:
+        ratio = policy_ratio(results, [others[0]])
+        if ratio is not None:
+            ratio.attrs["label"] = "output throughput, continuous / static (x)"
         made.append(plots.metric_by_setting(results, others[0], "output_tok_per_s", "output throughput (tokens/s)",
-                                            out / "plots" / "throughput_by_setting.png", setup))
+                                            out / "plots" / "throughput_by_setting.png", setup, ratio=ratio))
         chosen = first[first[others[0]] == first[others[0]].iloc[-1]]
     else:
         chosen = first
