@@ -245,6 +245,8 @@ def steady_state_metrics(requests: pd.DataFrame, itl_gaps_s, itl_end_s, concurre
         t0 = 0.0
         t1 = float(max(requests["finish_s"].max(), ends.max() if ends.size else 0.0))
     in_win = (ends > t0) & (ends <= t1)  # half-open, so a burst exactly at t0 is not counted twice
+    if ends.size != gaps.size:  # gap times unavailable: pool every gap rather than drop them
+        in_win = np.ones(gaps.size, dtype=bool)
     firsts = requests["first_token_s"].between(t0, t1, inclusive="right").sum()
     span_s = t1 - t0
     out = {"num_measured": int(len(fin)), "window_s": span_s,

@@ -30,6 +30,8 @@ from experiments.config import ConfigError, Point, expand, set_dotted
 from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
                                 steady_state_metrics)
 from experiments.simulate import SimResult, simulate
+from simcore.engine import SimulationError
+from workloads.errors import WorkloadError
 
 METRICS_VERSION = 1  # bump when steady_state_metrics changes meaning, so saved evaluations are redone
 GANTT_USERS = 16
@@ -172,12 +174,17 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     gi, value, seed, f, h = pending.pop(fut)
-                    row = fut.result()
+                    try:
+                        row = fut.result()
+                    except (SimulationError, ConfigError, WorkloadError) as e:  # say which run, keep the class
+                        raise type(e)(f"{by_index[gi].config.policy.name} at {spec.over}={value:g}, seed {seed}: "
+                                      f"{e}") from None
                     if f is not None:
                         _write_json(f, {"config_hash": h, "metrics": row})
                     tell(gi, value, seed, row, False)
         finally:
             if bar is not None:
+                bar.set_postfix_str(f"{sum(map(len, results.values()))} sims done, {num_reused} reused")
                 bar.close()
         details = _run_details(pool, spec, by_index, outcomes, seeds[0], out)
     for gi, value in order:

@@ -136,6 +136,7 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
                         finish(*f.result())
     finally:
         if bar is not None:
+            bar.set_postfix_str(f"{result.num_skipped} skipped as finished" if result.num_skipped else "")
             bar.close()
     result.results = _frame(points, rows)
     if out is not None:

@@ -40,3 +40,13 @@ def test_search_on_dask_finds_the_same_answer(cluster, tmp_path):
     res = run_search(sweep, tmp_path, progress=False, dask_address=cluster)
     assert res.searches.iloc[0]["max_value"] == 19
     assert (tmp_path / "search" / "g000" / "detail-c19" / "requests.csv").exists()
+
+
+def test_command_line_dask_option(cluster, tmp_path):
+    import yaml
+
+    from experiments.run import main
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(SWEEP))
+    assert main([str(f), "--out", str(tmp_path / "out"), "--dask", cluster, "--quiet", "--no-plots"]) == 0
+    assert (tmp_path / "out" / "results.csv").exists()
