@@ -24,7 +24,11 @@ LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
 def md_table(df: pd.DataFrame) -> str:
     def cell(v):
         if isinstance(v, float):
-            return "" if math.isnan(v) else f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
+            if math.isnan(v):
+                return ""
+            if v.is_integer() and abs(v) < 1e15:
+                return f"{int(v):,}"
+            return f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
         return str(v)
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
@@ -237,13 +241,17 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     made = []
     if load_keys:
         lk = load_keys[0]
-        curves = {lab: df for lab, df in results.groupby("label", sort=False)}
+        finite = results[np.isfinite(results[lk].astype(float))]
+        curves = {lab: df for lab, df in finite.groupby("label", sort=False)}
+        sub = setup + ("; runs with every request at t = 0 (rate .inf) are in the table, not on this axis"
+                       if len(finite) < len(results) else "")
         for m in ("ttft_p99_ms", "itl_p99_ms"):
-            made.append(plots.latency_vs_load(curves, lk, m, out / "plots" / f"latency_vs_load_{m}.png", setup))
-        made.append(plots.throughput_vs_load(curves, lk, out / "plots" / "throughput_vs_load.png", setup))
+            made.append(plots.latency_vs_load(curves, lk, m, out / "plots" / f"latency_vs_load_{m}.png", sub))
+        made.append(plots.throughput_vs_load(curves, lk, out / "plots" / "throughput_vs_load.png", sub))
         made.append(plots.throughput_latency(curves, lk, [("ttft_p99_ms", None), ("itl_p99_ms", None)],
-                                             out / "plots" / "throughput_latency.png", setup))
-        chosen = first[first[lk] == first[lk].max()]
+                                             out / "plots" / "throughput_latency.png", sub))
+        finite_first = first[np.isfinite(first[lk].astype(float))]
+        chosen = first[first[lk] == (finite_first[lk].max() if len(finite_first) else first[lk].max())]
     elif others:
         ratio = policy_ratio(results, [others[0]])
         if ratio is not None:
