@@ -69,6 +69,10 @@ def _label(row, grid_keys: list[str]) -> str:
         if k == "engine.policy" or k not in row:
             continue
         v = row[k]
+        if isinstance(v, float) and math.isnan(v):  # a knob this policy does not have
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         if isinstance(v, dict):  # a whole mapping swept (e.g. `engine:`): show its settings, not the dict
             extra += [f"{kk}={vv}" for kk, vv in v.items() if kk != "policy"]
         else:
@@ -232,7 +236,8 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
 
 
 def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
-    grid_keys = list((sweep.get("grid") or {}).keys())
+    swept = list((sweep.get("grid") or {}).keys())  # a mapping swept whole shows up as its dotted columns
+    grid_keys = [c for c in results.columns if c in swept or any(c.startswith(k + ".") for k in swept)]
     setup = describe_setup(sweep)
     first = results[results["seed"] == results["seed"].iloc[0]]
     load_keys = [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)]
@@ -284,8 +289,12 @@ def policy_ratio(results: pd.DataFrame, by: list[str], num: str = "continuous", 
     pol = set(results["policy"])
     if num not in pol or den not in pol:
         return None
+    by = [k for k in by if results[k].notna().all()]  # a knob only some policies have is not a setting to match
     m = results.groupby(by + ["policy"])[col].mean().unstack("policy") if by else \
         results.groupby("policy")[col].mean().to_frame().T
+    m = m.dropna(subset=[num, den])
+    if m.empty:
+        return None
     return pd.DataFrame({**({k: m.index.get_level_values(k) for k in by} if by else {}),
                          f"{num}_{col}": m[num].values, f"{den}_{col}": m[den].values,
                          "ratio": (m[num] / m[den]).values})
@@ -297,8 +306,9 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
     for num in ("continuous", "chunked_prefill"):
         ratio = policy_ratio(results, by, num)
         if ratio is not None:
+            by_used = [k for k in by if k in ratio.columns]
             words = "; ".join(", ".join(f"{k.split('.')[-1]}={r[k]:g}" if isinstance(r[k], float) else
-                                        f"{k.split('.')[-1]}={r[k]}" for k in by) + f": {r['ratio']:.2f}x"
+                                        f"{k.split('.')[-1]}={r[k]}" for k in by_used) + f": {r['ratio']:.2f}x"
                               for _, r in ratio.iterrows())
             lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
     cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "throughput_rps",

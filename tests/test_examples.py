@@ -93,3 +93,15 @@ def test_quickstart_example(tmp_path):
     f.write_text(yaml.safe_dump(sweep))
     run(f, tmp_path / "out")
     assert any((tmp_path / "out" / "plots").glob("*.png"))
+
+
+def test_sweep_over_whole_engine_mappings_reports_each_configuration(tmp_path):
+    sweep = yaml.safe_load((EXAMPLES / "acceptance.yaml").read_text())
+    sweep["workload"]["num_requests"] = 20
+    sweep["grid"] = {"engine": [{"policy": "static"}, {"policy": "chunked_prefill", "max_num_batched_tokens": 512}],
+                     "workload.arrival.rate_per_s": [2, 8]}
+    f = tmp_path / "whole.yaml"
+    f.write_text(yaml.safe_dump(sweep))
+    md = run(f, tmp_path / "out")
+    assert "chunked_prefill, max_num_batched_tokens=512 |" in md and "chunked_prefill / static" in md
+    assert_plots(tmp_path / "out", {"latency_vs_load_ttft_p99_ms.png", "slot_gantt.png"})
