@@ -274,7 +274,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
         low = first[first[load_keys[0]] == first[load_keys[0]].min()]
     else:
         low = first[first[others[0]] == first[others[0]].iloc[-1]] if others else first
-    for k in others:  # one static panel: the other settings as in the first row
+    for k in [k for k in others if results[k].notna().all()]:  # one static panel: settings as in the first row
         low = low[low[k] == low[k].iloc[0]] if len(low) else low
     g = _gantt({_label(r, grid_keys): out / "points" / r["point"] for _, r in low.iterrows()}, out, setup)
     if g:
