@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.cluster import open_executor
+from experiments.executors import open_executor
 from experiments.config import ConfigError, Point, expand, set_dotted
 from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
                                 steady_state_metrics)

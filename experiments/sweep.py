@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.cluster import open_executor
+from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
 
