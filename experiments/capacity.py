@@ -7,7 +7,8 @@ at 1/replicas of the rate, so one replica's answer carries over. Headroom keeps 
 (1 - headroom) of that capacity. Ignored: routing smarter than random (it helps a little), prefix-cache
 affinity, autoscaling lag, and bursts of gamma traffic (splitting thins them, so the plan is conservative).
 A search over concurrency has no arrival rate; its closed-loop throughput at the answer stands in, and
-the table says so.
+the table says so. With `verify` (the default), experiments.plan then simulates each planned cluster at the
+target load behind a real router and reports whether it meets the SLO.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from experiments.config import ConfigError
+from policies.routers import ROUTERS
 
-CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom"}
+CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom", "verify", "router"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class CapacitySpec:
     target_rps: float
     gpu_price_per_hour: float | None = None   # currency per GPU-hour (e.g. USD)
     headroom: float = 0.2                     # each replica runs at <= (1 - headroom) of its SLO capacity
+    verify: bool = True                       # simulate the planned cluster at the target load
+    router: str = "round_robin"               # the load balancer used for that check (policies/routers.py)
 
 
 def parse_capacity(spec) -> CapacitySpec:
@@ -46,7 +50,13 @@ def parse_capacity(spec) -> CapacitySpec:
     h = spec.get("headroom", 0.2)
     if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
         raise ConfigError(f"capacity.headroom: expected a fraction in [0, 1), got {h!r}")
-    return CapacitySpec(headroom=float(h), **out)
+    v = spec.get("verify", True)
+    if not isinstance(v, bool):
+        raise ConfigError(f"capacity.verify: expected true or false, got {v!r}")
+    router = spec.get("router", "round_robin")
+    if router not in ROUTERS:
+        raise ConfigError(f"capacity.router: unknown router {router!r}; known: {', '.join(ROUTERS)}")
+    return CapacitySpec(headroom=float(h), verify=v, router=router, **out)
 
 
 def replicas_needed(target_rps: float, capacity_rps: float, headroom: float) -> int | None:

@@ -23,6 +23,8 @@ LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
 
 def md_table(df: pd.DataFrame) -> str:
     def cell(v):
+        if v is None:
+            return ""
         if isinstance(v, float):
             if math.isnan(v):
                 return ""
@@ -225,14 +227,27 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
                 cost = (f", {r.cost_per_hour:,.2f}/hour, {r.cost_per_million_output_tokens:,.3f} per million "
                         "output tokens")
             lines.append(f"- **{labels[r.grid_point]}**: {int(r.replicas)} replicas ({int(r.gpus)} GPUs) at "
-                         f"{r.capacity_rps_per_replica:,.3g} requests/s each{cost}." + (f" {r.note}." if r.note else ""))
+                         f"{r.capacity_rps_per_replica:,.3g} requests/s each{cost}." + (f" {r.note}." if r.note else "")
+                         + _check_sentence(r, res.spec, cap_spec))
         show = [c for c in ("policy", "capacity_rps_per_replica", "replicas", "gpus", "utilization",
-                            "cost_per_hour", "cost_per_million_output_tokens") if c in cap.columns]
+                            "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo",
+                            *[f"check_{m}" for m, _ in res.spec.slo_ms]) if c in cap.columns]
         t = cap.copy()
         t["policy"] = [labels[g] for g in t["grid_point"]]
         lines += ["", md_table(t[show]), "", f"Capacity basis: {cap['capacity_basis'].iloc[0]}.", ""]
     lines += ["## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]
     return "\n".join(lines)
+
+
+def _check_sentence(r, spec, cap_spec) -> str:
+    """The simulated check of one planned cluster, in words ('' when it was not run)."""
+    ok = getattr(r, "check_meets_slo", None)
+    if ok is None or (isinstance(ok, float) and math.isnan(ok)):
+        return ""
+    vals = ", ".join(f"{pretty_metric(m)} {getattr(r, f'check_{m}'):,.0f} ms" for m, _ in spec.slo_ms)
+    verdict = "meets the SLO" if ok else "**misses the SLO**: plan more replicas or more headroom"
+    return (f" Check: {int(r.replicas)} simulated replicas behind {r.check_router} at {cap_spec.target_rps:g} "
+            f"requests/s give {vals}: {verdict}.")
 
 
 def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:

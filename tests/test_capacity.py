@@ -50,6 +50,8 @@ def test_concurrency_search_falls_back_to_throughput_and_says_so():
     ({"target_rps": 0}, "capacity.target_rps"),
     ({"target_rps": 5, "headroom": 1}, "capacity.headroom"),
     ({"target_rps": 5, "price": 1}, "capacity.price"),
+    ({"target_rps": 5, "router": "magic"}, "capacity.router"),
+    ({"target_rps": 5, "verify": "yes"}, "capacity.verify"),
 ])
 def test_bad_capacity_blocks_name_the_key(block, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -15,12 +15,14 @@ SEARCH_PLOTS = {"latency_vs_load.png", "throughput_vs_load.png", "throughput_lat
                 "engine_timeseries.png", "slot_gantt.png"}
 
 
-def reduced(name: str, tmp_path: Path, num_requests: int, **search) -> Path:
+def reduced(name: str, tmp_path: Path, num_requests: int, capacity: dict | None = None, **search) -> Path:
     sweep = yaml.safe_load((EXAMPLES / name).read_text())
     sweep["workload"]["num_requests"] = num_requests
     sweep["seeds"] = sweep["seeds"][:1]
     if search:
         sweep["search"].update(search)
+    if capacity:
+        sweep["capacity"].update(capacity)
     f = tmp_path / name
     f.write_text(yaml.safe_dump(sweep))
     return f
@@ -50,12 +52,16 @@ def test_max_concurrency_example(tmp_path):
 
 
 def test_chat_policies_example_with_capacity_plan(tmp_path):
-    f = reduced("chat_policies.yaml", tmp_path, 40, range=[0.5, 8], rel_tolerance=0.25)
+    f = reduced("chat_policies.yaml", tmp_path, 40, capacity={"target_rps": 6}, range=[0.5, 8], rel_tolerance=0.25)
     md = run(f, tmp_path / "out")
     assert_plots(tmp_path / "out", SEARCH_PLOTS | {"capacity_plan.png"})
     cap = pd.read_csv(tmp_path / "out" / "capacity.csv")
-    assert {"replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens"} <= set(cap.columns)
-    assert "## Capacity plan" in md and "max_num_batched_tokens=512" in md
+    assert {"replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo",
+            "check_ttft_p99_ms", "check_itl_p99_ms"} <= set(cap.columns)
+    planned = cap[cap["replicas"].notna()]
+    assert len(planned) and planned["check_meets_slo"].notna().all()      # every plan was simulated
+    assert len(list((tmp_path / "out" / "capacity").glob("*.json"))) == len(planned)
+    assert "## Capacity plan" in md and "max_num_batched_tokens=512" in md and "Check:" in md
 
 
 def test_anyscale_variance_example(tmp_path):
