@@ -93,6 +93,11 @@ def _requests_cdf_input(d: Path) -> tuple[np.ndarray, np.ndarray]:
     return ttft, (np.load(f) if f.exists() else np.zeros(0))
 
 
+def _replica0(df: pd.DataFrame) -> pd.DataFrame:
+    """A cluster's tables interleave replicas; slot and engine-state plots show replica 0's."""
+    return df[df["replica_id"] == 0] if "replica_id" in df and df["replica_id"].nunique() > 1 else df
+
+
 def _gantt_window_s(static_req: pd.DataFrame) -> float:
     """Enough time to see three static batches (or the whole run when shorter)."""
     starts = np.sort(static_req["admitted_s"].dropna().unique())
@@ -105,7 +110,7 @@ def _gantt(panels: dict[str, Path], out: Path, subtitle: str) -> Path | None:
     static = [k for k in panels if k.startswith("static")]
     if not static or len(panels) < 2:
         return None
-    tables = {k: pd.read_csv(d / "requests.csv") for k, d in panels.items()}
+    tables = {k: _replica0(pd.read_csv(d / "requests.csv")) for k, d in panels.items()}
     window = _gantt_window_s(tables[static[0]])
     ordered = static + [k for k in panels if k not in static]
     return plots.slot_gantt({k: (tables[k], k.startswith("static")) for k in ordered}, window,
@@ -117,7 +122,7 @@ def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
     data = {}
     for label, d in runs.items():
         blocks = json.loads((d / "summary.json").read_text()).get("num_gpu_blocks", 1)
-        data[label] = (pd.read_csv(d / "iterations.csv"), blocks)
+        data[label] = (_replica0(pd.read_csv(d / "iterations.csv")), blocks)
     return plots.engine_timeseries(data, out / "plots" / "engine_timeseries.png", subtitle)
 
 
