@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
                     + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
             if not args.no_plots:
-                from experiments.report import sweep_report
+                from experiments.report_sweep import sweep_report
                 sweep_report(sweep, out, result.results)
                 text += f"; plots and summary.md in {out}"
     except USER_ERRORS as e:
