@@ -81,27 +81,31 @@ def goodput_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame, table: pd.DataFrame, out: Path) -> None:
     workloads = list(WORKLOADS.values())
+    deps = sorted(table["deployment"].unique(), key=lambda d: (not d.startswith("co"), d))
+    color = {d: f"C{i}" for i, d in enumerate(deps)}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ax, w in zip(axes[:2], workloads):
-        for d, g in df[df["workload_name"] == w].groupby("deployment", sort=True):
-            g = g.sort_values("rate_per_gpu")
-            ax.plot(g["rate_per_gpu"], 100 * g["slo_attainment"], marker="o", ms=3,
+        for d in deps:
+            g = df[(df["workload_name"] == w) & (df["deployment"] == d)].sort_values("rate_per_gpu")
+            ax.plot(g["rate_per_gpu"], 100 * g["slo_attainment"], marker="o", ms=3, color=color[d],
                     lw=2.2 if d.startswith("co") else 1.3, ls="-" if d.startswith("co") else "--", label=d)
         ax.axhline(100 * TARGET_ATTAINMENT, color="grey", lw=0.8, ls=":")
         ax.set(title=w, xlabel="request rate per GPU (req/s)", ylabel="SLO attainment (%)", ylim=(0, 102))
         ax.legend(fontsize=8)
     ax = axes[2]
-    deps = sorted(table["deployment"].unique(), key=lambda d: (not d.startswith("co"), d))
     width = 0.8 / len(deps)
     for j, d in enumerate(deps):
         vals = [table[(table.workload == w) & (table.deployment == d)]["goodput_per_gpu_at_90pct"].sum()
                 for w in workloads]
-        ax.bar([i + j * width for i in range(len(workloads))], vals, width, label=d)
+        bars = ax.bar([i + j * width for i in range(len(workloads))], vals, width, label=d, color=color[d])
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], [w.split(" (")[0] for w in workloads])
     ax.set(title="goodput per GPU (>= 90% of requests meet the SLO)", ylabel="req/s per GPU")
     ax.legend(fontsize=8)
-    fig.suptitle("Llama-3-8B on 4x H100-SXM, SLO: TTFT <= 400 ms and TPOT <= 25 ms per request; "
-                 "disaggregated KV over 50 GB/s per GPU", fontsize=10)
+    slo = load_sweep_file(ROOT / "examples" / SWEEPS[1])["slo"]
+    fig.suptitle(f"Llama-3-8B on {int(df['num_gpus'].iloc[0])}x H100-SXM; SLO per request: "
+                 + " and ".join(f"{k.split('_')[0].upper()} <= {v:g} ms" for k, v in slo.items())
+                 + "; disaggregated KV over 50 GB/s per GPU", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

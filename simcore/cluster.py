@@ -2,7 +2,8 @@
 
 The router sees a small load snapshot of every replica when a request arrives and picks one; the request
 then lives on that replica only. Modelled: routing on queue length, KV usage and cached prefixes.
-Ignored: network and router latency, retries, disaggregated prefill/decode, replicas of different sizes.
+Ignored: network and router latency, retries, replicas of different sizes. Disaggregated prefill/decode pools:
+simcore/disagg.py.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ Where the first token comes from (`first_token_from`):
     token to sample the first one (vLLM's disaggregated-prefill proxy sends the prefill request with
     max_tokens=1 and the KV of all but the last prompt token is loaded); TTFT includes the transfer and
     that decode-side step.
+A request with a one-token output finishes on its prefill replica (nothing is handed off), in both modes.
 """
 from __future__ import annotations
 

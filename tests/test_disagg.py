@@ -194,3 +194,31 @@ def test_meets_slo_per_request():
 def test_config_errors(extra, msg):
     with pytest.raises(ConfigError, match=msg):
         resolve_point({**BASE, **extra})
+
+
+# ---- the shipped comparison ----
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_example_sweeps_compare_the_same_gpus():
+    from experiments.config import expand, load_sweep_file
+    disagg = expand(load_sweep_file(EXAMPLES / "disaggregation.yaml"))
+    coloc = expand(load_sweep_file(EXAMPLES / "disaggregation_colocated.yaml"))
+    assert {p.config.num_gpus for p in disagg + coloc} == {4}
+    assert {p.config.slo for p in disagg} == {p.config.slo for p in coloc}
+    rates = lambda pts: sorted({p.config.workload.arrival.rate_per_s for p in pts})  # noqa: E731
+    assert rates(disagg) == rates(coloc)
+    # the workload swept whole keeps each point's own rate (no aliasing between points)
+    assert [p.raw["workload"]["arrival"]["rate_per_s"] for p in coloc[:3]] == [16, 24, 32]
+
+
+def test_goodput_rate_interpolates_below_the_first_miss():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("plot_disaggregation", EXAMPLES / "plot_disaggregation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    curve = pd.DataFrame({"rate_per_gpu": [1, 2, 3, 4, 5], "slo_attainment": [1.0, 0.95, 0.85, 0.95, 0.2]})
+    assert mod.max_rate_meeting(curve) == pytest.approx(2.5)  # 0.95 at 2, 0.85 at 3: 90% at 2.5; 4 ignored
+    assert mod.max_rate_meeting(curve.assign(slo_attainment=0.5)) == 0.0
+    assert mod.max_rate_meeting(curve.assign(slo_attainment=1.0)) == 5
