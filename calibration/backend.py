@@ -29,27 +29,12 @@ from simcore.request import RequestSpec, Status
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD_TOKEN = 0
+PROBE_SEQS, PROBE_CTX = 4, 64  # the speed probe: one decode step of 4 sequences at context 64
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 class BackendError(RuntimeError):
     """The real backend and the engine's bookkeeping disagree (a bug in one of them): fail loudly."""
-
-
-def reference_kernel_s(device: str, reps: int = 3) -> float:
-    """Median time of a fixed matmul: the machine's speed index (512^3 fp32 on CPU, 4096^3 bf16 on GPU).
-    Ratios of this number between two moments say how much faster or slower the device is running."""
-    n, dtype = (512, torch.float32) if device == "cpu" else (4096, torch.bfloat16)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(device, dtype)
-    b = torch.randn(n, n, generator=gen).to(device, dtype)
-    times = []
-    for _ in range(reps + 1):  # the first is a warm-up
-        _sync(device)
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
 
 
 def _sync(device: str) -> None:
@@ -94,20 +79,34 @@ def batch_kind(prefill, decode) -> str:
 
 class RealBackend:
     """An engine executor (see `simcore.engine.Engine`): `execute(engine, batch, shape, cost_args)`
-    runs the batch and returns seconds. One backend serves one engine run at a time; `reset()` between."""
+    runs the batch and returns seconds. One backend serves one engine run at a time; `reset()` between.
+
+    `clock`: "wall" (default) times steps by the wall clock. "cpu" (CPU device, one torch thread only)
+    times them by this thread's CPU time, i.e. what the step costs on a core of its own: on a shared
+    machine, time the OS gives to other processes is then not counted as the engine's.
+    """
 
     def __init__(self, shape: ModelShape, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, reference_every_s: float = 2.0,
-                 reference_base_s: float | None = None):
+                 reference_base_s: float | None = None, clock: str = "wall"):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
+        if clock == "cpu" and (device != "cpu" or torch.get_num_threads() != 1):
+            raise BackendError("clock cpu needs device cpu and torch.set_num_threads(1): the thread's CPU "
+                               "time must cover all of the step's work")
+        self.clock, self._now = clock, CLOCKS[clock]
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError("device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
         self.shape, self.device, self.block_size, self.seed = shape, device, block_size, seed
         self.decoder = Decoder(random_weights(shape, device, DTYPES[dtype], seed))
         self.cache = PagedKVCache(shape, num_blocks, block_size, device, DTYPES[dtype])
         self.reference_every_s = reference_every_s
-        self.reference_base_s = reference_base_s or reference_kernel_s(device)
+        self._probe_cache = PagedKVCache(shape, PROBE_SEQS * -(-PROBE_CTX // block_size), block_size, device,
+                                         DTYPES[dtype])
+        self._probe_step = self._build_probe()
+        self.reference_base_s = reference_base_s or self.reference_s()
         self.reset()
 
     def reset(self) -> None:
@@ -119,21 +118,23 @@ class RealBackend:
         self.cost_args: list[dict] = []       # the engine's pricing arguments, per record
         self.speed_samples: list[tuple[float, float]] = []  # (sim time, reference kernel seconds)
         self._last_reference_wall = -float("inf")
+        self._last_step_end: float | None = None  # clock reading at the end of the previous step
         self._speed_ratio = 1.0
 
     # ---- the executor protocol ----
     def execute(self, engine, batch, shape, cost_args: dict) -> float:
         env = engine.env
-        sched_s = self._time_since_clock(env)
+        sched_s = self._time_since_clock(env) if self.clock == "wall" else self._cpu_since_last_step()
         self._maybe_time_reference(env)
-        t0 = time.perf_counter()
+        t0 = self._now()
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._reconcile(engine)
         rows = self._rows(engine, batch, shape)
         step = self._prepare(rows, engine, batch)
         next_tokens = self.decoder.forward(step, self.cache).tolist()  # .tolist() syncs the device
         self._apply(rows, next_tokens)
-        forward_s = time.perf_counter() - t0
+        forward_s = self._now() - t0
+        self._last_step_end = self._now()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         prefill, decode = cost_args["prefill"], cost_args["decode"]
         self.records.append(StepRecord(
@@ -149,16 +150,42 @@ class RealBackend:
             return 0.0
         return max(0.0, time.monotonic() - (env.real_start + (env.now - env.env_start) * env.factor))
 
+    def _cpu_since_last_step(self) -> float:
+        """CPU time this thread spent since the previous step ended (scheduling, bookkeeping)."""
+        return 0.0 if self._last_step_end is None else max(0.0, self._now() - self._last_step_end)
+
     def _maybe_time_reference(self, env) -> None:
         now = time.monotonic()
         if now - self._last_reference_wall < self.reference_every_s:
             return
-        ref_s = reference_kernel_s(self.device)
+        ref_s = self.reference_s()
         self._speed_ratio = ref_s / self.reference_base_s
         self.speed_samples.append((env.now, ref_s))
         self._last_reference_wall = time.monotonic()
         if hasattr(env, "real_start"):  # the probe is not part of the workload: hide it from the clock
             env.real_start += self._last_reference_wall - now
+
+    # ---- the speed index ----
+    def _build_probe(self) -> StepInput:
+        n = PROBE_SEQS
+        ctx = torch.arange(n * PROBE_CTX, device=self.device).view(n, PROBE_CTX)  # slots, one run per sequence
+        ids = torch.arange(1, n + 1, device=self.device)
+        return StepInput(ids, torch.full((n,), PROBE_CTX - 1, device=self.device), ctx[:, -1],
+                         [SeqGroup(1, PROBE_CTX, torch.arange(n, device=self.device)[:, None], ctx)],
+                         torch.arange(n, device=self.device))
+
+    def reference_s(self, reps: int = 3) -> float:
+        """The machine's speed index: median time of a fixed decode step of this model (4 sequences at
+        context 64, on a scratch cache), on this backend's clock. It exercises what steps spend their time
+        on (operator dispatch, small GEMMs, attention), so ratios between two moments say how much
+        faster or slower the machine is running this kind of work."""
+        times = []
+        for _ in range(reps + 1):  # the first is a warm-up
+            _sync(self.device)
+            t0 = self._now()
+            self.decoder.forward(self._probe_step, self._probe_cache).tolist()
+            times.append(self._now() - t0)
+        return float(np.median(times[1:]))
 
     # ---- keeping physical KV in step with the engine ----
     def _reconcile(self, engine) -> None:

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import simpy  # noqa: E402
 
-from calibration.backend import BackendError, RealBackend, reference_kernel_s  # noqa: E402
+from calibration.backend import BackendError, RealBackend  # noqa: E402
 from calibration.model import (Decoder, PagedKVCache, SeqGroup, StepInput, random_weights,  # noqa: E402
                                reference_logits)
 from costmodels.catalog import get_model  # noqa: E402
@@ -134,8 +134,11 @@ def test_more_physical_blocks_than_counted_fails_loudly():
         env.run()
 
 
-def test_reference_kernel_is_positive():
-    assert reference_kernel_s("cpu", reps=1) > 0
+def test_speed_probe_leaves_the_engine_cache_alone():
+    backend = RealBackend(SHAPE, 8, 4, "cpu", reference_every_s=1e9)
+    before = [k.clone() for k in backend.cache.k]
+    assert backend.reference_s(reps=1) > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, backend.cache.k))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
