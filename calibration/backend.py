@@ -103,7 +103,8 @@ class RealBackend:
         self.decoder = Decoder(random_weights(shape, device, DTYPES[dtype], seed))
         self.cache = PagedKVCache(shape, num_blocks, block_size, device, DTYPES[dtype])
         self.reference_every_s = reference_every_s
-        self._probe_cache = PagedKVCache(shape, PROBE_SEQS * -(-PROBE_CTX // block_size), block_size, device,
+        self.probe_ctx = min(PROBE_CTX, shape.max_model_len)
+        self._probe_cache = PagedKVCache(shape, PROBE_SEQS * -(-self.probe_ctx // block_size), block_size, device,
                                          DTYPES[dtype])
         self._probe_step = self._build_probe()
         self.reference_base_s = reference_base_s or self.reference_s()
@@ -116,7 +117,7 @@ class RealBackend:
         self.free_blocks = list(range(self.cache.num_blocks - 1, -1, -1))
         self.records: list[StepRecord] = []
         self.cost_args: list[dict] = []       # the engine's pricing arguments, per record
-        self.speed_samples: list[tuple[float, float]] = []  # (sim time, reference kernel seconds)
+        self.speed_samples: list[tuple] = []  # (sim time, probe median, each probe repeat) in seconds
         self._last_reference_wall = -float("inf")
         self._last_step_end: float | None = None  # clock reading at the end of the previous step
         self._speed_ratio = 1.0
@@ -160,18 +161,18 @@ class RealBackend:
             return
         ref_s = self.reference_s()
         self._speed_ratio = ref_s / self.reference_base_s
-        self.speed_samples.append((env.now, ref_s))
+        self.speed_samples.append((env.now, ref_s, *self.last_probe_s))
         self._last_reference_wall = time.monotonic()
         if hasattr(env, "real_start"):  # the probe is not part of the workload: hide it from the clock
             env.real_start += self._last_reference_wall - now
 
     # ---- the speed index ----
     def _build_probe(self) -> StepInput:
-        n = PROBE_SEQS
-        ctx = torch.arange(n * PROBE_CTX, device=self.device).view(n, PROBE_CTX)  # slots, one run per sequence
+        n, c = PROBE_SEQS, self.probe_ctx
+        ctx = torch.arange(n * c, device=self.device).view(n, c)  # slots, one run per sequence
         ids = torch.arange(1, n + 1, device=self.device)
-        return StepInput(ids, torch.full((n,), PROBE_CTX - 1, device=self.device), ctx[:, -1],
-                         [SeqGroup(1, PROBE_CTX, torch.arange(n, device=self.device)[:, None], ctx)],
+        return StepInput(ids, torch.full((n,), c - 1, device=self.device), ctx[:, -1],
+                         [SeqGroup(1, c, torch.arange(n, device=self.device)[:, None], ctx)],
                          torch.arange(n, device=self.device))
 
     def reference_s(self, reps: int = 3) -> float:
@@ -185,6 +186,7 @@ class RealBackend:
             t0 = self._now()
             self.decoder.forward(self._probe_step, self._probe_cache).tolist()
             times.append(self._now() - t0)
+        self.last_probe_s = times[1:]  # the repeats themselves: their spread is the step-timing noise floor
         return float(np.median(times[1:]))
 
     # ---- keeping physical KV in step with the engine ----

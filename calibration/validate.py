@@ -51,6 +51,7 @@ class RunResult:
     iterations: pd.DataFrame
     records: pd.DataFrame | None = None   # real runs: calibration.backend.StepRecord rows
     cost_args: list | None = None         # real runs: what the engine would have priced, per step
+    speed_samples: list | None = None     # real runs: (sim time, probe median, probe repeats...) seconds
 
 
 def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResult:
@@ -80,7 +81,8 @@ def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResu
     summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks)
     if backend is None:
         return RunResult(summary, requests, iterations)
-    return RunResult(summary, requests, iterations, backend.records_frame(), list(backend.cost_args))
+    return RunResult(summary, requests, iterations, backend.records_frame(), list(backend.cost_args),
+                     list(backend.speed_samples))
 
 
 def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = None) -> PointConfig:

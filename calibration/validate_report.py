@@ -44,6 +44,7 @@ def step_error_table(it: pd.DataFrame) -> pd.DataFrame:
                          "median_abs_err_pct": raw.median(), "p90_abs_err_pct": raw.quantile(0.9),
                          "median_abs_err_norm_pct": norm.median(), "p90_abs_err_norm_pct": norm.quantile(0.9),
                          "bias_pct": sub["error"].median() * 100,
+                         "total_time_err_pct": (sub["sim_s"].sum() / sub["measured_s"].sum() - 1) * 100,
                          "measured_median_ms": sub["measured_s"].median() * 1e3})
     return pd.DataFrame(rows)
 
@@ -66,10 +67,16 @@ def metric_table(runs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def speed_table(it: pd.DataFrame) -> dict:
+def speed_table(it: pd.DataFrame, runs) -> dict:
+    """Machine noise seen during the real runs: the speed index's range over the run, and the noise floor
+    = how far back-to-back repeats of the identical probe step fall from their median (abs. deviation)."""
     ratio = it["speed_ratio"] if len(it) else pd.Series([1.0])
+    devs = [abs(x / s[1] - 1) for *_, kind, r in runs if kind == "real" for s in (r.speed_samples or [])
+            for x in s[2:]]
     return {"speed_ratio_min": float(ratio.min()), "speed_ratio_median": float(ratio.median()),
             "speed_ratio_max": float(ratio.max()),
+            "noise_floor_median_pct": float(np.median(devs) * 100) if devs else float("nan"),
+            "noise_floor_p90_pct": float(np.percentile(devs, 90) * 100) if devs else float("nan"),
             "minor_faults_per_step_median": float(it["minor_faults"].median()) if len(it) else 0.0}
 
 
@@ -112,7 +119,7 @@ def _md(df: pd.DataFrame, floatfmt: str = "{:.1f}") -> str:
 def write_report(result: dict, out: Path, corrected: Path | None, command: str) -> Path:
     runs, cm = result["runs"], result["cost_model"]
     it = iteration_errors(runs, cm)
-    steps, metrics, speed = step_error_table(it), metric_table(runs), speed_table(it)
+    steps, metrics, speed = step_error_table(it), metric_table(runs), speed_table(it, runs)
     it.to_csv(out / "iterations.csv", index=False)
     steps.to_csv(out / "step_errors.csv", index=False)
     metrics.to_csv(out / "metrics.csv", index=False)
@@ -128,11 +135,14 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
         f"{desc.get('kind')} ({desc.get('source', desc.get('name', ''))}).", "",
         f"Speed index (probe step time / baseline {result['reference_base_s'] * 1e3:.2f} ms): "
         f"min {speed['speed_ratio_min']:.3f}, median {speed['speed_ratio_median']:.3f}, "
-        f"max {speed['speed_ratio_max']:.3f}; median minor page faults per step "
-        f"{speed['minor_faults_per_step_median']:.0f}.", "",
+        f"max {speed['speed_ratio_max']:.3f}. Noise floor (identical probe step repeated back to back, "
+        f"abs. deviation from its median): median {speed['noise_floor_median_pct']:.1f}%, "
+        f"p90 {speed['noise_floor_p90_pct']:.1f}%; no per-step error can be expected below it. "
+        f"Median minor page faults per step: {speed['minor_faults_per_step_median']:.0f}.", "",
         "## Per-step error (simulated vs measured, same batches)", "",
         "Error = simulated / measured - 1 per real iteration; `norm` divides the measured time by the speed "
-        "index first (removes machine-speed drift).", "",
+        "index first (removes machine-speed drift); bias = median signed error; total_time = summed simulated / "
+        "summed measured busy time - 1.", "",
         _md(steps), "",
         "## Per-policy metrics: real runs' range vs simulated", "",
         "`saturated`: every request queued at t = 0; loads are fractions of the real saturated capacity. "
