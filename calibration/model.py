@@ -42,14 +42,15 @@ class DecoderWeights:
 
 def random_weights(shape: ModelShape, device: str = "cpu", dtype: torch.dtype = torch.float32,
                    seed: int = 0) -> DecoderWeights:
-    """Random weights scaled by 1/sqrt(fan_in) so activations stay O(1) through any depth."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights scaled by 1/sqrt(fan_in) so activations stay O(1) through any depth. Drawn on the
+    target device (an 8B model's 16 GB would take minutes to draw on a CPU), so values differ by device."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     h, hd, i = shape.hidden_size, shape.head_dim, shape.intermediate_size
     qkv = (shape.num_heads + 2 * shape.num_kv_heads) * hd
 
     def mat(rows: int, cols: int) -> torch.Tensor:
-        w = torch.randn(rows, cols, generator=gen) / math.sqrt(rows)
-        return w.to(device=device, dtype=dtype)
+        w = torch.randn(rows, cols, generator=gen, device=device, dtype=dtype)
+        return w.mul_(1.0 / math.sqrt(rows))
 
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, device=device, dtype=dtype)
@@ -178,10 +179,10 @@ def reference_logits(weights: DecoderWeights, token_ids: torch.Tensor) -> torch.
     s = weights.shape
     nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
     cos, sin = rope_tables(s, weights.embed.device, weights.embed.dtype)
-    t = token_ids.shape[0]
-    pos = torch.arange(t)
-    x = weights.embed[token_ids]
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    t, dev = token_ids.shape[0], weights.embed.device
+    pos = torch.arange(t, device=dev)
+    x = weights.embed[token_ids.to(dev)]
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
     for layer in weights.layers:
         q, k, v = (rms_norm(x, layer.attn_norm) @ layer.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q = apply_rope(q.view(t, nh, hd), cos[pos], sin[pos])

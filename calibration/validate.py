@@ -133,17 +133,19 @@ def load_profile(args, cfg: PointConfig, backend) -> object:
 def calibrate_stepfit(args, backend) -> StepFitCostModel:
     """Separate real runs (other seeds) that the step model is fitted on: per policy, one saturated run
     (large batches) and one with two closed-loop users (small batches), so both ends are covered."""
-    cost_args, measured = [], []
+    cost_args, measured, probes = [], [], []
     for policy in args.policies:
         for offset, arrival in ((1000, None), (2000, {"process": "closed", "concurrency": 2})):
             cfg = build_config(args, policy, float("inf"), arrival)
             res = run_engine(cfg, args.seed + offset, _NullCost(), backend)
             cost_args += res.cost_args
             measured += res.records["measured_s"].tolist()
+            probes += [sample[1] for sample in res.speed_samples]
             _say(args, f"calibration run {policy} {'saturated' if arrival is None else 'closed-loop'}: "
                        f"{len(res.records)} steps")
     return fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {args.seed + 1000}/{args.seed + 2000}, "
-                          f"{len(measured)} steps on {args.device}", reference_step_s=backend.reference_base_s)
+                          f"{len(measured)} steps on {args.device}",
+                          reference_step_s=float(np.median(probes)) if probes else backend.reference_base_s)
 
 
 class _NullCost:
@@ -241,7 +243,8 @@ def parse_args(argv):
     ap.add_argument("--profile", default="stepfit", help="profile path/name, roofline, a saved step model, "
                     "or stepfit (fit on a separate real run first)")
     ap.add_argument("--config", help="a sweep YAML whose base (model, engine, workload) is validated")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=None, help="comma-separated (default: the YAML's grid "
+                    "engine.policy, else all three)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
     ap.add_argument("--hardware", default="h100-sxm", help="catalog GPU the profile is looked up for")
     ap.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)")
@@ -266,7 +269,7 @@ def parse_args(argv):
     ap.add_argument("--no-reexec", action="store_true", help="do not re-execute with GLIBC_TUNABLES")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    args.policies = [p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",") if p.strip()]
     for p in args.policies:
         if p not in POLICIES:
             ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
@@ -286,6 +289,19 @@ def parse_args(argv):
     return args
 
 
+def _yaml_policies(path: str | None) -> str:
+    """The policies a sweep YAML grids over (its only grid key validate accepts), else all three."""
+    if not path:
+        return ",".join(POLICIES)
+    grid = load_sweep_file(path).get("grid") or {}
+    for key in grid:
+        if key != "engine.policy":
+            raise ConfigError(f"{path}: grid.{key}: validate runs one point per policy; only engine.policy "
+                              "may be gridded (loads and repeats are validate's own options)")
+    policies = grid.get("engine.policy")
+    return ",".join(policies) if policies else ",".join(POLICIES)
+
+
 def _profile_dtype(profile: str) -> str | None:
     """A measured profile fixes the dtype the real model must run in (its kernels were timed in it)."""
     try:
@@ -296,7 +312,11 @@ def _profile_dtype(profile: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.device == "cpu" and not args.no_reexec and os.environ.get("GLIBC_TUNABLES") != GLIBC_TUNABLES:
         env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
         os.execve(sys.executable, [sys.executable, "-m", "calibration.validate", *argv], env)

@@ -69,17 +69,35 @@ def test_reduced_validation_writes_a_finite_report(tmp_path):
     assert "Overhead refit" in (out / "report.md").read_text()
 
 
-def test_validation_with_a_given_profile_and_cpu_clock(tmp_path):
+YAML = """
+model: tiny
+engine: {block_size: 8, max_model_len: 64, max_num_seqs: 4}
+workload:
+  num_requests: 4
+  arrival: {process: poisson, rate_per_s: 1}
+  prompt_tokens: {dist: uniform, min: 8, max: 24}
+  output_tokens: {dist: fixed, value: 4}
+grid:
+  engine.policy: [continuous]
+"""
+
+
+def test_validation_of_a_yaml_with_a_given_profile_and_cpu_clock(tmp_path):
     pytest.importorskip("torch")
     from calibration.validate import main
 
     model = StepFitCostModel((1e-3, 1e-4, 1e-4, 1e-5, 0.0, 0.0, 0.0), "hand-made")
     profile = tmp_path / "stepfit.json"
     profile.write_text(json.dumps(model.to_json()))
+    config = tmp_path / "point.yaml"
+    config.write_text(YAML)
     out = tmp_path / "fid"
-    assert main([*SMALL, "--policies", "continuous", "--profile", str(profile), "--clock", "cpu",
-                 "--out", str(out)]) == 0
+    assert main(["--config", str(config), "--profile", str(profile), "--clock", "cpu", "--repeats", "1",
+                 "--loads", "0.5", "--kv-tokens", "1024", "--no-reexec", "--quiet", "--out", str(out)]) == 0
     assert "hand-made" in (out / "report.md").read_text()
+    assert set(pd.read_csv(out / "metrics.csv")["policy"]) == {"continuous"}
+    config.write_text(YAML.replace("engine.policy: [continuous]", "workload.num_requests: [4, 8]"))
+    assert main(["--config", str(config), "--no-reexec", "--quiet", "--out", str(out)]) == 2
 
 
 def test_unknown_profile_is_a_one_line_error(tmp_path, capsys):
