@@ -56,14 +56,15 @@ class Continuous:
             free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
             if preempted:
                 return Batch(tuple(decodes), tuple(preempted))
+            swapped_in, free = self._swap_in_pass(view, len(running), free)
+            prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget)
+            return Batch(tuple(decodes + swapped_in + prefills))
         prefills, free = self._prefill_pass(view, len(running), free, budget)
-        if self.mix_prefill_decode:
-            return Batch(tuple(decodes + prefills))
         if prefills:
             return Batch(tuple(prefills))
         free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
         if not preempted:
-            decodes += self._swap_in_pass(view, len(running), free)
+            decodes += self._swap_in_pass(view, len(running), free)[0]
         return Batch(tuple(decodes), tuple(preempted))
 
     def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
@@ -104,15 +105,15 @@ class Continuous:
             i += 1
         return free, budget
 
-    def _swap_in_pass(self, view: EngineView, num_seqs: int, free: int) -> list[Scheduled]:
+    def _swap_in_pass(self, view: EngineView, num_seqs: int, free: int):
         out = []
         for req in view.waiting:
             if req.status is not Status.SWAPPED or num_seqs >= self.max_num_seqs:
                 break
-            need = view.blocks_to_hold(req, req.num_computed_tokens + req.num_uncomputed_tokens)
+            need = view.blocks_to_hold(req, req.num_tokens)
             if need > free:
                 break
             out.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
             free -= need
             num_seqs += 1
-        return out
+        return out, free
