@@ -32,6 +32,7 @@ from costmodels import load_cost_model
 from costmodels.catalog import CatalogError, get_gpu
 from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
 from experiments.simulate import memory_plan
+from policies import POLICIES as ALL_POLICIES
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.log import EngineLog
@@ -40,7 +41,7 @@ from workloads.synthetic import generate
 
 GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:"
                   "glibc.malloc.top_pad=268435456")
-POLICIES = ("static", "continuous", "chunked_prefill")
+POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any registered policy may be named
 
 
 @dataclass
@@ -271,8 +272,8 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",") if p.strip()]
     for p in args.policies:
-        if p not in POLICIES:
-            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+        if p not in ALL_POLICIES:
+            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(ALL_POLICIES)}")
     try:
         args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
     except ValueError:

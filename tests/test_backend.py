@@ -13,7 +13,7 @@ from calibration.backend import BackendError, RealBackend  # noqa: E402
 from calibration.model import (Decoder, PagedKVCache, SeqGroup, StepInput, random_weights,  # noqa: E402
                                reference_logits)
 from costmodels.catalog import get_model  # noqa: E402
-from policies import ChunkedPrefill, Continuous, Static  # noqa: E402
+from policies import POLICIES, ChunkedPrefill, Continuous, Static  # noqa: E402
 from simcore.costmodel import ConstantCost  # noqa: E402
 from simcore.engine import Engine, EngineLimits  # noqa: E402
 from simcore.request import RequestSpec  # noqa: E402
@@ -78,8 +78,9 @@ SPECS = [RequestSpec(0, 0.0, 9, 5, 8), RequestSpec(1, 0.0, 14, 3, 8), RequestSpe
 
 
 @pytest.mark.parametrize("policy", [ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=8),
-                                    Continuous(max_num_seqs=2, max_num_batched_tokens=64)],
-                        ids=["chunked", "continuous"])
+                                    Continuous(max_num_seqs=2, max_num_batched_tokens=64),
+                                    *(POLICIES[name]() for name in ("tgi", "trtllm", "sglang") if name in POLICIES)],
+                        ids=lambda p: p.name)
 def test_generation_equals_greedy_reference(policy):
     backend, engine = _run(policy, SPECS)
     for spec in SPECS:
