@@ -86,15 +86,26 @@ def read_stepfit(path: str | Path) -> StepFitCostModel | None:
                             data.get("reference_step_s"))
 
 
+def kernel_only_s(cost_model, cost_args: Sequence[dict]) -> np.ndarray:
+    """The model's step times with its explicit overheads taken out (ProfileCostModel.overheads: per step,
+    per request, and per layer, which is a per-step constant too); other models are returned as they are."""
+    total = np.array([cost_model.step_time_s(**a) for a in cost_args])
+    o = getattr(cost_model, "overheads", None)
+    if o is None:
+        return total
+    seqs = np.array([len(a["prefill"]) + len(a["decode"]) for a in cost_args], dtype=float)
+    num_layers = getattr(getattr(cost_model, "model", None), "num_layers", 0)
+    return total - o.per_step_s - o.per_request_s * seqs - getattr(o, "per_layer_s", 0.0) * num_layers
+
+
 def fit_overheads(cost_model, cost_args: Sequence[dict], measured_s: Sequence[float]) -> tuple[float, float]:
     """(per_step_s, per_request_s) that make `cost_model`'s kernel time plus overheads match the measured
     steps: non-negative least squares of (measured - kernels) on [1, sequences in the step]. A model that
-    carries explicit overheads (ProfileCostModel.overheads) has them taken out first, so the result
-    replaces them rather than adding to them."""
-    o = getattr(cost_model, "overheads", None)
-    old_step, old_req = (o.per_step_s, o.per_request_s) if o is not None else (0.0, 0.0)
+    carries explicit overheads has them taken out first (kernel_only_s), so the result replaces them
+    (per-layer overhead included: it is folded into per_step_s). Overheads cannot be negative: when the
+    kernels alone exceed the measurements, both come out 0 and the kernel tables are what is wrong."""
     seqs = np.array([len(a["prefill"]) + len(a["decode"]) for a in cost_args], dtype=float)
-    kernels = np.array([cost_model.step_time_s(**a) for a in cost_args]) - old_step - old_req * seqs
+    kernels = kernel_only_s(cost_model, cost_args)
     y = np.asarray(measured_s, dtype=float)
     (per_step_s, per_request_s), _ = nnls(np.column_stack([np.ones_like(seqs), seqs]), y - kernels)
     return float(per_step_s), float(per_request_s)

@@ -26,7 +26,7 @@ import pandas as pd
 import simpy
 import simpy.rt
 
-from calibration.stepfit import StepFitCostModel, fit_overheads, fit_step_model, read_stepfit
+from calibration.stepfit import StepFitCostModel, fit_overheads, fit_step_model, kernel_only_s, read_stepfit
 from calibration.validate_report import write_report
 from costmodels import load_cost_model
 from costmodels.catalog import CatalogError, get_gpu
@@ -199,8 +199,10 @@ def validate(args) -> dict:
     overheads = None
     if args.fit_overhead:
         reals = [r for *_, kind, r in runs if kind == "real"]
-        overheads = fit_overheads(cost_model, [a for r in reals for a in r.cost_args],
-                                  [m for r in reals for m in r.records["measured_s"]])
+        cost_args = [a for r in reals for a in r.cost_args]
+        measured = np.array([m for r in reals for m in r.records["measured_s"]])
+        overheads = (*fit_overheads(cost_model, cost_args, measured),
+                     float(np.median(kernel_only_s(cost_model, cost_args) / measured)))
     return {"runs": runs, "cost_model": cost_model, "overheads": overheads,
             "reference_base_s": backend.reference_base_s, "threads": torch.get_num_threads(),
             "device_name": _device_name(args.device), "args": vars(args)}
@@ -223,14 +225,14 @@ def _say(args, msg: str) -> None:
 def write_corrected_profile(args, cost_model, overheads, out: Path) -> Path | None:
     """The profile with its per-step and per-request overheads replaced by the refit (profiles from
     calibration.run, or a saved step model whose per-step term is replaced)."""
-    per_step_s, per_request_s = overheads
+    per_step_s, per_request_s, _ = overheads
     if isinstance(cost_model, StepFitCostModel):
         return None  # fitted on whole steps already; its overheads are part of the fit
     profile = getattr(cost_model, "profile", None)
     if not isinstance(profile, dict):
         return None
     o = dict(profile.get("overheads", {}))
-    o.update(per_step_s=per_step_s, per_request_s=per_request_s,
+    o.update(per_step_s=per_step_s, per_request_s=per_request_s, per_layer_s=0.0,  # folded into per_step_s
              source=f"calibration.validate --fit-overhead on {args.device} ({time.strftime('%Y-%m-%d')})")
     path = out / "profile_corrected.json"
     path.write_text(json.dumps(dict(profile, overheads=o), indent=1))

@@ -150,9 +150,13 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
         _md(metrics.drop(columns=["num_real_runs"]), "{:.3g}"), "",
     ]
     if result["overheads"] is not None:
-        ps, pr = result["overheads"]
+        ps, pr, kernel_ratio = result["overheads"]
         lines += ["## Overhead refit", "",
-                  f"per_step_s = {ps * 1e3:.3f} ms, per_request_s = {pr * 1e6:.1f} us"
+                  f"Kernels alone (the model without its overhead terms) predict a median {kernel_ratio:.2f}x "
+                  "the measured step time" + (" - more than the steps take, so no non-negative overhead "
+                                              "can fix it; the kernel tables are off." if kernel_ratio > 1 else "."),
+                  "",
+                  f"Refit: per_step_s = {ps * 1e3:.3f} ms, per_request_s = {pr * 1e6:.1f} us"
                   + (f"; corrected profile written to `{corrected}`." if corrected else
                      " (the cost model has no profile file to correct).")]
     lines += ["", "Files: iterations.csv (every real step), step_errors.csv, metrics.csv, step_time.png."]

@@ -108,3 +108,25 @@ def test_unknown_profile_is_a_one_line_error(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --profile") and "nope.json" in err and "\n" not in err
+
+
+def test_overhead_refit_replaces_a_profiles_own_overheads():
+    from types import SimpleNamespace
+
+    class WithOverheads:
+        """A kernel sum of 1e-5 s per token plus explicit overheads, like ProfileCostModel."""
+        model = SimpleNamespace(num_layers=4)
+        overheads = SimpleNamespace(per_step_s=0.5, per_request_s=0.1, per_layer_s=0.01)
+
+        def step_time_s(self, prefill=(), decode=(), num_logits=None):
+            seqs = len(prefill) + len(decode)
+            o = self.overheads
+            return (1e-5 * (sum(n for n, _ in prefill) + len(decode)) + o.per_step_s + o.per_request_s * seqs
+                    + o.per_layer_s * 4)
+
+    args = _shapes(np.random.default_rng(2), 50)
+    measured = [1e-5 * (sum(n for n, _ in a["prefill"]) + len(a["decode"])) + 3e-3
+                + 1e-4 * (len(a["prefill"]) + len(a["decode"])) for a in args]
+    per_step_s, per_request_s = fit_overheads(WithOverheads(), args, measured)
+    assert per_step_s == pytest.approx(3e-3, rel=1e-6)
+    assert per_request_s == pytest.approx(1e-4, rel=1e-6)
