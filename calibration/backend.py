@@ -124,6 +124,9 @@ class RealBackend:
 
     # ---- the executor protocol ----
     def execute(self, engine, batch, shape, cost_args: dict) -> float:
+        if getattr(engine, "prefix_cache", None) is not None:
+            # shared physical blocks would need copy-on-write block tables; not modelled here
+            raise BackendError("engine.enable_prefix_caching: the real backend does not share KV blocks")
         env = engine.env
         sched_s = self._time_since_clock(env) if self.clock == "wall" else self._cpu_since_last_step()
         self._maybe_time_reference(env)

@@ -115,7 +115,13 @@ def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = No
     elif policy == "continuous":
         engine.pop("max_num_batched_tokens", None)  # vLLM V0: the budget is max_model_len
     raw["workload"]["arrival"] = arrival or {"process": "poisson", "rate_per_s": rate_per_s}
-    return resolve_point(raw)
+    cfg = resolve_point(raw)
+    # The real backend neither shares KV blocks nor copies KV to the host: refuse rather than ignore.
+    if getattr(cfg.engine, "enable_prefix_caching", False):
+        raise ConfigError("engine.enable_prefix_caching: not supported by the real backend (calibration.validate)")
+    if cfg.engine.preemption_mode != "recompute":
+        raise ConfigError("engine.preemption_mode: the real backend supports recompute only")
+    return cfg
 
 
 def load_profile(args, cfg: PointConfig, backend) -> object:
