@@ -256,7 +256,8 @@ def parse_args(argv):
                     "engine.policy, else all three)")
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
     ap.add_argument("--hardware", default="h100-sxm", help="catalog GPU the profile is looked up for")
-    ap.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)")
+    ap.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                    help="default: the profile's dtype, else fp32 on cpu, bf16 on cuda")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on cpu)")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="time steps by the wall clock, "
                     "or (cpu, one thread) by the engine thread's CPU time: a shared machine's other work is "
@@ -330,9 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
         os.execve(sys.executable, [sys.executable, "-m", "calibration.validate", *argv], env)
     try:
+        from calibration.backend import BackendError
+    except ImportError as e:
+        print(f"error: the real backend needs torch ({e}); pip install torch", file=sys.stderr)
+        return 2
+    try:
         get_gpu(args.hardware)
         result = validate(args)
-    except (ConfigError, CatalogError, SimulationError) as e:
+    except (ConfigError, CatalogError, SimulationError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
