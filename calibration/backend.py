@@ -88,7 +88,7 @@ class RealBackend:
 
     def __init__(self, shape: ModelShape, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, reference_every_s: float = 2.0,
-                 reference_base_s: float | None = None, clock: str = "wall"):
+                 reference_base_s: float | None = None, clock: str = "wall", decode_attention: str | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
         if clock not in CLOCKS:
@@ -97,6 +97,11 @@ class RealBackend:
             raise BackendError("clock cpu needs device cpu and torch.set_num_threads(1): the thread's CPU "
                                "time must cover all of the step's work")
         self.clock, self._now = clock, CLOCKS[clock]
+        # "per_seq": one attention call per decode (cheap on CPU); "batched": all decodes in one masked
+        # call (on GPUs, thousands of small calls per step would measure Python, not the device)
+        self.decode_attention = decode_attention or ("per_seq" if device == "cpu" else "batched")
+        if self.decode_attention not in ("per_seq", "batched"):
+            raise ValueError(f"decode_attention: expected per_seq or batched, got {decode_attention!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError("device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
         self.shape, self.device, self.block_size, self.seed = shape, device, block_size, seed
@@ -257,7 +262,7 @@ class RealBackend:
     def _prepare(self, rows, engine, batch) -> StepInput:
         bs = self.block_size
         tokens, positions, slots, logit_rows = [], [], [], []
-        groups: dict[tuple[int, int], tuple[list, list]] = {}
+        groups: dict[tuple[int, int], tuple[list, list, np.ndarray | None]] = {}
         row = 0
         for req, state, n, c, samples in rows:
             self._grow(req, state, c + n)
@@ -273,7 +278,7 @@ class RealBackend:
             tokens.append(np.asarray(ids, dtype=np.int64))
             positions.append(pos[c:])
             slots.append(ctx_slots[c:])
-            q_rows, c_slots = groups.setdefault((n, c + n), ([], []))
+            q_rows, c_slots, _ = groups.setdefault((n, c + n), ([], [], None))
             q_rows.append(np.arange(row, row + n))
             c_slots.append(ctx_slots)
             if samples:
@@ -284,9 +289,29 @@ class RealBackend:
         def put(a) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
 
-        seq_groups = [SeqGroup(n, ctx, put(np.stack(q)), put(np.stack(s))) for (n, ctx), (q, s) in groups.items()]
+        if self.decode_attention == "batched":
+            groups = self._merge_decodes(groups)
+        seq_groups = [SeqGroup(n, ctx, put(np.stack(q)), put(np.stack(s)), None if m is None else put(m))
+                      for (n, ctx), (q, s, m) in groups.items()]
         return StepInput(put(np.concatenate(tokens)), put(np.concatenate(positions)),
                          put(np.concatenate(slots)), seq_groups, put(np.asarray(logit_rows, dtype=np.int64)))
+
+    @staticmethod
+    def _merge_decodes(groups: dict) -> dict:
+        """All decode groups as one, padded to the longest context (padding reads slot 0, masked out)."""
+        decode_keys = [k for k in groups if k[0] == 1]
+        if len(decode_keys) < 2:
+            return groups
+        max_ctx = max(ctx for _, ctx in decode_keys)
+        q_rows, c_slots, lengths = [], [], []
+        for key in decode_keys:
+            q, s, _ = groups.pop(key)
+            q_rows += q
+            c_slots += [np.pad(x, (0, max_ctx - len(x))) for x in s]
+            lengths += [key[1]] * len(s)
+        mask = np.arange(max_ctx)[None, :] < np.asarray(lengths)[:, None]
+        groups[(1, max_ctx)] = (q_rows, c_slots, mask[:, None, None, :])
+        return groups
 
     def _apply(self, rows, next_tokens: list[int]) -> None:
         it = iter(next_tokens)

@@ -3,7 +3,9 @@
 Prefill chunks and decodes of different requests are packed into one token batch (no padding): the
 projections and MLP run on all tokens at once, attention runs per sequence (variable length) over a
 paged KV cache (vLLM's block table + slot mapping). Sequences with the same (new, context) shape share
-one attention call, so a padded static batch attends as one dense batch, as Hugging Face `generate` does.
+one attention call, so a padded static batch attends as one dense batch, as Hugging Face `generate` does;
+optionally all decodes share one call, padded to the longest context and masked (one kernel per layer,
+like a paged-attention kernel, at the price of reading padding).
 Ignores: tensor parallelism, quantisation, fused kernels (flash/paged attention), sampling other than
 greedy. The numbers it produces are meaningless (random weights); only its cost is of interest.
 """
@@ -72,6 +74,7 @@ class SeqGroup:
     num_ctx: int
     query_rows: torch.Tensor
     ctx_slots: torch.Tensor
+    key_mask: torch.Tensor | None = None  # [num_seqs, 1, 1, num_ctx] bool: decodes padded to one context
 
 
 @dataclass
@@ -122,7 +125,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group
     kg = k_cache[group.ctx_slots].transpose(1, 2)         # [B, kv_heads, ctx, hd]
     vg = v_cache[group.ctx_slots].transpose(1, 2)
     n, c = group.num_new, group.num_ctx
-    if n == 1:
+    if group.key_mask is not None:
+        mask, causal = group.key_mask, False              # decodes of different lengths in one call
+    elif n == 1:
         mask, causal = None, False                        # a decode sees its whole context
     elif n == c:
         mask, causal = None, True                         # a first prefill chunk: plain causal

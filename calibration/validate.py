@@ -175,7 +175,8 @@ def validate(args) -> dict:
         torch.set_num_threads(args.threads)
     cfg0 = build_config(args, args.policies[0], float("inf"))
     backend = RealBackend(cfg0.model, memory_plan(cfg0).num_gpu_blocks, cfg0.engine.block_size, args.device,
-                          args.dtype, args.seed, args.reference_every_s, clock=args.clock)
+                          args.dtype, args.seed, args.reference_every_s, clock=args.clock,
+                          decode_attention=args.decode_attention)
     backend.warm_up(max_tokens=min(512, cfg0.model.max_model_len // 2))
     backend.reference_base_s = backend.reference_s(reps=9)
     cost_model = load_profile(args, cfg0, backend)
@@ -211,6 +212,7 @@ def validate(args) -> dict:
                      float(np.median(kernel_only_s(cost_model, cost_args) / measured)))
     return {"runs": runs, "cost_model": cost_model, "overheads": overheads,
             "reference_base_s": backend.reference_base_s, "threads": torch.get_num_threads(),
+            "decode_attention": backend.decode_attention,
             "device_name": _device_name(args.device), "args": vars(args)}
 
 
@@ -270,6 +272,9 @@ def parse_args(argv):
     ap.add_argument("--sigma", type=float, default=0.8, help="lognormal sigma of both length distributions")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--chunk-tokens", type=int, default=512, help="chunked_prefill max_num_batched_tokens")
+    ap.add_argument("--decode-attention", choices=["per_seq", "batched"], default=None,
+                    help="one attention call per decode, or all decodes in one masked call "
+                    "(default: per_seq on cpu, batched on cuda)")
     ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache capacity in tokens (real and simulated)")
     ap.add_argument("--loads", default="0.5,0.8", help="fractions of the measured saturated capacity")
     ap.add_argument("--repeats", type=int, default=3)

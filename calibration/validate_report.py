@@ -131,7 +131,7 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
     lines = [
         "# Fidelity report", "", f"Command: `{command}`", "",
         f"Device: {a['device']} ({result['device_name']}), torch threads {result['threads']}, dtype {a['dtype']}, "
-        f"step clock {a['clock']}; "
+        f"step clock {a['clock']}, decode attention {result.get('decode_attention', '?')}; "
         f"model {a['model'] if not a['config'] else a['config']}; cost model under test: "
         f"{desc.get('kind')} ({desc.get('source', desc.get('name', ''))}).", "",
         f"Speed index (probe step time / baseline {result['reference_base_s'] * 1e3:.2f} ms): "

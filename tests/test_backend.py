@@ -62,8 +62,8 @@ def _greedy_reference(weights, prompt, num_new):
     return seq[len(prompt):]
 
 
-def _run(policy, specs, num_blocks=64, block_size=4):
-    backend = RealBackend(SHAPE, num_blocks, block_size, "cpu", seed=3, reference_every_s=1e9)
+def _run(policy, specs, num_blocks=64, block_size=4, **backend_options):
+    backend = RealBackend(SHAPE, num_blocks, block_size, "cpu", seed=3, reference_every_s=1e9, **backend_options)
     env = simpy.Environment()
     limits = EngineLimits(num_gpu_blocks=num_blocks, block_size=block_size, max_model_len=SHAPE.max_model_len)
     engine = Engine(env, policy, ConstantCost(), limits, executor=backend)
@@ -90,6 +90,17 @@ def test_generation_equals_greedy_reference(policy):
     kinds = {r.kind for r in backend.records}
     if isinstance(policy, ChunkedPrefill):
         assert "mixed" in kinds  # chunks and decodes shared a forward pass
+
+
+def test_batched_decode_attention_generates_the_same_tokens():
+    policy = ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=8)
+    per_seq, _ = _run(policy, SPECS)
+    batched, _ = _run(policy, SPECS, decode_attention="batched")
+    assert batched.outputs == per_seq.outputs
+    for spec in SPECS:
+        prompt = batched.outputs[spec.request_id][:spec.num_prompt_tokens]
+        assert (batched.outputs[spec.request_id][spec.num_prompt_tokens:]
+                == _greedy_reference(batched.decoder.w, prompt, spec.num_output_tokens))
 
 
 def test_static_batch_pads_prompts_and_keeps_finished_rows():
