@@ -26,7 +26,8 @@ class ConfigError(ValueError):
 
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
-            "engine", "workload", "grid", "cluster"}
+            "engine", "workload", "grid", "cluster",
+            "search", "capacity"}  # validated by experiments.search / experiments.capacity; not part of a point
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def expand(sweep: dict) -> list[Point]:
         seeds = [seeds]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"seeds: expected a list of integers, got {seeds!r}")
-    base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds")}
+    base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds", "search", "capacity")}
     points = []
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):

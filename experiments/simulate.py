@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -12,6 +13,7 @@ from costmodels.roofline import activation_reserve_bytes, weight_bytes
 from experiments.config import PointConfig, resolve_point
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
+from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
@@ -27,6 +29,38 @@ class SimResult:
     summary: dict              # the results.csv row (metrics)
     resolved: dict             # the configuration actually simulated, defaults filled in
     replicas: pd.DataFrame | None = None  # one row per replica, for a cluster (cluster.num_replicas > 1)
+    itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # every token gap, pooled, in order
+    itl_end_s: np.ndarray = field(default_factory=lambda: np.zeros(0))   # when each of those gaps ended
+
+
+class _TimedGaps(list):
+    """Stands in for `EngineLog.itl_gaps_s` and also notes when each gap ended, so that a steady-state
+    window can be cut out of the pooled ITL (experiments.search) without touching the engine."""
+
+    def __init__(self, env: simpy.Environment):
+        super().__init__()
+        self.env, self.end_s = env, []
+
+    def append(self, gap_s: float) -> None:
+        super().append(gap_s)
+        self.end_s.append(self.env.now)
+
+
+def _cost_model(cfg: PointConfig):
+    """`profile: "constant:per_step_s=0.01,per_token_s=1e-5"` injects the constant-cost stub (answers known
+    by hand, used by the search tests); anything else goes to the cost-model registry."""
+    if cfg.profile is not None and cfg.profile.split(":")[0] == "constant":
+        params = {}
+        for item in filter(None, cfg.profile.partition(":")[2].split(",")):
+            k, _, v = item.partition("=")
+            try:
+                params[k.strip()] = float(v)
+            except ValueError:
+                raise SimulationError(f"profile: bad constant-cost parameter {item!r}") from None
+        if not set(params) <= {"per_step_s", "per_token_s"}:
+            raise SimulationError(f"profile: constant cost takes per_step_s and per_token_s, got {cfg.profile!r}")
+        return ConstantCost(**params)
+    return load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
 
 
 def memory_plan(cfg: PointConfig) -> MemoryPlan:
@@ -65,7 +99,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
-    cost_model = load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
+    cost_model = _cost_model(cfg)
     gen = generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size)
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     limits = EngineLimits(
@@ -76,6 +110,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     env = simpy.Environment()
     log = EngineLog()
+    log.itl_gaps_s = _TimedGaps(env)
     # A cluster (simcore/cluster.py): N identical replicas sharing the log, behind the router.
     num_replicas = cfg.cluster.num_replicas if cfg.cluster is not None else 1
     engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
@@ -110,4 +145,5 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
         requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
     return SimResult(requests, iterations, summary,
-                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas)
+                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
+                     np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
