@@ -97,9 +97,9 @@ class RealBackend:
             raise BackendError("clock cpu needs device cpu and torch.set_num_threads(1): the thread's CPU "
                                "time must cover all of the step's work")
         self.clock, self._now = clock, CLOCKS[clock]
-        # "per_seq": one attention call per decode (cheap on CPU); "batched": all decodes in one masked
-        # call (on GPUs, thousands of small calls per step would measure Python, not the device)
-        self.decode_attention = decode_attention or ("per_seq" if device == "cpu" else "batched")
+        # "batched" (default): all decodes in one masked call per layer, as a paged-attention kernel runs
+        # them (per-sequence calls would time Python dispatch, not the device); "per_seq": one call each
+        self.decode_attention = decode_attention or "batched"
         if self.decode_attention not in ("per_seq", "batched"):
             raise ValueError(f"decode_attention: expected per_seq or batched, got {decode_attention!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():

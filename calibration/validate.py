@@ -274,7 +274,7 @@ def parse_args(argv):
     ap.add_argument("--chunk-tokens", type=int, default=512, help="chunked_prefill max_num_batched_tokens")
     ap.add_argument("--decode-attention", choices=["per_seq", "batched"], default=None,
                     help="one attention call per decode, or all decodes in one masked call "
-                    "(default: per_seq on cpu, batched on cuda)")
+                    "(default: batched)")
     ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache capacity in tokens (real and simulated)")
     ap.add_argument("--loads", default="0.5,0.8", help="fractions of the measured saturated capacity")
     ap.add_argument("--repeats", type=int, default=3)

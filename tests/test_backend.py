@@ -94,7 +94,7 @@ def test_generation_equals_greedy_reference(policy):
 
 def test_batched_decode_attention_generates_the_same_tokens():
     policy = ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=8)
-    per_seq, _ = _run(policy, SPECS)
+    per_seq, _ = _run(policy, SPECS, decode_attention="per_seq")
     batched, _ = _run(policy, SPECS, decode_attention="batched")
     assert batched.outputs == per_seq.outputs
     for spec in SPECS:
