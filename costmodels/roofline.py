@@ -71,12 +71,18 @@ class RooflineCostModel:
             bytes_ = dt * float(np.sum(2 * new * self.q_dim + (cached + new) * self.kv_dim))
             t += max(flops / (self.peak_flops * e.attention_compute),
                      bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
-        if decode_ctx.size:  # paged decode attention: stream every sequence's K and V once
-            flops = 4.0 * hd * self.heads * float(decode_ctx.sum())
-            bytes_ = dt * float(decode_ctx.sum() * self.kv_dim + 2 * decode_ctx.size * self.q_dim)
-            t += max(flops / (self.peak_flops * e.attention_compute),
-                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        if decode_ctx.size:
+            t += float(self._decode_attention_s(float(decode_ctx.sum()), decode_ctx.size))
         return t
+
+    def _decode_attention_s(self, context_sum, num_seqs: int):
+        """Paged decode attention: stream every sequence's K and V once. `context_sum` (the sum of the
+        sequences' contexts, exact in float64) may be a float or an array of them, one per step."""
+        e, hd, dt = self.eff, self.model.head_dim, self.dt
+        flops = 4.0 * hd * self.heads * context_sum
+        bytes_ = dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
+        return np.maximum(flops / (self.peak_flops * e.attention_compute),
+                          bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _elementwise_s(self, num_tokens: int) -> float:
         """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
@@ -102,9 +108,21 @@ class RooflineCostModel:
             return 0.0
         if num_logits is None:
             num_logits = num_seqs
+        return self._step_s(num_tokens, num_seqs, num_logits, self._attention_s(pf[:, 0], pf[:, 1], dc))
+
+    def decode_steps_time_s(self, num_seqs: int, context_sums: np.ndarray, num_logits: int | None = None):
+        """Many decode-only steps at once: step i runs `num_seqs` sequences whose contexts (each including
+        its new token) sum to `context_sums[i]`. Element i equals, bitwise, `step_time_s(decode=contexts_i,
+        num_logits=num_logits)`: the same float operations in the same order, elementwise (the fast path's
+        quiet stretches rely on it)."""
+        attention = self._decode_attention_s(np.asarray(context_sums, dtype=float), num_seqs)
+        return self._step_s(num_seqs, num_seqs, num_seqs if num_logits is None else num_logits, attention)
+
+    def _step_s(self, num_tokens: int, num_seqs: int, num_logits: int, attention):
+        """Everything but attention depends on token and sequence counts only; `attention` may be an array."""
         layer = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
-        layer += self._attention_s(pf[:, 0], pf[:, 1], dc) + self._elementwise_s(num_tokens)
-        layer += self._allreduce_s(num_tokens)
+        layer = layer + (attention + self._elementwise_s(num_tokens))
+        layer = layer + self._allreduce_s(num_tokens)
         m, e = self.model, self.eff
         head = 0.0
         if num_logits:  # final norm, LM head over the vocabulary shard, logits to fp32, sampling

@@ -10,6 +10,7 @@ import simpy
 from costmodels import load_cost_model
 from costmodels.roofline import activation_reserve_bytes, weight_bytes
 from experiments.config import PointConfig, resolve_point
+from experiments.fast import run_fast, use_fast_path
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory
@@ -72,6 +73,9 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants)
+    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+        requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+        return _result(cfg, plan, cost_model, gen, seed, requests, iterations, itl)
     env = simpy.Environment()
     log = EngineLog()
     engine = Engine(env, cfg.policy, cost_model, limits, log)
@@ -87,9 +91,11 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         stuck = len(gen.specs) - len(log.requests)
         raise SimulationError(f"{cfg.policy.name}: {stuck} requests never finished (engine stalled at "
                               f"t={env.now:.3f}s with {len(engine.waiting)} waiting, {len(engine.running)} running)")
-    requests = requests_frame(log)
-    iterations = iterations_frame(log)
-    summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks)
+    return _result(cfg, plan, cost_model, gen, seed, requests_frame(log), iterations_frame(log), log.itl_gaps_s)
+
+
+def _result(cfg, plan, cost_model, gen, seed, requests, iterations, itl_gaps_s) -> SimResult:
+    summary = summarize(requests, iterations, itl_gaps_s, plan.num_gpu_blocks)
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?")})

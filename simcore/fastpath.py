@@ -1,0 +1,462 @@
+"""The fast path: `simcore.engine`'s semantics for one replica under the static, continuous and
+chunked-prefill rules (recompute preemption, no prefix caching), without SimPy or `Request` objects.
+
+Same decisions (simcore/fastrules.py), same KV accounting, same float arithmetic for every time, same
+event order (SimPy's: time, then creation order), so every table it produces equals the plain engine's
+(tests/test_fastpath.py). What makes it fast: a stretch of decode-only steps between two events (an
+arrival or think-time timer, the first finish, the first step whose KV growth would preempt) is priced in
+one vectorised call (`decode_steps_time_s` on the cost model, when it has one) and logged as arrays; per
+request work happens only at events. Per-token gaps are logged as weighted samples (gap, count).
+"""
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simcore.engine import EngineLimits, SimulationError
+from simcore.fastrules import QUIET, make_rules
+
+WAITING, RUNNING, DRAINING, FINISHED, REJECTED = range(5)
+INF = float("inf")
+NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
+
+
+@dataclass
+class FastLog:
+    """What a fast run produced, as columns (see `simcore.fastlog` for the tables)."""
+    request_id: np.ndarray
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    admitted_s: list
+    first_token_s: list
+    finish_s: list
+    num_preemptions: list
+    status: list
+    reject_reason: list
+    iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s
+    iteration_ints: np.ndarray     # (num_iterations, 8), ITERATION_COLUMNS order without replica_id
+    itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
+    itl_counts: np.ndarray
+    num_unfinished: int
+
+
+class FastEngine:
+    """Runs a whole workload: open loop (`arrival_s` sorted) or closed loop (`closed = (concurrency,
+    think_time_s)`, requests taken in order). Lengths as integer arrays; `max_new_tokens` -1 = unset."""
+
+    def __init__(self, policy, cost_model, limits: EngineLimits, *, request_id, arrival_s, prompt_tokens,
+                 output_tokens, max_new_tokens, closed: tuple[int, float] | None = None):
+        if limits.preemption_mode != "recompute":
+            raise ValueError("the fast path models recompute preemption only")
+        self.rules = make_rules(policy, limits.num_gpu_blocks)
+        self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
+        self.cost, self.limits = cost_model, limits
+        self.vectorised = hasattr(cost_model, "decode_steps_time_s")
+        self.bs, self.total, self.max_model_len = limits.block_size, limits.num_gpu_blocks, limits.max_model_len
+        self.request_id = np.asarray(request_id)
+        n = len(self.request_id)
+        self.arrival = [float(x) for x in arrival_s]
+        self.prompt = [int(x) for x in prompt_tokens]
+        self.out = [int(x) for x in output_tokens]
+        mml = limits.max_model_len
+        # max_total_tokens(spec, max_model_len): what Orca-style and static schedulers reserve
+        self.maxtot = [mml if m < 0 else min(p + max(m, o), mml)
+                       for p, o, m in zip(self.prompt, self.out, (int(x) for x in max_new_tokens))]
+        self.comp, self.gen, self.blocks, self.npre = [0] * n, [0] * n, [0] * n, [0] * n
+        self.adm, self.first, self.fin = [None] * n, [None] * n, [None] * n
+        self.last = [0.0] * n
+        self.status, self.reason = [WAITING] * n, [None] * n
+        self.user = [0] * n
+        self.waiting: deque[int] = deque()
+        self.run: list[int] = []
+        self.drain: list[int] = []
+        self.pref: set[int] = set()     # running requests still prefilling (not decoding)
+        self.used = 0
+        self.static_prompt_len = 0
+        self.closed = closed
+        self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
+        self.rec_f, self.rec_i = array("d"), array("q")
+        self.itl_v, self.itl_c = array("d"), array("q")
+        self.num_logged = 0
+
+    # ---- requests arriving and leaving ----
+    def _reject_reason(self, r: int) -> str | None:
+        p, o = self.prompt[r], self.out[r]
+        if p + max(1, o) > self.max_model_len:
+            return "exceeds_max_model_len"
+        if o < 1 or p < 1:
+            return "empty_prompt_or_output"
+        if -(-self.rules.kv_tokens_needed(self, r) // self.bs) > self.total:
+            return "exceeds_kv_capacity"
+        return None
+
+    def _submit(self, r: int, now: float) -> None:
+        reason = self._reject_reason(r)
+        if reason:
+            self.status[r], self.reason[r], self.fin[r] = REJECTED, reason, now
+            self.num_logged += 1
+            if self.closed:
+                self._on_done(r, now)
+            return
+        self.waiting.append(r)
+        if self.eng_kind is None or self.eng_kind == "timed":  # wake the idle engine
+            self.eng_kind, self.eng_t, self.eng_e = "resume", now, self.seq
+            self.seq += 1
+
+    def _on_done(self, r: int, now: float) -> None:
+        user = self.user[r]
+        think = self.closed[1]
+        if think <= 0:
+            self._send(user, now)
+        elif self.deferring:  # the engine acts first at this instant (see _flush_timers)
+            self.deferred.append(user)
+        else:
+            heapq.heappush(self.timers, (now + think, self.seq, user))
+            self.seq += 1
+
+    def _send(self, user: int, now: float) -> None:
+        r = self.next_spec
+        if r < len(self.prompt):
+            self.next_spec += 1
+            self.arrival[r], self.user[r] = now, user
+            self._submit(r, now)
+
+    def _flush_timers(self, now: float) -> None:
+        for user in self.deferred:
+            heapq.heappush(self.timers, (now + self.closed[1], self.seq, user))
+            self.seq += 1
+        self.deferred.clear()
+
+    def _next_external(self) -> tuple[float, int]:
+        ext = (self.arr_t, self.arr_e)
+        if self.timers and self.timers[0][:2] < ext:
+            ext = self.timers[0][:2]
+        return ext
+
+    # ---- the event loop ----
+    def simulate(self) -> FastLog:
+        n = len(self.prompt)
+        self.timers: list = []
+        self.deferred: list[int] = []
+        self.eng_kind, self.eng_t, self.eng_e = "resume", 0.0, -2   # the engine process starts first
+        self.arr_k, self.arr_t, self.arr_e = 0, INF, 0
+        self.deferring = True
+        if self.closed:
+            self.next_spec = 0
+            for user in range(self.closed[0]):
+                self._send(user, 0.0)
+        else:
+            self.arr_t, self.arr_e = 0.0, -1   # the arrival process starts second
+        self.deferring = False
+        first_arrival = True
+        while True:
+            t, e, kind = self.eng_t, self.eng_e, self.eng_kind
+            if kind is None:
+                t = INF
+            if (self.arr_t, self.arr_e) < (t, e):
+                t, e, kind = self.arr_t, self.arr_e, "arrival"
+            if self.timers and self.timers[0][:2] < (t, e):
+                t, e, kind = *self.timers[0][:2], "timer"
+            if t == INF:
+                break
+            if kind == "arrival":
+                self._arrivals(t, first_arrival)
+                first_arrival = False
+            elif kind == "timer":
+                self._send(heapq.heappop(self.timers)[2], t)
+            elif kind == "timed":   # the batching timeout fired: SimPy resumes the engine one event later
+                self.eng_kind, self.eng_e = "resume", self.seq
+                self.seq += 1
+            else:
+                self.deferring = True
+                if kind == "complete":
+                    self._complete(t)
+                self._next(t)
+                self._flush_timers(t)
+                self.deferring = False
+        return self._log(n)
+
+    def _arrivals(self, now: float, first: bool) -> None:
+        """simcore.arrivals.open_loop: submit the due arrival(s), then sleep until the next one."""
+        k, a = self.arr_k, self.arrival
+        if not first:
+            self._submit(k, now)
+            k += 1
+        while k < len(a) and a[k] <= now:
+            self._submit(k, now)
+            k += 1
+        self.arr_k = k
+        if k < len(a):
+            self.arr_t, self.arr_e = now + (a[k] - now), self.seq
+            self.seq += 1
+        else:
+            self.arr_t = INF
+
+    # ---- one engine decision ----
+    def _next(self, now: float) -> None:
+        if not (self.waiting or self.run):
+            self.eng_kind = None
+            return
+        decision = self.rules.decide(self, now)
+        if decision is QUIET:
+            if not self.run:
+                raise SimulationError(f"{self.rules.__class__.__name__}: scheduled nothing at t={now:.6f}s with "
+                                      f"{len(self.waiting)} waiting, {self.total - self.used}/{self.total} blocks free")
+            self._stretch(now)
+            return
+        if isinstance(decision, float):   # a static batch waits to fill
+            if decision <= now:
+                raise SimulationError(f"static scheduled nothing at t={now:.6f}s")
+            self.eng_kind, self.eng_t, self.eng_e = "timed", now + (decision - now), self.seq
+            self.seq += 1
+            return
+        scheduled, preempted, padded = decision
+        if not scheduled:
+            raise SimulationError(f"{self.rules.__class__.__name__}: scheduled nothing at t={now:.6f}s with "
+                                  f"{len(self.waiting)} waiting, {len(self.run)} running, "
+                                  f"{self.total - self.used}/{self.total} blocks free")
+        self._preempt(preempted, now)
+        self._admit_and_allocate(scheduled, now)
+        duration_s = self._price(scheduled, padded)
+        self.inflight = (scheduled, len(preempted), padded, now, duration_s)
+        self.eng_kind, self.eng_t, self.eng_e = "complete", now + duration_s, self.seq
+        self.seq += 1
+
+    def _preempt(self, victims: list, now: float) -> None:
+        for v in victims:
+            self.run.remove(v)
+            self.npre[v] += 1
+            self.used -= self.blocks[v]
+            self.blocks[v] = self.comp[v] = 0
+            self.status[v] = WAITING
+            self.pref.discard(v)
+            self.waiting.appendleft(v)
+
+    def _admit_and_allocate(self, scheduled: list, now: float) -> None:
+        status, comp, blocks, bs = self.status, self.comp, self.blocks, self.bs
+        num_admitted = 0
+        for r, n, reserved in scheduled:
+            if status[r] != RUNNING:
+                num_admitted += 1
+                status[r] = RUNNING
+                if self.adm[r] is None:
+                    self.adm[r] = now
+                self.pref.add(r)
+            extra = -(-max(comp[r] + n, reserved) // bs) - blocks[r]
+            if extra > 0:
+                if extra > self.total - self.used:
+                    raise SimulationError(f"KV pool over capacity: request {r} needs {extra} blocks")
+                self.used += extra
+                blocks[r] += extra
+        for _ in range(num_admitted):   # these rules admit from the front of the queue, in order
+            r = self.waiting.popleft()
+            if status[r] != RUNNING:
+                raise SimulationError("fast path: admitted requests must be the head of the queue")
+            self.run.append(r)
+
+    def _price(self, scheduled: list, padded) -> float:
+        if padded is not None:
+            rows, new, cached = padded
+            if new > 1 or cached == 0:
+                return self.cost.step_time_s(prefill=[(new, cached)] * rows, decode=[], num_logits=rows)
+            return self.cost.step_time_s(prefill=[], decode=[cached + 1] * rows, num_logits=rows)
+        prefill, decode, num_logits = [], [], 0
+        comp, prompt, gen = self.comp, self.prompt, self.gen
+        for r, n, _ in scheduled:
+            c = comp[r]
+            if n > 1 or c == 0:
+                prefill.append((n, c))
+            else:
+                decode.append(c + 1)
+            if c + n >= prompt[r] + gen[r]:
+                num_logits += 1
+        return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
+
+    # ---- completing a step ----
+    def _complete(self, now: float) -> None:
+        scheduled, num_preempted, padded, start_s, duration_s = self.inflight
+        comp, gen, prompt, out, first, last = self.comp, self.gen, self.prompt, self.out, self.first, self.last
+        num_prefill = num_decode = 0
+        done, gaps = [], {}
+        for r, n, _ in scheduled:
+            c, g, total = comp[r], gen[r], prompt[r] + gen[r]
+            if total - c == 1 and g > 0:
+                num_decode += 1
+            else:
+                num_prefill += n
+            c += n
+            comp[r] = c
+            if c == total:   # caught up: sample one token
+                gen[r] = g + 1
+                if first[r] is None:
+                    first[r] = now
+                else:
+                    lt = last[r]
+                    gaps[lt] = gaps.get(lt, 0) + 1
+                last[r] = now
+                self.pref.discard(r)
+                if g + 1 == out[r]:
+                    done.append(r)
+        for lt, count in gaps.items():
+            self.itl_v.append(now - lt)
+            self.itl_c.append(count)
+        if done:
+            self._finish(done, now)
+        num_padding = padded[0] * padded[1] - (num_prefill + num_decode) if padded else 0
+        self.rec_f.extend((start_s, duration_s))
+        self.rec_i.extend((num_prefill, num_decode, num_padding, len(scheduled), num_preempted,
+                           len(self.waiting), len(self.run) + len(self.drain), self.used))
+        if self.closed:
+            for r in done:
+                self._on_done(r, now)
+
+    def _finish(self, done: list, now: float) -> None:
+        gone = set(done)
+        self.run = [r for r in self.run if r not in gone]
+        for r in done:
+            self.fin[r] = now
+            self.num_logged += 1
+            if self.holds_slots:
+                self.status[r] = DRAINING
+                self.drain.append(r)
+            else:
+                self.status[r] = FINISHED
+                self.used -= self.blocks[r]
+                self.blocks[r] = 0
+        if self.drain and not self.run:
+            for r in self.drain:
+                self.used -= self.blocks[r]
+                self.blocks[r] = 0
+                self.status[r] = FINISHED
+            self.drain.clear()
+
+    # ---- quiet stretches ----
+    def _stretch(self, now: float) -> None:
+        """Every running request decodes one token per step until the first finish, the first step whose
+        KV growth exceeds the free blocks (a preemption: left to the rules), or the first external event
+        (arrival, think timer) before a step ends. Steps before the last are applied here at once; the
+        last is left in flight, to be completed like any other step."""
+        run, comp, gen, out, bs = self.run, self.comp, self.gen, self.out, self.bs
+        num_dec = len(run)
+        if self.rules.static:
+            rows = num_dec + len(self.drain)
+            ctx = self.static_prompt_len + gen[run[0]]   # every row's context in the first step
+            ctx0, contexts0 = rows * ctx, None
+        else:
+            rows = num_dec
+            ctx0, contexts0 = sum(comp[r] for r in run) + num_dec, None
+        max_steps = min(out[r] - gen[r] for r in run)    # the first finish ends the stretch
+        free0, used0 = self.total - self.used, self.used
+        growth_by_phase = None
+        if self.rules.grows:   # request r needs a block in step j iff (comp[r] + j) % block_size == 0
+            growth_by_phase = np.zeros(bs, dtype=np.int64)
+            np.add.at(growth_by_phase, np.fromiter((comp[r] % bs for r in run), np.int64, num_dec), 1)
+        e0 = self.seq
+        self.seq += 1
+        self._flush_timers(now)   # think timers created at this instant come after the first step
+        t_ext, e_ext = self._next_external()
+        durations, ends, growths = [], [now], []
+        done_steps, grown, chunk = 0, 0, 16
+        while True:
+            k = min(chunk, max_steps - done_steps)
+            js = np.arange(done_steps, done_steps + k)
+            stop = done_steps + k == max_steps
+            if growth_by_phase is not None:
+                g = growth_by_phase[(-js) % bs]
+                over = np.flatnonzero(grown + np.cumsum(g) > free0)
+                if over.size:
+                    k, stop = int(over[0]), True
+                    js, g = js[:k], g[:k]
+                growths.append(g)
+                grown += int(g.sum())
+            if k == 0:
+                break
+            if self.vectorised:
+                d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
+            else:
+                if contexts0 is None:
+                    contexts0 = (np.full(rows, ctx, dtype=np.int64) if self.rules.static
+                                 else np.fromiter((comp[r] + 1 for r in run), np.int64, num_dec))
+                d = np.array([self.cost.step_time_s(prefill=[], decode=(contexts0 + j).tolist(), num_logits=rows)
+                              for j in js.tolist()], dtype=float)
+            e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
+            cut = int(np.searchsorted(e[1:], t_ext, side="left"))
+            if cut == 0 and done_steps == 0 and e[1] == t_ext and e_ext > e0:
+                cut = 1   # created after the first step's timeout: it is processed after that step ends
+            if cut < k:
+                k, stop = cut + 1, True
+                if growths:
+                    growths[-1] = growths[-1][:k]
+            durations.append(d[:k])
+            ends.extend(e[1:k + 1].tolist())
+            done_steps += k
+            if stop:
+                break
+            chunk = min(4 * chunk, 4096)
+        m = done_steps
+        d_all = np.concatenate(durations)
+        used_after = used0 + (np.cumsum(np.concatenate(growths)) if growths else np.zeros(m, dtype=np.int64))
+        if m > 1:
+            self._log_quiet_steps(now, ends, d_all, used_after, num_dec, rows, m - 1)
+        # materialise the state at the start of the last step, after its allocation
+        if m > 1:
+            t_prev = ends[m - 1]
+            for r in run:
+                comp[r] += m - 1
+                gen[r] += m - 1
+                self.last[r] = t_prev
+        if growth_by_phase is not None:
+            blocks = self.blocks
+            for r in run:
+                need = -(-(comp[r] + 1) // bs)
+                if need > blocks[r]:
+                    blocks[r] = need
+        self.used = int(used_after[m - 1])
+        padded = None
+        if self.rules.static:
+            padded = (rows, 1, self.static_prompt_len + gen[run[0]] - 1)
+        self.inflight = ([(r, 1, 0) for r in run], 0, padded, ends[m - 1], float(d_all[m - 1]))
+        self.eng_kind, self.eng_t = "complete", ends[m]
+        self.eng_e = e0 if m == 1 else self.seq + m - 2
+        self.seq += m - 1
+
+    def _log_quiet_steps(self, now: float, ends: list, d_all, used_after, num_dec: int, rows: int, k: int) -> None:
+        """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
+        gaps: dict = {}
+        last = self.last
+        for r in self.run:   # step 0: gaps from each request's own previous token
+            lt = last[r]
+            gaps[lt] = gaps.get(lt, 0) + 1
+        t1 = ends[1]
+        for lt, count in gaps.items():
+            self.itl_v.append(t1 - lt)
+            self.itl_c.append(count)
+        if k > 1:   # later steps: every request's previous token came at the previous step's end
+            e = np.asarray(ends[1:k + 1])
+            self.itl_v.frombytes((e[1:] - e[:-1]).tobytes())
+            self.itl_c.frombytes(np.full(k - 1, num_dec, dtype=np.int64).tobytes())
+        floats = np.empty((k, 2))
+        floats[:, 0] = ends[:k]
+        floats[:, 1] = d_all[:k]
+        self.rec_f.frombytes(floats.tobytes())
+        ints = np.empty((k, NUM_INT_COLUMNS), dtype=np.int64)
+        ints[:, :] = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain), 0)
+        ints[:, 7] = used_after[:k]
+        self.rec_i.frombytes(ints.tobytes())
+
+    # ---- results ----
+    def _log(self, n: int) -> FastLog:
+        return FastLog(
+            self.request_id, np.asarray(self.arrival, dtype=float), np.asarray(self.prompt, dtype=np.int64),
+            np.asarray(self.out, dtype=np.int64), self.adm, self.first, self.fin, self.npre,
+            ["finished" if s in (FINISHED, DRAINING) else ("rejected" if s == REJECTED else "unfinished")
+             for s in self.status], self.reason,
+            np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
+            np.frombuffer(self.rec_i, dtype=np.int64).reshape(-1, NUM_INT_COLUMNS),
+            np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
+            n - self.num_logged)
