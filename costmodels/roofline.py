@@ -50,6 +50,7 @@ class RooflineCostModel:
         self.layer_gemms = [(self.q_dim + self.kv_dim, m.hidden_size), (m.hidden_size, self.q_dim),
                             (mlp_in, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)]
         self.peak_flops = gpu.bf16_flops_per_s * (2 if dtype == "fp8" else 1)
+        self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
 
     def describe(self) -> dict:
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
@@ -63,17 +64,14 @@ class RooflineCostModel:
         return max(flops / (self.peak_flops * e.gemm_compute),
                    bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.kernel_launch_s
 
-    def _attention_s(self, new: np.ndarray, cached: np.ndarray, decode_ctx: np.ndarray) -> float:
+    def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]]) -> float:
+        """Varlen flash attention, causal over the new tokens, full over the cached ones. The sums are of
+        integers and half-integers, exact in float64 in any order."""
         e, hd, dt = self.eff, self.model.head_dim, self.dt
-        t = 0.0
-        if new.size:  # varlen flash attention, causal over the new tokens, full over the cached ones
-            flops = 4.0 * hd * self.heads * float(np.sum(new * (cached + (new + 1) / 2.0)))
-            bytes_ = dt * float(np.sum(2 * new * self.q_dim + (cached + new) * self.kv_dim))
-            t += max(flops / (self.peak_flops * e.attention_compute),
-                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
-        if decode_ctx.size:
-            t += float(self._decode_attention_s(float(decode_ctx.sum()), decode_ctx.size))
-        return t
+        flops = 4.0 * hd * self.heads * float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
+        bytes_ = dt * float(sum(2 * n * self.q_dim + (c + n) * self.kv_dim for n, c in prefill))
+        return max(flops / (self.peak_flops * e.attention_compute),
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _decode_attention_s(self, context_sum, num_seqs: int):
         """Paged decode attention: stream every sequence's K and V once. `context_sum` (the sum of the
@@ -81,8 +79,9 @@ class RooflineCostModel:
         e, hd, dt = self.eff, self.model.head_dim, self.dt
         flops = 4.0 * hd * self.heads * context_sum
         bytes_ = dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
-        return np.maximum(flops / (self.peak_flops * e.attention_compute),
-                          bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        maximum = max if isinstance(context_sum, float) else np.maximum
+        return maximum(flops / (self.peak_flops * e.attention_compute),
+                       bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _elementwise_s(self, num_tokens: int) -> float:
         """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
@@ -100,15 +99,24 @@ class RooflineCostModel:
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
-        pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
-        dc = np.asarray(decode, dtype=float)
-        num_seqs = len(pf) + len(dc)
-        num_tokens = int(pf[:, 0].sum()) + len(dc)
+        return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits)
+
+    def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum: int,
+                         num_logits: int | None = None) -> float:
+        """`step_time_s` when only the count and the sum of the decode contexts are at hand: the roofline
+        depends on nothing else about them (equal results, bitwise)."""
+        num_seqs = len(prefill) + num_decode
+        num_tokens = sum(n for n, _ in prefill) + num_decode
         if num_tokens == 0:
             return 0.0
         if num_logits is None:
             num_logits = num_seqs
-        return self._step_s(num_tokens, num_seqs, num_logits, self._attention_s(pf[:, 0], pf[:, 1], dc))
+        attention = 0.0
+        if prefill:
+            attention += self._prefill_attention_s(prefill)
+        if num_decode:
+            attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
+        return self._step_s(num_tokens, num_seqs, num_logits, attention)
 
     def decode_steps_time_s(self, num_seqs: int, context_sums: np.ndarray, num_logits: int | None = None):
         """Many decode-only steps at once: step i runs `num_seqs` sequences whose contexts (each including
@@ -120,17 +128,30 @@ class RooflineCostModel:
 
     def _step_s(self, num_tokens: int, num_seqs: int, num_logits: int, attention):
         """Everything but attention depends on token and sequence counts only; `attention` may be an array."""
-        layer = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
-        layer = layer + (attention + self._elementwise_s(num_tokens))
-        layer = layer + self._allreduce_s(num_tokens)
+        by_tokens = self._by_tokens.get(num_tokens)
+        if by_tokens is None:   # memoised: a pure function of the token count
+            by_tokens = self._by_tokens[num_tokens] = self._token_terms_s(num_tokens)
+        gemms, elementwise, allreduce, embed = by_tokens
+        layer = gemms + (attention + elementwise)
+        layer = layer + allreduce
+        head = self._head_s(num_logits)
+        e = self.eff
+        return (self.model.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+
+    def _token_terms_s(self, num_tokens: int) -> tuple[float, float, float, float]:
         m, e = self.model, self.eff
-        head = 0.0
-        if num_logits:  # final norm, LM head over the vocabulary shard, logits to fp32, sampling
-            head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
-            head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-            head += 3 * e.kernel_launch_s
+        gemms = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
         embed = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-        return (m.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+        return gemms, self._elementwise_s(num_tokens), self._allreduce_s(num_tokens), embed
+
+    def _head_s(self, num_logits: int) -> float:
+        """Final norm, LM head over the vocabulary shard, logits to fp32, sampling."""
+        if not num_logits:
+            return 0.0
+        m, e = self.model, self.eff
+        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
+        head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+        return head + 3 * e.kernel_launch_s
 
 
 def weight_bytes(model: ModelShape, tp: int = 1, dtype: str = "bf16") -> float:

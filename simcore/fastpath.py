@@ -47,42 +47,121 @@ class FastLog:
 
 class FastEngine:
     """Runs a whole workload: open loop (`arrival_s` sorted) or closed loop (`closed = (concurrency,
-    think_time_s)`, requests taken in order). Lengths as integer arrays; `max_new_tokens` -1 = unset."""
+    think_time_s)`, requests taken in order). Lengths as integer arrays; `max_new_tokens` -1 = unset.
+
+    Running requests that decode ("lazy decoders") are not updated one by one: they all take one token in
+    every decode step, so their progress is `base + D` with D the number of such steps; they are kept by
+    finish step (a heap), by block phase (for KV growth), by the time of their last token (for ITL), and
+    by their context sum (for pricing). A decision that needs them one by one (a preemption, a token
+    budget smaller than the batch, a prompt still being chunked) first makes them explicit again.
+    """
 
     def __init__(self, policy, cost_model, limits: EngineLimits, *, request_id, arrival_s, prompt_tokens,
                  output_tokens, max_new_tokens, closed: tuple[int, float] | None = None):
         if limits.preemption_mode != "recompute":
             raise ValueError("the fast path models recompute preemption only")
         self.rules = make_rules(policy, limits.num_gpu_blocks)
+        self.grows, self.is_static = self.rules.grows, self.rules.static
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.cost, self.limits = cost_model, limits
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
+        self.by_sums = hasattr(cost_model, "step_time_sums_s")
         self.bs, self.total, self.max_model_len = limits.block_size, limits.num_gpu_blocks, limits.max_model_len
         self.request_id = np.asarray(request_id)
         n = len(self.request_id)
-        self.arrival = [float(x) for x in arrival_s]
-        self.prompt = [int(x) for x in prompt_tokens]
-        self.out = [int(x) for x in output_tokens]
+        self.arrival = np.asarray(arrival_s, dtype=float).tolist()
+        self.prompt = np.asarray(prompt_tokens, dtype=np.int64).tolist()
+        self.out = np.asarray(output_tokens, dtype=np.int64).tolist()
         mml = limits.max_model_len
         # max_total_tokens(spec, max_model_len): what Orca-style and static schedulers reserve
         self.maxtot = [mml if m < 0 else min(p + max(m, o), mml)
-                       for p, o, m in zip(self.prompt, self.out, (int(x) for x in max_new_tokens))]
+                       for p, o, m in zip(self.prompt, self.out, np.asarray(max_new_tokens, dtype=np.int64).tolist())]
         self.comp, self.gen, self.blocks, self.npre = [0] * n, [0] * n, [0] * n, [0] * n
         self.adm, self.first, self.fin = [None] * n, [None] * n, [None] * n
         self.last = [0.0] * n
         self.status, self.reason = [WAITING] * n, [None] * n
         self.user = [0] * n
+        self.order = [0] * n            # admission order: the running list's order
+        self.num_admissions = 0
         self.waiting: deque[int] = deque()
         self.run: list[int] = []
         self.drain: list[int] = []
-        self.pref: set[int] = set()     # running requests still prefilling (not decoding)
+        self.pref: set[int] = set()     # running requests still prefilling (never lazy)
         self.used = 0
         self.static_prompt_len = 0
+        # lazy decoders
+        self.D, self.t_last_d = 0, 0.0
+        self.lazy = [False] * n
+        self.base_comp, self.base_gen, self.join_d = [0] * n, [0] * n, [0] * n
+        self.heap: list = []            # (D at which it finishes, admission order, r)
+        self.phase = [0] * self.bs      # lazy decoders by base_comp % block_size
+        self.base_sum = 0
+        self.num_lazy = 0
+        self.groups: dict = {}          # lazy decoders by the time of their last token
+        self.explicit_mode = False      # lazy decoders were made explicit for this step
         self.closed = closed
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
         self.rec_f, self.rec_i = array("d"), array("q")
         self.itl_v, self.itl_c = array("d"), array("q")
         self.num_logged = 0
+
+    # ---- lazy decoders ----
+    def decode_growth(self) -> int:
+        """Blocks the lazy decoders need for their next token (tight paged KV: one each per block_size)."""
+        return self.phase[(-self.D) % self.bs] if self.grows else 0
+
+    def _lazify(self, r: int) -> None:
+        D = self.D
+        bc, bg = self.comp[r] - D, self.gen[r] - D
+        self.base_comp[r], self.base_gen[r], self.join_d[r] = bc, bg, D
+        self.lazy[r] = True
+        self.num_lazy += 1
+        self.base_sum += bc
+        self.phase[bc % self.bs] += 1
+        heapq.heappush(self.heap, (self.out[r] - bg, self.order[r], r))
+        lt = self.last[r]
+        self.groups[lt] = self.groups.get(lt, 0) + 1
+
+    def _explicit(self, r: int) -> None:
+        """Write a lazy decoder's progress back into the per-request lists."""
+        D = self.D
+        c = self.base_comp[r] + D
+        self.comp[r], self.gen[r] = c, self.base_gen[r] + D
+        b = -(-c // self.bs)
+        if b > self.blocks[r]:
+            self.blocks[r] = b
+        if self.join_d[r] < D:
+            self.last[r] = self.t_last_d
+        self.lazy[r] = False
+
+    def materialize(self) -> None:
+        """Make every running request explicit (the rules' general path needs them one by one)."""
+        for r in self.run:
+            if self.lazy[r]:
+                self._explicit(r)
+        self.heap, self.phase, self.groups = [], [0] * self.bs, {}
+        self.base_sum = self.num_lazy = 0
+        self.explicit_mode = True
+
+    def _lazy_step_done(self, now: float) -> list:
+        """Every lazy decoder took a token at `now`: log the gaps, return those that finished."""
+        self.D += 1
+        D = self.D
+        for lt, count in self.groups.items():
+            self.itl_v.append(now - lt)
+            self.itl_c.append(count)
+        self.t_last_d = now
+        done, heap = [], self.heap
+        while heap and heap[0][0] <= D:
+            r = heapq.heappop(heap)[2]
+            self._explicit(r)
+            bc = self.base_comp[r]
+            self.num_lazy -= 1
+            self.base_sum -= bc
+            self.phase[bc % self.bs] -= 1
+            done.append(r)
+        self.groups = {now: self.num_lazy} if self.num_lazy else {}
+        return done
 
     # ---- requests arriving and leaving ----
     def _reject_reason(self, r: int) -> str | None:
@@ -205,7 +284,7 @@ class FastEngine:
         decision = self.rules.decide(self, now)
         if decision is QUIET:
             if not self.run:
-                raise SimulationError(f"{self.rules.__class__.__name__}: scheduled nothing at t={now:.6f}s with "
+                raise SimulationError(f"{self.rules.name}: scheduled nothing at t={now:.6f}s with "
                                       f"{len(self.waiting)} waiting, {self.total - self.used}/{self.total} blocks free")
             self._stretch(now)
             return
@@ -215,20 +294,26 @@ class FastEngine:
             self.eng_kind, self.eng_t, self.eng_e = "timed", now + (decision - now), self.seq
             self.seq += 1
             return
-        scheduled, preempted, padded = decision
-        if not scheduled:
-            raise SimulationError(f"{self.rules.__class__.__name__}: scheduled nothing at t={now:.6f}s with "
+        explicit, preempted, padded, all_decode = decision
+        num_lazy = self.num_lazy if all_decode else 0
+        if not (explicit or num_lazy):
+            raise SimulationError(f"{self.rules.name}: scheduled nothing at t={now:.6f}s with "
                                   f"{len(self.waiting)} waiting, {len(self.run)} running, "
                                   f"{self.total - self.used}/{self.total} blocks free")
-        self._preempt(preempted, now)
-        self._admit_and_allocate(scheduled, now)
-        duration_s = self._price(scheduled, padded)
-        self.inflight = (scheduled, len(preempted), padded, now, duration_s)
+        self._preempt(preempted)
+        if num_lazy:
+            growth = self.decode_growth()
+            if growth > self.total - self.used:
+                raise SimulationError(f"KV pool over capacity: decodes need {growth} blocks")
+            self.used += growth
+        self._admit_and_allocate(explicit, now)
+        duration_s = self._price(explicit, num_lazy, padded)
+        self.inflight = (explicit, num_lazy, len(preempted), padded, now, duration_s)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + duration_s, self.seq
         self.seq += 1
 
-    def _preempt(self, victims: list, now: float) -> None:
-        for v in victims:
+    def _preempt(self, victims: list) -> None:
+        for v in victims:   # only after materialize(): victims are explicit
             self.run.remove(v)
             self.npre[v] += 1
             self.used -= self.blocks[v]
@@ -257,15 +342,17 @@ class FastEngine:
             r = self.waiting.popleft()
             if status[r] != RUNNING:
                 raise SimulationError("fast path: admitted requests must be the head of the queue")
+            self.order[r] = self.num_admissions
+            self.num_admissions += 1
             self.run.append(r)
 
-    def _price(self, scheduled: list, padded) -> float:
+    def _price(self, scheduled: list, num_lazy: int, padded) -> float:
         if padded is not None:
             rows, new, cached = padded
             if new > 1 or cached == 0:
                 return self.cost.step_time_s(prefill=[(new, cached)] * rows, decode=[], num_logits=rows)
             return self.cost.step_time_s(prefill=[], decode=[cached + 1] * rows, num_logits=rows)
-        prefill, decode, num_logits = [], [], 0
+        prefill, decode, num_logits = [], [], num_lazy
         comp, prompt, gen = self.comp, self.prompt, self.gen
         for r, n, _ in scheduled:
             c = comp[r]
@@ -275,14 +362,22 @@ class FastEngine:
                 decode.append(c + 1)
             if c + n >= prompt[r] + gen[r]:
                 num_logits += 1
-        return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
+        if not num_lazy:
+            return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
+        D = self.D
+        if self.by_sums:   # lazy decoders come first in the batch; the roofline needs only their sum
+            lazy_sum = self.base_sum + num_lazy * (D + 1)
+            return self.cost.step_time_sums_s(prefill, num_lazy + len(decode), lazy_sum + sum(decode), num_logits)
+        lazy_ctx = [self.base_comp[r] + D + 1 for r in self.run if self.lazy[r]]
+        return self.cost.step_time_s(prefill=prefill, decode=lazy_ctx + decode, num_logits=num_logits)
 
     # ---- completing a step ----
     def _complete(self, now: float) -> None:
-        scheduled, num_preempted, padded, start_s, duration_s = self.inflight
+        scheduled, num_lazy, num_preempted, padded, start_s, duration_s = self.inflight
         comp, gen, prompt, out, first, last = self.comp, self.gen, self.prompt, self.out, self.first, self.last
-        num_prefill = num_decode = 0
-        done, gaps = [], {}
+        done = self._lazy_step_done(now) if num_lazy else []
+        num_prefill, num_decode = 0, num_lazy
+        gaps, new_decoders = {}, []
         for r, n, _ in scheduled:
             c, g, total = comp[r], gen[r], prompt[r] + gen[r]
             if total - c == 1 and g > 0:
@@ -302,14 +397,26 @@ class FastEngine:
                 self.pref.discard(r)
                 if g + 1 == out[r]:
                     done.append(r)
+                else:
+                    new_decoders.append(r)
         for lt, count in gaps.items():
             self.itl_v.append(now - lt)
             self.itl_c.append(count)
         if done:
+            if num_lazy and scheduled:
+                done.sort(key=self.order.__getitem__)   # finish order = batch order
             self._finish(done, now)
+        if self.explicit_mode:
+            self.explicit_mode = False
+            for r in self.run:
+                if r not in self.pref:
+                    self._lazify(r)
+        else:
+            for r in new_decoders:
+                self._lazify(r)
         num_padding = padded[0] * padded[1] - (num_prefill + num_decode) if padded else 0
         self.rec_f.extend((start_s, duration_s))
-        self.rec_i.extend((num_prefill, num_decode, num_padding, len(scheduled), num_preempted,
+        self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(scheduled), num_preempted,
                            len(self.waiting), len(self.run) + len(self.drain), self.used))
         if self.closed:
             for r in done:
@@ -337,37 +444,35 @@ class FastEngine:
 
     # ---- quiet stretches ----
     def _stretch(self, now: float) -> None:
-        """Every running request decodes one token per step until the first finish, the first step whose
-        KV growth exceeds the free blocks (a preemption: left to the rules), or the first external event
-        (arrival, think timer) before a step ends. Steps before the last are applied here at once; the
-        last is left in flight, to be completed like any other step."""
-        run, comp, gen, out, bs = self.run, self.comp, self.gen, self.out, self.bs
-        num_dec = len(run)
-        if self.rules.static:
+        """Every running request (all lazy decoders) decodes one token per step until the first finish, the
+        first step whose KV growth exceeds the free blocks (a preemption: left to the rules), or the first
+        external event (arrival, think timer) before a step ends. All steps but the last are applied here
+        at once; the last is left in flight and completed like any other step."""
+        num_dec, D, bs = self.num_lazy, self.D, self.bs
+        if num_dec != len(self.run) or self.pref:
+            raise SimulationError("fast path: a quiet stretch needs every running request decoding")
+        if self.is_static:
             rows = num_dec + len(self.drain)
-            ctx = self.static_prompt_len + gen[run[0]]   # every row's context in the first step
-            ctx0, contexts0 = rows * ctx, None
+            ctx = self.static_prompt_len + self.base_gen[self.run[0]] + D   # every row's context, first step
+            ctx0 = rows * ctx
         else:
-            rows = num_dec
-            ctx0, contexts0 = sum(comp[r] for r in run) + num_dec, None
-        max_steps = min(out[r] - gen[r] for r in run)    # the first finish ends the stretch
+            rows, ctx = num_dec, 0
+            ctx0 = self.base_sum + num_dec * (D + 1)
+        max_steps = self.heap[0][0] - D    # the first finish ends the stretch
         free0, used0 = self.total - self.used, self.used
-        growth_by_phase = None
-        if self.rules.grows:   # request r needs a block in step j iff (comp[r] + j) % block_size == 0
-            growth_by_phase = np.zeros(bs, dtype=np.int64)
-            np.add.at(growth_by_phase, np.fromiter((comp[r] % bs for r in run), np.int64, num_dec), 1)
+        growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
         e0 = self.seq
         self.seq += 1
         self._flush_timers(now)   # think timers created at this instant come after the first step
         t_ext, e_ext = self._next_external()
         durations, ends, growths = [], [now], []
-        done_steps, grown, chunk = 0, 0, 16
+        done_steps, grown, chunk, contexts0 = 0, 0, 8, None
         while True:
             k = min(chunk, max_steps - done_steps)
             js = np.arange(done_steps, done_steps + k)
             stop = done_steps + k == max_steps
             if growth_by_phase is not None:
-                g = growth_by_phase[(-js) % bs]
+                g = growth_by_phase[(-(D + js)) % bs]
                 over = np.flatnonzero(grown + np.cumsum(g) > free0)
                 if over.size:
                     k, stop = int(over[0]), True
@@ -380,8 +485,8 @@ class FastEngine:
                 d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
             else:
                 if contexts0 is None:
-                    contexts0 = (np.full(rows, ctx, dtype=np.int64) if self.rules.static
-                                 else np.fromiter((comp[r] + 1 for r in run), np.int64, num_dec))
+                    contexts0 = (np.full(rows, ctx, dtype=np.int64) if self.is_static else
+                                 np.array([self.base_comp[r] + D + 1 for r in self.run], dtype=np.int64))
                 d = np.array([self.cost.step_time_s(prefill=[], decode=(contexts0 + j).tolist(), num_logits=rows)
                               for j in js.tolist()], dtype=float)
             e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
@@ -399,41 +504,27 @@ class FastEngine:
                 break
             chunk = min(4 * chunk, 4096)
         m = done_steps
-        d_all = np.concatenate(durations)
-        used_after = used0 + (np.cumsum(np.concatenate(growths)) if growths else np.zeros(m, dtype=np.int64))
-        if m > 1:
-            self._log_quiet_steps(now, ends, d_all, used_after, num_dec, rows, m - 1)
-        # materialise the state at the start of the last step, after its allocation
-        if m > 1:
-            t_prev = ends[m - 1]
-            for r in run:
-                comp[r] += m - 1
-                gen[r] += m - 1
-                self.last[r] = t_prev
-        if growth_by_phase is not None:
-            blocks = self.blocks
-            for r in run:
-                need = -(-(comp[r] + 1) // bs)
-                if need > blocks[r]:
-                    blocks[r] = need
-        self.used = int(used_after[m - 1])
-        padded = None
-        if self.rules.static:
-            padded = (rows, 1, self.static_prompt_len + gen[run[0]] - 1)
-        self.inflight = ([(r, 1, 0) for r in run], 0, padded, ends[m - 1], float(d_all[m - 1]))
+        d_all = durations[0] if len(durations) == 1 else np.concatenate(durations)
+        if growths:
+            used_after = used0 + np.cumsum(growths[0] if len(growths) == 1 else np.concatenate(growths))
+        else:
+            used_after = np.full(m, used0, dtype=np.int64)
+        if m > 1:   # steps 0 .. m-2 happen here
+            self._log_quiet_steps(ends, d_all, used_after, num_dec, rows, m - 1)
+            self.D += m - 1
+            self.t_last_d = ends[m - 1]
+            self.groups = {ends[m - 1]: num_dec}
+        self.used = int(used_after[m - 1])   # the last step's blocks are allocated at its start
+        padded = (rows, 1, ctx + m - 2) if self.is_static else None
+        self.inflight = ([], num_dec, 0, padded, ends[m - 1], float(d_all[m - 1]))
         self.eng_kind, self.eng_t = "complete", ends[m]
         self.eng_e = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
 
-    def _log_quiet_steps(self, now: float, ends: list, d_all, used_after, num_dec: int, rows: int, k: int) -> None:
+    def _log_quiet_steps(self, ends: list, d_all, used_after, num_dec: int, rows: int, k: int) -> None:
         """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
-        gaps: dict = {}
-        last = self.last
-        for r in self.run:   # step 0: gaps from each request's own previous token
-            lt = last[r]
-            gaps[lt] = gaps.get(lt, 0) + 1
         t1 = ends[1]
-        for lt, count in gaps.items():
+        for lt, count in self.groups.items():   # step 0: gaps from each request's own previous token
             self.itl_v.append(t1 - lt)
             self.itl_c.append(count)
         if k > 1:   # later steps: every request's previous token came at the previous step's end

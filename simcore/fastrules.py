@@ -44,14 +44,8 @@ def make_rules(policy, num_total_blocks: int):
             "chunked_prefill": ChunkedPrefillRules}[policy.name](policy, num_total_blocks)
 
 
-def decode_growth(e) -> int:
-    """Blocks the running requests need to compute one more token each (their decode step)."""
-    comp, blocks, bs = e.comp, e.blocks, e.bs
-    return sum(1 for r in e.run if -(-(comp[r] + 1) // bs) > blocks[r])
-
-
 class ChunkedPrefillRules:
-    static = False
+    name, static = "chunked_prefill", False
 
     def __init__(self, p, num_total_blocks: int):
         self.max_num_seqs, self.budget, self.threshold = p.max_num_seqs, p.max_num_batched_tokens, p.long_prefill_token_threshold
@@ -68,12 +62,12 @@ class ChunkedPrefillRules:
     def decide(self, e, now: float):
         run, free = e.run, e.total - e.used
         if not e.pref and len(run) <= self.budget:
-            growth = decode_growth(e)
+            growth = e.decode_growth()
             if growth <= free:
                 admitted = self._phase_b(e, self.budget - len(run), free - growth, len(run))
                 if not admitted:
                     return QUIET
-                return [(r, 1, 0) for r in run] + admitted, [], None
+                return admitted, [], None, True   # every running request decodes, plus admissions
         return self._general(e)
 
     def _phase_b(self, e, budget: int, free: int, num_seqs: int) -> list:
@@ -93,6 +87,7 @@ class ChunkedPrefillRules:
 
     def _general(self, e):
         """ChunkedPrefill.schedule, verbatim over the engine's lists."""
+        e.materialize()
         budget, free = self.budget, e.total - e.used
         prompt, gen, comp, blocks, bs = e.prompt, e.gen, e.comp, e.blocks, e.bs
         running = list(e.run)
@@ -116,11 +111,11 @@ class ChunkedPrefillRules:
             i += 1
         if not preempted:
             scheduled += self._phase_b(e, budget, free, len(running))
-        return scheduled, preempted, None
+        return scheduled, preempted, None, False
 
 
 class ContinuousRules:
-    static = False
+    name, static = "continuous", False
 
     def __init__(self, p, num_total_blocks: int):
         self.max_num_seqs, self.budget, self.mixed = p.max_num_seqs, p.max_num_batched_tokens, p.mix_prefill_decode
@@ -136,18 +131,18 @@ class ContinuousRules:
         if not self.mixed:
             prefills = self._prefill_pass(e, len(run), free, self.budget)
             if prefills:
-                return prefills, [], None
+                return prefills, [], None, False   # a prefill-only step: decodes wait
             if len(run) <= self.budget:
-                if decode_growth(e) <= free:
+                if e.decode_growth() <= free:
                     return QUIET
             return self._decode_general(e)
         if len(run) <= self.budget:
-            growth = decode_growth(e)
+            growth = e.decode_growth()
             if growth <= free:
                 prefills = self._prefill_pass(e, len(run), free - growth, self.budget - len(run))
                 if not prefills:
                     return QUIET
-                return [(r, 1, 0) for r in run] + prefills, [], None
+                return prefills, [], None, True
         return self._decode_general(e)
 
     def _prefill_pass(self, e, num_seqs: int, free: int, budget: int) -> list:
@@ -169,6 +164,7 @@ class ContinuousRules:
 
     def _decode_general(self, e):
         """Continuous._decode_pass (and, when mixed, the prefill pass after it), verbatim."""
+        e.materialize()
         free, budget = e.total - e.used, self.budget
         comp, blocks, bs = e.comp, e.blocks, e.bs
         running = list(e.run)
@@ -191,11 +187,11 @@ class ContinuousRules:
             i += 1
         if self.mixed and not preempted:
             decodes += self._prefill_pass(e, len(running), free, budget)
-        return decodes, preempted, None
+        return decodes, preempted, None, False
 
 
 class StaticRules:
-    static = True
+    name, static = "static", True
     grows = False
 
     def __init__(self, p, num_total_blocks: int):
@@ -224,4 +220,4 @@ class StaticRules:
             prompt_len, max_new = p, m
         e.static_prompt_len = prompt_len
         total_len = prompt_len + max_new
-        return [(r, prompt[r], total_len) for r in members], [], (len(members), prompt_len, 0)
+        return [(r, prompt[r], total_len) for r in members], [], (len(members), prompt_len, 0), False
