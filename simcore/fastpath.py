@@ -23,6 +23,7 @@ from simcore.fastrules import QUIET, make_rules
 WAITING, RUNNING, DRAINING, FINISHED, REJECTED = range(5)
 INF = float("inf")
 NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
+SCALAR_STEPS = 8     # a stretch prices this many steps one by one before switching to vectorised chunks
 
 
 @dataclass
@@ -447,7 +448,8 @@ class FastEngine:
         """Every running request (all lazy decoders) decodes one token per step until the first finish, the
         first step whose KV growth exceeds the free blocks (a preemption: left to the rules), or the first
         external event (arrival, think timer) before a step ends. All steps but the last are applied here
-        at once; the last is left in flight and completed like any other step."""
+        at once; the last is left in flight and completed like any other step. The first few steps are
+        priced one by one (most stretches are short); longer stretches in vectorised chunks."""
         num_dec, D, bs = self.num_lazy, self.D, self.bs
         if num_dec != len(self.run) or self.pref:
             raise SimulationError("fast path: a quiet stretch needs every running request decoding")
@@ -460,84 +462,118 @@ class FastEngine:
             ctx0 = self.base_sum + num_dec * (D + 1)
         max_steps = self.heap[0][0] - D    # the first finish ends the stretch
         free0, used0 = self.total - self.used, self.used
-        growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
         e0 = self.seq
         self.seq += 1
         self._flush_timers(now)   # think timers created at this instant come after the first step
         t_ext, e_ext = self._next_external()
-        durations, ends, growths = [], [now], []
-        done_steps, grown, chunk, contexts0 = 0, 0, 8, None
-        while True:
-            k = min(chunk, max_steps - done_steps)
-            js = np.arange(done_steps, done_steps + k)
-            stop = done_steps + k == max_steps
-            if growth_by_phase is not None:
-                g = growth_by_phase[(-(D + js)) % bs]
-                over = np.flatnonzero(grown + np.cumsum(g) > free0)
-                if over.size:
-                    k, stop = int(over[0]), True
-                    js, g = js[:k], g[:k]
-                growths.append(g)
-                grown += int(g.sum())
-            if k == 0:
+        ends, durs, useds = [now], [], []
+        grown, j, stop = 0, 0, False
+        phase, grows = self.phase, self.grows
+        price_one = self._decode_pricer(rows, ctx0, ctx)
+        while j < SCALAR_STEPS:
+            if grows:
+                g = phase[(-(D + j)) % bs]
+                if grown + g > free0:
+                    break   # this step would preempt: the rules take it from here
+                grown += g
+            d = price_one(j)
+            t = ends[-1] + d
+            ends.append(t)
+            durs.append(d)
+            useds.append(used0 + grown)
+            j += 1
+            if t_ext < t or (t_ext == t and (j > 1 or e_ext < e0)) or j == max_steps:
+                stop = True   # an external event comes before this step's end is processed, or a finish
                 break
-            if self.vectorised:
-                d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
-            else:
-                if contexts0 is None:
-                    contexts0 = (np.full(rows, ctx, dtype=np.int64) if self.is_static else
-                                 np.array([self.base_comp[r] + D + 1 for r in self.run], dtype=np.int64))
-                d = np.array([self.cost.step_time_s(prefill=[], decode=(contexts0 + j).tolist(), num_logits=rows)
-                              for j in js.tolist()], dtype=float)
-            e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
-            cut = int(np.searchsorted(e[1:], t_ext, side="left"))
-            if cut == 0 and done_steps == 0 and e[1] == t_ext and e_ext > e0:
-                cut = 1   # created after the first step's timeout: it is processed after that step ends
-            if cut < k:
-                k, stop = cut + 1, True
-                if growths:
-                    growths[-1] = growths[-1][:k]
-            durations.append(d[:k])
-            ends.extend(e[1:k + 1].tolist())
-            done_steps += k
-            if stop:
-                break
-            chunk = min(4 * chunk, 4096)
-        m = done_steps
-        d_all = durations[0] if len(durations) == 1 else np.concatenate(durations)
-        if growths:
-            used_after = used0 + np.cumsum(growths[0] if len(growths) == 1 else np.concatenate(growths))
         else:
-            used_after = np.full(m, used0, dtype=np.int64)
+            self._vector_steps(j, D, ctx0, rows, ctx, max_steps, free0, used0 + grown, t_ext, ends, durs, useds)
+        m = len(durs)
         if m > 1:   # steps 0 .. m-2 happen here
-            self._log_quiet_steps(ends, d_all, used_after, num_dec, rows, m - 1)
+            self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
             self.D += m - 1
             self.t_last_d = ends[m - 1]
             self.groups = {ends[m - 1]: num_dec}
-        self.used = int(used_after[m - 1])   # the last step's blocks are allocated at its start
+        self.used = useds[m - 1]   # the last step's blocks are allocated at its start
         padded = (rows, 1, ctx + m - 2) if self.is_static else None
-        self.inflight = ([], num_dec, 0, padded, ends[m - 1], float(d_all[m - 1]))
+        self.inflight = ([], num_dec, 0, padded, ends[m - 1], durs[m - 1])
         self.eng_kind, self.eng_t = "complete", ends[m]
         self.eng_e = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
 
-    def _log_quiet_steps(self, ends: list, d_all, used_after, num_dec: int, rows: int, k: int) -> None:
+    def _decode_pricer(self, rows: int, ctx0: int, ctx: int):
+        """Step j of the stretch: `rows` decodes whose contexts sum to ctx0 + rows * j."""
+        cost = self.cost
+        if self.by_sums:
+            return lambda j: cost.step_time_sums_s((), rows, ctx0 + rows * j, rows)
+        contexts0 = ([ctx] * rows if self.is_static else [self.base_comp[r] + self.D + 1 for r in self.run])
+        return lambda j: cost.step_time_s(prefill=[], decode=[c + j for c in contexts0], num_logits=rows)
+
+    def _vector_steps(self, j0, D, ctx0, rows, ctx, max_steps, free0, used, t_ext, ends, durs, useds) -> None:
+        """Continue a long stretch from step j0 in chunks priced by one `decode_steps_time_s` call each."""
+        bs, chunk = self.bs, 64
+        growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
+        price_one = None if self.vectorised else self._decode_pricer(rows, ctx0, ctx)
+        grown0 = used - (self.total - free0)   # blocks grown by the stretch so far
+        while j0 < max_steps:
+            k = min(chunk, max_steps - j0)
+            js = np.arange(j0, j0 + k)
+            stop = j0 + k == max_steps
+            used_after = np.full(k, used, dtype=np.int64)
+            if growth_by_phase is not None:
+                cum = grown0 + np.cumsum(growth_by_phase[(-(D + js)) % bs])
+                over = np.flatnonzero(cum > free0)
+                if over.size:
+                    k, stop = int(over[0]), True
+                    js, cum = js[:k], cum[:k]
+                used_after = (self.total - free0) + cum
+            if k == 0:
+                return
+            if self.vectorised:
+                d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
+            else:
+                d = np.array([price_one(j) for j in js.tolist()], dtype=float)
+            e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
+            cut = int(np.searchsorted(e[1:], t_ext, side="left"))   # ties: the external comes first
+            if cut < k:
+                k, stop = cut + 1, True
+            ends.extend(e[1:k + 1].tolist())
+            durs.extend(d[:k].tolist())
+            useds.extend(used_after[:k].tolist())
+            if stop:
+                return
+            j0 += k
+            used = useds[-1]
+            grown0 = used - (self.total - free0)
+            chunk = min(4 * chunk, 4096)
+
+    def _log_quiet_steps(self, ends: list, durs: list, useds: list, num_dec: int, rows: int, k: int) -> None:
         """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
         t1 = ends[1]
+        itl_v, itl_c = self.itl_v, self.itl_c
         for lt, count in self.groups.items():   # step 0: gaps from each request's own previous token
-            self.itl_v.append(t1 - lt)
-            self.itl_c.append(count)
-        if k > 1:   # later steps: every request's previous token came at the previous step's end
-            e = np.asarray(ends[1:k + 1])
-            self.itl_v.frombytes((e[1:] - e[:-1]).tobytes())
-            self.itl_c.frombytes(np.full(k - 1, num_dec, dtype=np.int64).tobytes())
+            itl_v.append(t1 - lt)
+            itl_c.append(count)
+        consts = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain))
+        if k <= SCALAR_STEPS:
+            rec_f, rec_i = self.rec_f, self.rec_i
+            for j in range(k):
+                if j:   # every request's previous token came at the previous step's end
+                    itl_v.append(ends[j + 1] - ends[j])
+                    itl_c.append(num_dec)
+                rec_f.extend((ends[j], durs[j]))
+                rec_i.extend(consts)
+                rec_i.append(useds[j])
+            return
+        e = np.asarray(ends[1:k + 1])
+        itl_v.frombytes((e[1:] - e[:-1]).tobytes())
+        itl_c.frombytes(np.full(k - 1, num_dec, dtype=np.int64).tobytes())
         floats = np.empty((k, 2))
         floats[:, 0] = ends[:k]
-        floats[:, 1] = d_all[:k]
+        floats[:, 1] = durs[:k]
         self.rec_f.frombytes(floats.tobytes())
         ints = np.empty((k, NUM_INT_COLUMNS), dtype=np.int64)
-        ints[:, :] = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain), 0)
-        ints[:, 7] = used_after[:k]
+        ints[:, :NUM_INT_COLUMNS - 1] = consts
+        ints[:, 7] = useds[:k]
         self.rec_i.frombytes(ints.tobytes())
 
     # ---- results ----
