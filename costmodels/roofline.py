@@ -51,6 +51,10 @@ class RooflineCostModel:
                             (mlp_in, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)]
         self.peak_flops = gpu.bf16_flops_per_s * (2 if dtype == "fp8" else 1)
         self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
+        self._heads: dict[int, float] = {}
+        e = eff   # 4 * head_dim * heads FLOP per context token (QK^T and PV), and the attained rates
+        self._decode_attention_consts = (4.0 * model.head_dim * self.heads, self.peak_flops * e.attention_compute,
+                                         gpu.hbm_bytes_per_s * e.attention_memory, e.kernel_launch_s)
 
     def describe(self) -> dict:
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
@@ -76,12 +80,11 @@ class RooflineCostModel:
     def _decode_attention_s(self, context_sum, num_seqs: int):
         """Paged decode attention: stream every sequence's K and V once. `context_sum` (the sum of the
         sequences' contexts, exact in float64) may be a float or an array of them, one per step."""
-        e, hd, dt = self.eff, self.model.head_dim, self.dt
-        flops = 4.0 * hd * self.heads * context_sum
-        bytes_ = dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
+        flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
+        flops = flops_per_ctx * context_sum
+        bytes_ = self.dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
         maximum = max if isinstance(context_sum, float) else np.maximum
-        return maximum(flops / (self.peak_flops * e.attention_compute),
-                       bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        return maximum(flops / compute_rate, bytes_ / memory_rate) + launch_s
 
     def _elementwise_s(self, num_tokens: int) -> float:
         """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
@@ -131,12 +134,30 @@ class RooflineCostModel:
         by_tokens = self._by_tokens.get(num_tokens)
         if by_tokens is None:   # memoised: a pure function of the token count
             by_tokens = self._by_tokens[num_tokens] = self._token_terms_s(num_tokens)
+        head = self._heads.get(num_logits)
+        if head is None:
+            head = self._heads[num_logits] = self._head_s(num_logits)
         gemms, elementwise, allreduce, embed = by_tokens
         layer = gemms + (attention + elementwise)
         layer = layer + allreduce
-        head = self._head_s(num_logits)
         e = self.eff
         return (self.model.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+
+    def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
+        """A function of the decode context sum giving `step_time_sums_s((), num_seqs, sum, num_logits)`,
+        bitwise: the same operations, with everything that depends only on the counts evaluated once."""
+        num_logits = num_seqs if num_logits is None else num_logits
+        self._step_s(num_seqs, num_seqs, num_logits, 0.0)   # fills the memos
+        gemms, elementwise, allreduce, embed = self._by_tokens[num_seqs]
+        head, num_layers, e = self._heads[num_logits], self.model.num_layers, self.eff
+        per_step_s, per_seqs_s = e.per_step_s, e.per_request_s * num_seqs
+        attention_s = self._decode_attention_s
+
+        def step_time_s(context_sum: int) -> float:
+            layer = gemms + (attention_s(float(context_sum), num_seqs) + elementwise)
+            layer = layer + allreduce
+            return num_layers * layer + head + embed + per_step_s + per_seqs_s
+        return step_time_s
 
     def _token_terms_s(self, num_tokens: int) -> tuple[float, float, float, float]:
         m, e = self.model, self.eff

@@ -105,6 +105,7 @@ class FastEngine:
         self.rec_f, self.rec_i = array("d"), array("q")
         self.itl_v, self.itl_c = array("d"), array("q")
         self.num_logged = 0
+        self.pricers: dict = {}          # decode-step pricing functions by batch size
 
     # ---- lazy decoders ----
     def decode_growth(self) -> int:
@@ -469,15 +470,17 @@ class FastEngine:
         ends, durs, useds = [now], [], []
         grown, j, stop = 0, 0, False
         phase, grows = self.phase, self.grows
-        price_one = self._decode_pricer(rows, ctx0, ctx)
+        price_sum, context_sum = self._decode_pricer(rows, ctx), ctx0
+        t = now
         while j < SCALAR_STEPS:
             if grows:
                 g = phase[(-(D + j)) % bs]
                 if grown + g > free0:
                     break   # this step would preempt: the rules take it from here
                 grown += g
-            d = price_one(j)
-            t = ends[-1] + d
+            d = price_sum(context_sum)
+            context_sum += rows
+            t = t + d
             ends.append(t)
             durs.append(d)
             useds.append(used0 + grown)
@@ -500,19 +503,27 @@ class FastEngine:
         self.eng_e = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
 
-    def _decode_pricer(self, rows: int, ctx0: int, ctx: int):
-        """Step j of the stretch: `rows` decodes whose contexts sum to ctx0 + rows * j."""
+    def _decode_pricer(self, rows: int, ctx: int):
+        """A function from the context sum of a stretch step (`rows` decodes, all sampling) to its time."""
         cost = self.cost
+        if hasattr(cost, "decode_step_time_fn"):
+            fn = self.pricers.get(rows)
+            if fn is None:
+                fn = self.pricers[rows] = cost.decode_step_time_fn(rows, rows)
+            return fn
         if self.by_sums:
-            return lambda j: cost.step_time_sums_s((), rows, ctx0 + rows * j, rows)
+            return lambda context_sum: cost.step_time_sums_s((), rows, context_sum, rows)
+        # any cost model: rebuild the contexts (step j adds j to each; the sum adds rows * j)
         contexts0 = ([ctx] * rows if self.is_static else [self.base_comp[r] + self.D + 1 for r in self.run])
-        return lambda j: cost.step_time_s(prefill=[], decode=[c + j for c in contexts0], num_logits=rows)
+        sum0 = sum(contexts0)
+        return lambda context_sum: cost.step_time_s(
+            prefill=[], decode=[c + (context_sum - sum0) // rows for c in contexts0], num_logits=rows)
 
     def _vector_steps(self, j0, D, ctx0, rows, ctx, max_steps, free0, used, t_ext, ends, durs, useds) -> None:
         """Continue a long stretch from step j0 in chunks priced by one `decode_steps_time_s` call each."""
         bs, chunk = self.bs, 64
         growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
-        price_one = None if self.vectorised else self._decode_pricer(rows, ctx0, ctx)
+        price_sum = None if self.vectorised else self._decode_pricer(rows, ctx)
         grown0 = used - (self.total - free0)   # blocks grown by the stretch so far
         while j0 < max_steps:
             k = min(chunk, max_steps - j0)
@@ -531,7 +542,7 @@ class FastEngine:
             if self.vectorised:
                 d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
             else:
-                d = np.array([price_one(j) for j in js.tolist()], dtype=float)
+                d = np.array([price_sum(ctx0 + rows * j) for j in js.tolist()], dtype=float)
             e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
             cut = int(np.searchsorted(e[1:], t_ext, side="left"))   # ties: the external comes first
             if cut < k:
