@@ -1,12 +1,49 @@
-"""Choose the cost model for a simulation: a measured profile when one is named, else the roofline prior."""
+"""Choose the cost model for a simulation: a measured profile (named, a file, or the shipped one matching
+model, GPU, TP and dtype), else the roofline prior, which then says so in `describe()`."""
 from __future__ import annotations
 
-from costmodels.catalog import GPU, ModelShape
+from pathlib import Path
+
+from costmodels.catalog import GPU, CatalogError, ModelShape
+from costmodels.profile import profile_cost_model, read_profile
 from costmodels.roofline import RooflineCostModel
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+def shipped_profile_name(model: str, gpu: str, tp: int, dtype: str) -> str:
+    """File stem of a shipped profile under costmodels/profiles/."""
+    return f"{model}__{gpu}__tp{tp}__{dtype}"
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
 def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16"):
-    """`profile`: None or "roofline" for the datasheet prior. (Measured profiles: see calibration.)"""
-    if profile in (None, "roofline"):
+    """`profile`: "roofline" forces the datasheet prior; a shipped profile name or a path to a profile
+    JSON selects that profile; None auto-selects the shipped profile for (model, gpu, tp, dtype) when
+    there is one and falls back to the roofline prior otherwise."""
+    if profile == "roofline":
         return RooflineCostModel(model, gpu, tp, dtype)
-    raise ValueError(f"profile: unknown profile {profile!r}")
+    if profile is None:
+        path = PROFILES_DIR / f"{shipped_profile_name(model.name, gpu.name, tp, dtype)}.json"
+        if not path.exists():  # describe() of the prior says "no measured profile"
+            return RooflineCostModel(model, gpu, tp, dtype)
+    elif (PROFILES_DIR / f"{profile}.json").exists():
+        path = PROFILES_DIR / f"{profile}.json"
+    else:
+        path = Path(profile).expanduser()
+        if not path.exists():
+            raise CatalogError(f"{profile}: no such profile file or shipped profile "
+                               f"(shipped: {', '.join(shipped_profiles()) or 'none'})")
+    data = read_profile(path)  # a profile named explicitly is used as given; describe() says where it was measured
+    return profile_cost_model(data, model, gpu, tp, dtype, source=str(path))
+
+
+def cost_model(model: str = "llama-3-8b", hardware: str = "h100-sxm", tp: int = 1, dtype: str = "bf16",
+               profile: str | None = None):
+    """Notebook entry point by names: `cost_model("llama-3-8b", "h100-sxm").step_time_s(prefill=[(512, 0)],
+    decode=[1024] * 64)` gives one iteration's time in seconds, with the same cost model a sweep uses."""
+    from costmodels.catalog import get_gpu, get_model
+    return load_cost_model(profile, get_model(model), get_gpu(hardware), tp, dtype)

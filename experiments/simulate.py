@@ -56,7 +56,8 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
         "cost_model": cost,
         "workload": {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
                      "prompt_tokens": {"dist": w.prompt_tokens.dist, **dict(w.prompt_tokens.params)},
-                     "output_tokens": {"dist": w.output_tokens.dist, **dict(w.output_tokens.params)}},
+                     "output_tokens": {"dist": w.output_tokens.dist, **dict(w.output_tokens.params)},
+                     "priority": dataclasses.asdict(w.priority) if w.priority else None},
     }
 
 

@@ -43,8 +43,20 @@ def point_hash(point: Point) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def flatten(values: dict, prefix: str = "") -> dict:
+    """Grid values as dotted columns; a mapping swept whole (e.g. `engine: [{policy: tgi}, ...]`) becomes
+    one column per key."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def _row(point: Point, summary: dict) -> dict:
-    row = {"point": point.point_id, **{k: v for k, v in point.grid_values.items()}, "seed": point.seed,
+    row = {"point": point.point_id, **flatten(point.grid_values), "seed": point.seed,
            "policy": point.config.policy.name}
     row.update(summary)
     return row
@@ -155,7 +167,8 @@ def _progress_bar(total: int, initial: int, enabled: bool):
 
 def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:
     """The readable table printed at the end of a run."""
-    cols = ["point"] + [k for k in grid_keys if k != "engine.policy"] + ["seed", "policy"]
+    keys = [c for c in results.columns if any(c == k or c.startswith(k + ".") for k in grid_keys)]
+    cols = ["point"] + [k for k in keys if k != "engine.policy"] + ["seed", "policy"]
     cols += [c for c in SUMMARY_COLUMNS if c in results.columns]
     df = results[[c for c in cols if c in results.columns]].copy()
     rename = {c: c.replace("workload.", "").replace("engine.", "").replace("arrival.", "") for c in df.columns}

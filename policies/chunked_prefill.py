@@ -1,17 +1,37 @@
 """vLLM V1 (0.19) / Sarathi-Serve chunked prefill: running requests first, then waiting ones FCFS,
 all under one token budget per step (../shared/docs/engines.md sections 1.2 and 6).
 
+`scheduling_policy: priority` (vLLM's `--scheduling-policy priority`) orders waiting requests by
+(priority, arrival, id), lower value first, and preempts the running request with the largest (priority,
+arrival) instead of the newest (vllm/v1/core/sched/scheduler.py, request_queue.py).
+
 Simplifications: no prefix caching, speculative decoding, multimodal encoder budget, LoRA slots or
 async scheduling (which hides CPU time but keeps one token per decode per step).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import ClassVar
 
 from simcore.batch import Batch, Scheduled
-from simcore.request import RequestSpec
+from simcore.request import Request, RequestSpec
 from simcore.view import EngineView
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def _priority_key(req: Request) -> tuple:
+    return (req.spec.priority, req.spec.arrival_s, req.request_id)  # vLLM Request.__lt__
+
+
+def _in_priority_order(waiting):
+    """Waiting requests lowest (priority, arrival, id) first, popped lazily from a heap."""
+    heap = [(_priority_key(r), i) for i, r in enumerate(waiting)]
+    heapq.heapify(heap)
+    while heap:
+        yield waiting[heapq.heappop(heap)[1]]
 
 
 @dataclass(frozen=True)
@@ -21,8 +41,10 @@ class ChunkedPrefill:
     Phase A walks `running` in admission order, giving each request min(its uncomputed tokens,
     `long_prefill_token_threshold` when > 0, remaining budget) tokens: decodes take 1, a partial prefill
     its next chunk. When KV blocks run out it preempts the tail of `running` (most recently admitted)
-    until the request fits or it preempted itself. Phase B, only if nothing was preempted: admits waiting
-    requests FCFS with strict head-of-line blocking, while `max_num_seqs` and the budget allow and the
+    until the request fits or it preempted itself (with `priority`: the largest (priority, arrival) among
+    running, handing back its tokens and blocks if it was already scheduled this step). Phase B, only if
+    nothing was preempted: admits waiting requests FCFS (or by priority) with strict head-of-line
+    blocking, while `max_num_seqs` and the budget allow and the
     whole current sequence fits in free KV (`scheduler_reserve_full_isl`, on by default in 0.19).
     """
     name: ClassVar[str] = "chunked_prefill"
@@ -30,6 +52,12 @@ class ChunkedPrefill:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"engine.scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"not {self.scheduling_policy!r}")
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         return spec.num_prompt_tokens + spec.num_output_tokens
@@ -43,37 +71,51 @@ class ChunkedPrefill:
         budget = self.max_num_batched_tokens
         free = view.num_free_blocks
         running = list(view.running)
-        scheduled: list[Scheduled] = []
+        scheduled: dict[int, Scheduled] = {}   # in scheduling order
+        blocks_taken: dict[int, int] = {}
         preempted: list[int] = []
+        by_priority = self.scheduling_policy == "priority"
         # Phase A: running requests, in list order.
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             n = self._cap(req.num_uncomputed_tokens, budget)
             need = view.blocks_to_hold(req, req.num_computed_tokens + n)
-            while need > free:  # preempt the most recently admitted until it fits
-                victim = running.pop()
+            while need > free:  # preempt until it fits
+                if by_priority:  # the lowest priority, latest arrival (first such in list order on ties)
+                    victim = max(running, key=lambda r: (r.spec.priority, r.spec.arrival_s))
+                    j = running.index(victim)
+                    running.pop(j)
+                    if victim.request_id in scheduled:  # give back what it was given this step
+                        budget += scheduled.pop(victim.request_id).num_new_tokens
+                        free += blocks_taken.pop(victim.request_id)
+                    if j < i:
+                        i -= 1
+                else:  # the most recently admitted
+                    victim = running.pop()
                 preempted.append(victim.request_id)
                 free += victim.num_blocks
                 if victim is req:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
-            scheduled.append(Scheduled(req.request_id, n))
+            scheduled[req.request_id] = Scheduled(req.request_id, n)
+            blocks_taken[req.request_id] = need
             free -= need
             budget -= n
             i += 1
-        # Phase B: waiting requests FCFS, only in a step that preempted nothing.
+        # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
         if not preempted:
             num_seqs = len(running)
-            for req in view.waiting:
+            waiting = _in_priority_order(view.waiting) if by_priority else view.waiting
+            for req in waiting:
                 if budget <= 0 or num_seqs >= self.max_num_seqs:
                     break
                 n = self._cap(req.num_uncomputed_tokens, budget)
                 if view.blocks_to_hold(req, req.num_tokens) > free:
                     break  # head-of-line blocking: nobody behind it is admitted
-                scheduled.append(Scheduled(req.request_id, n))
+                scheduled[req.request_id] = Scheduled(req.request_id, n)
                 free -= view.blocks_to_hold(req, req.num_computed_tokens + n)
                 budget -= n
                 num_seqs += 1
-        return Batch(tuple(scheduled), tuple(preempted))
+        return Batch(tuple(scheduled.values()), tuple(preempted))

@@ -26,11 +26,15 @@ class Batch:
     cached_tokens)` row per batch slot, finished slots included. None: priced from `scheduled`.
     `wake_at_s`: nothing to run now, but call the policy again at this time (a batching timeout) or at the
     next arrival, whichever comes first.
+    `policy_state`: a frozen value the engine hands back unchanged as `EngineView.policy_state` on the next
+    call, for schedulers whose real counterpart keeps state across iterations (SGLang's decaying
+    `new_token_ratio`, TGI's steps since the last onboarding). None for stateless policies.
     """
     scheduled: tuple[Scheduled, ...] = ()
     preempt: tuple[int, ...] = ()
     padded_shape: tuple[tuple[int, int], ...] | None = None
     wake_at_s: float | None = None
+    policy_state: object = None
 
     @property
     def num_scheduled_tokens(self) -> int:

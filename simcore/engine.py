@@ -54,6 +54,7 @@ class Engine:
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
         self._wake: simpy.Event | None = None
+        self.policy_state: object = None  # carried from one Batch to the next view, never read here
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -88,7 +89,7 @@ class Engine:
     def view(self) -> EngineView:
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
-                          self.draining)
+                          self.draining, self.policy_state)
 
     def _loop(self):
         env = self.env
@@ -98,6 +99,7 @@ class Engine:
                 yield self._wake
                 continue
             batch = self.policy.schedule(self.view())
+            self.policy_state = batch.policy_state
             if not batch.scheduled:
                 if batch.preempt:
                     raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from simcore.request import Request, RequestSpec
 
 REQUEST_COLUMNS = ("request_id", "replica_id", "arrival_s", "prompt_tokens", "output_tokens", "admitted_s",
-                   "first_token_s", "finish_s", "num_preemptions", "status", "reject_reason")
+                   "first_token_s", "finish_s", "num_preemptions", "status", "reject_reason", "priority")
 ITERATION_COLUMNS = ("start_s", "duration_s", "prefill_tokens", "decode_tokens", "padding_tokens",
                      "num_seqs", "num_preempted", "num_waiting", "num_running", "kv_blocks_used", "replica_id")
 
@@ -26,7 +26,7 @@ class EngineLog:
         s = req.spec
         self.requests.append((s.request_id, replica_id, s.arrival_s, s.num_prompt_tokens, s.num_output_tokens,
                               req.admitted_s, req.first_token_s, req.finish_s, req.num_preemptions,
-                              "rejected" if req.reject_reason else "finished", req.reject_reason))
+                              "rejected" if req.reject_reason else "finished", req.reject_reason, s.priority))
 
     def preemption(self, req: Request, now_s: float) -> None:
         self.preemptions.append((now_s, req.request_id))

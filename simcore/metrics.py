@@ -130,4 +130,21 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
         "padding_waste": float(it["padding_tokens"].sum() / max(1, (computed + it["padding_tokens"]).sum())),
         "busy_fraction": float(dur.sum() / duration_s) if len(it) else 0.0,
     })
+    s.update(per_priority_stats(requests))
     return s
+
+
+def per_priority_stats(requests: pd.DataFrame) -> dict:
+    """With more than one priority class: counts and TTFT / TPOT / E2E / queue statistics per class,
+    as columns suffixed `_prio{class}` (e.g. `ttft_p99_ms_prio0`). Empty with a single class."""
+    if "priority" not in requests or requests["priority"].nunique() < 2:
+        return {}
+    out = {}
+    for prio, group in requests.groupby("priority", sort=True):
+        fin = group[group["status"] == "finished"]
+        stats = {"num_requests": len(group), "num_finished": len(fin),
+                 "num_preemptions": int(group["num_preemptions"].sum())}
+        for metric in ("ttft", "tpot", "e2e", "queue"):
+            stats.update(_stats_ms(metric, fin[f"{metric}_s"]))
+        out.update({f"{k}_prio{int(prio)}": v for k, v in stats.items()})
+    return out

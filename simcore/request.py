@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestSpec:
     """What a client sends. Lengths in tokens, times in seconds from the start of the run.
 
@@ -35,7 +35,7 @@ class Status(enum.Enum):
     REJECTED = "rejected"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """Engine-side progress of one request (vLLM's `Request`, nano-vllm's `Sequence`)."""
     spec: RequestSpec

@@ -16,6 +16,7 @@ class EngineView:
     `waiting`: FCFS order, front first (new arrivals, recompute-preempted and swapped requests).
     `running`: admission order (a resumed request is appended again at the end, as in vLLM).
     `draining`: finished requests whose slot and KV are still held (static batching only).
+    `policy_state`: what the policy returned as `Batch.policy_state` last time (None at the start).
     """
     now_s: float
     waiting: Sequence[Request]
@@ -25,6 +26,7 @@ class EngineView:
     block_size: int
     max_model_len: int
     draining: Sequence[Request] = ()
+    policy_state: object = None
 
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,

@@ -62,3 +62,58 @@ def test_recompute_preemption_evicts_the_newest_and_reprefills_it():
     assert df.num_preemptions.tolist() == [0, 1]
     assert log.preemptions[0][1] == 1
     assert (df.status == "finished").all()
+
+
+def closed_loop(think_time_s, specs):
+    import simpy
+    from simcore.arrivals import ClosedLoopUsers
+    from simcore.costmodel import ConstantCost
+    from simcore.engine import Engine, EngineLimits
+    from simcore.log import EngineLog
+    from simcore.metrics import requests_frame
+    env, log = simpy.Environment(), EngineLog()
+    engine = Engine(env, ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=64), ConstantCost(1.0),
+                    EngineLimits(1000, 16, 64), log)
+    users = ClosedLoopUsers(env, specs, 2, engine.submit, think_time_s)
+    engine.on_done = users.on_done
+    users.start()
+    env.run()
+    return requests_frame(log)
+
+
+def test_closed_loop_users_send_the_next_request_when_the_previous_ends():
+    specs = [RequestSpec(i, 0.0, 4, 2) for i in range(4)]
+    df = closed_loop(0.0, specs)
+    # [0,1] prefill A,B; [1,2] decode -> both finish at 2; C, D sent at 2; finish at 4
+    assert list(zip(df.arrival_s, df.finish_s)) == [(0.0, 2.0), (0.0, 2.0), (2.0, 4.0), (2.0, 4.0)]
+    df = closed_loop(0.5, specs)
+    assert list(zip(df.arrival_s, df.finish_s)) == [(0.0, 2.0), (0.0, 2.0), (2.5, 4.5), (2.5, 4.5)]
+
+
+def test_a_rejected_request_frees_its_user_at_once():
+    specs = [RequestSpec(0, 0.0, 100, 2), RequestSpec(1, 0.0, 4, 2), RequestSpec(2, 0.0, 4, 2)]
+    df = closed_loop(0.0, specs)  # request 0 exceeds max_model_len 64: user 0 sends request 2 at t=0
+    assert df.status.tolist() == ["rejected", "finished", "finished"]
+    assert df.reject_reason[0] == "exceeds_max_model_len"
+    assert list(df.finish_s[1:]) == [2.0, 2.0]
+
+
+def test_request_that_can_never_fit_the_kv_pool_is_rejected():
+    df, _, _ = run_engine(ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=64),
+                          [RequestSpec(0, 0.0, 100, 100), RequestSpec(1, 0.0, 10, 5)], num_gpu_blocks=10)
+    assert df.status.tolist() == ["rejected", "finished"]
+    assert df.reject_reason[0] == "exceeds_kv_capacity"
+
+
+def test_swap_preemption_keeps_progress_and_pays_the_transfer():
+    from simcore.costmodel import ConstantCost
+    specs = [RequestSpec(0, 0.0, 3, 3), RequestSpec(1, 0.0, 3, 3)]
+    policy = Continuous(max_num_seqs=8, max_num_batched_tokens=64, watermark=0.0)
+    swap, log_s, eng = run_engine(policy, specs, num_gpu_blocks=3, block_size=4, preemption_mode="swap")
+    rec, log_r, _ = run_engine(policy, specs, num_gpu_blocks=3, block_size=4, preemption_mode="recompute")
+    assert swap.num_preemptions.tolist() == rec.num_preemptions.tolist() == [0, 1]
+    # recompute re-prefills B's prompt + generated tokens; swap never prefills B again
+    assert sum(it[2] for it in log_r.iterations) > sum(it[2] for it in log_s.iterations) == 6
+    # each swap moves one 4-token block of 1000 B/token over 1 GB/s: 4 us out, 4 us back in
+    extra = sorted(round(it[1] - 1.0, 9) for it in log_s.iterations if it[1] != 1.0)
+    assert extra == [4e-06, 4e-06]

@@ -30,11 +30,20 @@ class Arrival:
 
 
 @dataclass(frozen=True)
+class PriorityMix:
+    """Priority classes (lower value = served first, as vLLM) drawn independently per request with
+    the given weights (normalised)."""
+    classes: tuple[int, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Workload:
     num_requests: int
     arrival: Arrival
     prompt_tokens: LengthDist
     output_tokens: LengthDist
+    priority: PriorityMix | None = None  # None: every request has priority 0
 
 
 @dataclass(frozen=True)
@@ -69,22 +78,46 @@ def parse_arrival(spec, key: str = "workload.arrival") -> Arrival:
     return Arrival(process, rate_per_s=float(spec["rate_per_s"]), cv=float(spec.get("cv", 1.0)))
 
 
+def parse_priority(spec, key: str = "workload.priority") -> PriorityMix:
+    """`{classes: [0, 1], weights: [0.2, 0.8]}`; weights may be omitted (equal shares)."""
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{key}: expected a mapping with classes and weights")
+    for k in spec:
+        if k not in ("classes", "weights"):
+            raise WorkloadError(f"{key}.{k}: unknown key; expected classes, weights")
+    classes = spec.get("classes")
+    if (not isinstance(classes, list) or not classes
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in classes)):
+        raise WorkloadError(f"{key}.classes: expected a non-empty list of integers, got {classes!r}")
+    if len(set(classes)) != len(classes):
+        raise WorkloadError(f"{key}.classes: repeated class in {classes}")
+    weights = spec.get("weights", [1.0] * len(classes))
+    if (not isinstance(weights, list) or len(weights) != len(classes)
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w >= 0
+                       for w in weights) or sum(weights) <= 0):
+        raise WorkloadError(f"{key}.weights: expected {len(classes)} non-negative numbers with a positive sum, "
+                            f"got {weights!r}")
+    total = float(sum(weights))
+    return PriorityMix(tuple(classes), tuple(float(w) / total for w in weights))
+
+
 def parse_workload(spec, key: str = "workload") -> Workload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping")
     allowed = {"num_requests", "arrival", "prompt_tokens", "output_tokens"}
     for k in spec:
-        if k not in allowed:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed))}")
+        if k not in allowed | {"priority"}:
+            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed | {'priority'}))}")
     for k in sorted(allowed):
         if k not in spec:
             raise WorkloadError(f"{key}.{k}: required")
     n = spec["num_requests"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise WorkloadError(f"{key}.num_requests: must be a positive integer, got {n!r}")
+    priority = parse_priority(spec["priority"], f"{key}.priority") if spec.get("priority") is not None else None
     return Workload(n, parse_arrival(spec["arrival"], f"{key}.arrival"),
                     parse_length_dist(spec["prompt_tokens"], f"{key}.prompt_tokens"),
-                    parse_length_dist(spec["output_tokens"], f"{key}.output_tokens"))
+                    parse_length_dist(spec["output_tokens"], f"{key}.output_tokens"), priority)
 
 
 def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -103,8 +136,9 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
 
 def generate(workload: Workload, seed: int, max_model_len: int) -> GeneratedRequests:
     """Draw the requests. Streams: arrivals, prompt lengths and output lengths are independent, so
-    changing one distribution does not reshuffle the others."""
-    arrival_rng, prompt_rng, output_rng = np.random.default_rng(seed).spawn(3)
+    changing one distribution does not reshuffle the others (priorities use a fourth stream; spawned
+    children do not depend on how many are spawned, so adding it left the first three unchanged)."""
+    arrival_rng, prompt_rng, output_rng, priority_rng = np.random.default_rng(seed).spawn(4)
     n = workload.num_requests
     times = arrival_times_s(workload.arrival, n, arrival_rng)
     prompts = workload.prompt_tokens.sample(prompt_rng, n)
@@ -115,7 +149,11 @@ def generate(workload: Workload, seed: int, max_model_len: int) -> GeneratedRequ
     clipped_o = outputs > max_model_len - prompts
     outputs = np.minimum(outputs, max_model_len - prompts)
     max_new = workload.output_tokens.max_value
+    mix = workload.priority
+    priorities = (priority_rng.choice(np.asarray(mix.classes), size=n, p=np.asarray(mix.weights))
+                  if mix is not None else np.zeros(n, dtype=np.int64))
     specs = tuple(
-        RequestSpec(i, float(t), int(p), int(o), None if max_new is None else max(int(o), min(max_new, max_model_len - int(p))))
-        for i, (t, p, o) in enumerate(zip(times, prompts, outputs)))
+        RequestSpec(i, float(t), int(p), int(o), None if max_new is None else max(int(o), min(max_new, max_model_len - int(p))),
+                    priority=int(c))
+        for i, (t, p, o, c) in enumerate(zip(times, prompts, outputs, priorities)))
     return GeneratedRequests(specs, int(clipped_p.sum()), int(clipped_o.sum()))

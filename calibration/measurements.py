@@ -1,0 +1,71 @@
+"""The measurement format shared by capture (calibration.run), the importer of published tables
+(calibration.import_aic) and the fit: one CSV row per timed kernel shape, plus a metadata JSON.
+
+Families and the columns that describe their shape (unused columns stay empty):
+- gemm:          op (qkv, o, gate_up, down, lm_head or ""), m (tokens), n, k
+- prefill_attn:  batch_size, new_tokens, cached_tokens (per sequence), num_heads, num_kv_heads, head_dim
+- decode_attn:   batch_size, context_len (mean over the batch), num_heads, num_kv_heads, head_dim;
+                 op "mixed" with `batch` holding the per-sequence contexts as JSON
+- elementwise:   op (rmsnorm, rotary, silu_mul, residual_add, embedding), m (tokens)
+- sampling:      m (sequences sampled)
+- layer / iteration: batch = JSON {"prefill": [[new, cached], ...], "decode": [context, ...]}
+latency_s is the median over repeats; p10_s/p90_s the spread; status "ok" or why the point failed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = ["family", "op", "m", "n", "k", "batch_size", "new_tokens", "cached_tokens", "context_len",
+           "num_heads", "num_kv_heads", "head_dim", "batch", "latency_s", "p10_s", "p90_s", "repeats",
+           "flops", "bytes", "status"]
+INT_COLUMNS = ["m", "n", "k", "batch_size", "new_tokens", "cached_tokens", "num_heads", "num_kv_heads",
+               "head_dim", "repeats"]
+FAMILIES = ("gemm", "prefill_attn", "decode_attn", "elementwise", "sampling", "layer", "iteration")
+TABLE = "measurements.csv"
+META = "meta.json"
+
+
+class MeasurementError(ValueError):
+    """A measurements folder that cannot be read; the message names the file."""
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for col in INT_COLUMNS:
+        frame[col] = frame[col].astype("Int64")
+    for col in ("op", "batch", "status"):
+        frame[col] = frame[col].astype(object).where(frame[col].notna(), "")
+    return frame
+
+
+def write(out_dir: Path, rows: list[dict], meta: dict) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    to_frame(rows).to_csv(out_dir / TABLE, index=False)
+    (out_dir / META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return out_dir / TABLE
+
+
+def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """The successful rows of a measurements folder and its metadata."""
+    in_dir = Path(in_dir)
+    table, meta_path = in_dir / TABLE, in_dir / META
+    for path in (table, meta_path):
+        if not path.exists():
+            raise MeasurementError(f"{path}: missing (expected a folder written by calibration.run or "
+                                   f"calibration.import_aic)")
+    try:
+        frame = pd.read_csv(table, keep_default_na=True, dtype={"op": str, "batch": str, "status": str})
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, OSError) as e:
+        raise MeasurementError(f"{in_dir}: unreadable measurements ({str(e).splitlines()[0]})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise MeasurementError(f"{table}: missing columns {missing}")
+    for col in ("op", "batch"):
+        frame[col] = frame[col].astype(object).where(frame[col].notna(), "")
+    ok = frame[(frame["status"] == "ok") & (frame["latency_s"] > 0)].reset_index(drop=True)
+    return ok, meta

@@ -1,0 +1,178 @@
+"""Capture kernel timings of one model's forward pass on this machine's GPU (or CPU), then fit a profile.
+
+    python -m calibration.run --model llama-3-8b --device cuda --out calib/h200 [--tp 1] [--dtype bf16]
+
+Writes DIR/measurements.csv + DIR/meta.json (calibration.measurements), then DIR/profile.json,
+DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from calibration import grid, measurements
+from calibration.kernels import Builder, Timer, parse_batch
+from calibration.layer import LlamaStep
+from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
+
+GPU_NAMES = {"H200": "h200-sxm", "H100": "h100-sxm", "A100-SXM4-40GB": "a100-40gb", "A100-SXM4-80GB": "a100-80gb",
+             "A100 80GB": "a100-80gb", "L40S": "l40s", "L4": "l4"}
+
+
+def catalog_gpu(device_name: str) -> str | None:
+    """The catalog entry for a CUDA device name (for its datasheet peaks); None when not in the catalog
+    (PCIe H100s have lower peaks than the SXM part the catalog lists)."""
+    if "PCIe" in device_name or "NVL" in device_name:
+        return None
+    return next((g for key, g in GPU_NAMES.items() if key in device_name), None)
+
+
+def machine_meta(device: torch.device) -> dict:
+    meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "host": platform.node(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update({"device_name": props.name, "device_memory_bytes": props.total_memory,
+                     "sm_count": props.multi_processor_count, "catalog_gpu": catalog_gpu(props.name),
+                     "cudnn": torch.backends.cudnn.version()})
+        try:
+            import subprocess
+            meta["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            meta["driver"] = None
+    else:
+        meta.update({"device_name": platform.processor() or platform.machine(), "catalog_gpu": None,
+                     "threads": torch.get_num_threads()})
+    return meta
+
+
+def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
+    """(run, flops, bytes) of one grid point."""
+    fam = p["family"]
+    attn = (p.get("num_heads"), p.get("num_kv_heads"), p.get("head_dim"))
+    if fam == "gemm":
+        return b.gemm(p["m"], p["n"], p["k"])
+    if fam == "prefill_attn":
+        return b.prefill_attn(p["batch_size"], p["new_tokens"], p["cached_tokens"], *attn)
+    if fam == "decode_attn":
+        contexts = parse_batch(p["batch"]) if p.get("op") == "mixed" else [p["context_len"]] * p["batch_size"]
+        return b.decode_attn(contexts, *attn)
+    if fam == "elementwise":
+        heads, kv_heads, head_dim = attn if attn[0] else (model.num_heads // tp, max(1, model.num_kv_heads // tp),
+                                                          model.head_dim)
+        return b.elementwise(p["op"], p["m"], model.hidden_size, heads, kv_heads, head_dim,
+                             model.intermediate_size // tp, model.vocab_size // tp)
+    if fam == "sampling":
+        return b.sampling(p["m"], p["n"])
+    shape = parse_batch(p["batch"])
+    step = LlamaStep(b, model, tp, [tuple(x) for x in shape["prefill"]], shape["decode"])
+    return (step.run_layer if fam == "layer" else step.run_iteration), float("nan"), float("nan")
+
+
+def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
+            progress: bool = True, repeats: int | None = None, notes: set | None = None) -> list[dict]:
+    """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
+    Kernel fallbacks taken are added to `notes`."""
+    b = Builder(device, dtype)
+    warmup, default_repeats = grid.timing_settings(size)
+    timer = Timer(device, warmup, repeats or default_repeats)
+    rows = []
+    for p in tqdm(grid.design(model, tp, size), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr):
+        row = dict(p)
+        try:
+            run, flops, bytes_ = kernel(b, model, tp, p)
+            row.update(timer.measure(run), flops=flops, bytes=bytes_, status="ok")
+        except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            tqdm.write(f"skipped {p['family']} {p.get('op', '')} {_shape(p)}: {row['status']}", file=sys.stderr)
+        finally:
+            run = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    if notes is not None:
+        notes.update(b.notes)
+    return rows
+
+
+def _shape(p: dict) -> str:
+    keys = ("m", "n", "k", "batch_size", "new_tokens", "cached_tokens", "context_len", "batch")
+    return " ".join(f"{k}={p[k]}" for k in keys if p.get(k) not in (None, ""))
+
+
+def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
+    """Achieved TFLOP/s and GB/s per family; above 100% of the datasheet peak means a timing bug."""
+    gpu = GPUS.get(gpu_name) if gpu_name else None
+    lines = [f"achieved throughput (peak: {gpu.bf16_flops_per_s / 1e12:.0f} TFLOP/s, "
+             f"{gpu.hbm_bytes_per_s / 1e9:.0f} GB/s, {gpu.name})" if gpu else "achieved throughput (no peak known)"]
+    for fam in measurements.FAMILIES:
+        ok = [r for r in rows if r["family"] == fam and r["status"] == "ok" and r["flops"] == r["flops"]]
+        if not ok:
+            continue
+        tflops = max(r["flops"] / r["latency_s"] / 1e12 for r in ok)
+        gbs = max(r["bytes"] / r["latency_s"] / 1e9 for r in ok)
+        line = f"  {fam:13s} max {tflops:8.2f} TFLOP/s  max {gbs:8.1f} GB/s"
+        if gpu:
+            pf, pb = tflops * 1e12 / gpu.bf16_flops_per_s, gbs * 1e9 / gpu.hbm_bytes_per_s
+            line += f"  ({100 * pf:.0f}% / {100 * pb:.0f}% of peak)"
+            if pf > 1.0 or pb > 1.0:
+                line += "  ** ABOVE PEAK: timing bug (or data served from cache) **"
+        lines.append(line)
+    failed = sum(r["status"] != "ok" for r in rows)
+    lines.append(f"{len(rows) - failed} points measured, {failed} failed (recorded with status)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibration.run", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="catalog name or path of a Hugging Face config.json")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: time the per-GPU shards")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--grid", choices=["full", "small"], help="default: full on cuda, small on cpu")
+    ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
+    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15 full, 3 small)")
+    ap.add_argument("--no-fit", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        model = get_model(args.model)
+    except CatalogError as e:
+        ap.error(str(e))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
+    device = torch.device(args.device)
+    size = args.grid or ("full" if device.type == "cuda" else "small")
+    torch.manual_seed(0)
+    meta = machine_meta(device)
+    gpu = args.gpu or meta.get("catalog_gpu") or args.device
+    t0 = time.perf_counter()
+    notes: set[str] = set()
+    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
+                   notes=notes)
+    meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
+                 "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
+                 if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
+                 "kernel_notes": sorted(notes)})
+    meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    path = measurements.write(args.out, rows, meta)
+    print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
+    print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
+    if not args.no_fit:
+        from calibration import fit
+        return fit.main([str(args.out), "--out", str(args.out / "profile.json")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Measured cost profile: per kernel family, log-latency on a grid of log-sizes fitted to real kernel timings
+(calibration.fit); a step is the sum of the kernels one forward pass launches, plus explicit CPU overheads.
+
+Between knots it interpolates multilinearly in (log size, log time); beyond the last knot it follows the
+family's physical exponent (time ~ tokens for GEMMs, ~ length^2 for prefill attention, ~ context for decode
+attention). It ignores kernel overlap and the interaction between concurrent kernels; the per-step and
+per-request overheads (explicit fields, refittable against engine traces) absorb what kernel sums miss.
+"""
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.roofline import Efficiencies
+
+FORMAT = "batchsim-profile/1"
+GEMM_OPS = ("qkv", "o", "gate_up", "down")          # per layer, in forward order
+ELEMENTWISE_PER_LAYER = {"rmsnorm": 2, "rotary": 1, "silu_mul": 1, "residual_add": 2}
+ELEMENTWISE_PER_STEP = {"embedding": 1, "rmsnorm": 1}  # token embedding lookup, final norm
+
+
+def gemm_shapes(model: ModelShape, tp: int = 1) -> dict[str, tuple[int, int]]:
+    """(N, K) of every GEMM of one forward pass on one of `tp` GPUs (column/row-parallel shards)."""
+    m, hd = model, model.head_dim
+    q = m.num_heads * hd // tp
+    kv = 2 * max(1, m.num_kv_heads // tp) * hd
+    mlp_in = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
+    return {"qkv": (q + kv, m.hidden_size), "o": (m.hidden_size, q), "gate_up": (mlp_in, m.hidden_size),
+            "down": (m.hidden_size, m.intermediate_size // tp), "lm_head": (m.vocab_size // tp, m.hidden_size)}
+
+
+def attention_heads(model: ModelShape, tp: int = 1) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) on one of `tp` GPUs."""
+    return model.num_heads // tp, max(1, model.num_kv_heads // tp), model.head_dim
+
+
+def prefill_coords(new_tokens: Sequence[float], cached_tokens: Sequence[float]) -> tuple[float, float]:
+    """A varlen prefill batch as (number of sequences, equivalent length L): B sequences of L new tokens
+    without cache do the same causal attention work sum(new * (cached + (new + 1) / 2))."""
+    work = sum(n * (c + (n + 1) / 2.0) for n, c in zip(new_tokens, cached_tokens))
+    b = float(len(new_tokens))
+    return b, (math.sqrt(1.0 + 8.0 * work / b) - 1.0) / 2.0
+
+
+def decode_coords(context_lens: Sequence[float]) -> tuple[float, float]:
+    """A decode batch as (batch size, mean context): decode attention streams every sequence's KV once."""
+    return float(len(context_lens)), sum(context_lens) / len(context_lens)
+
+
+@dataclass(frozen=True, eq=False)  # holds arrays: identity, not value, equality
+class LogGrid:
+    """log(latency_s) on a tensor grid of log(sizes). `slopes[i]` is the exponent beyond the last knot of
+    axis i (physical extrapolation); below the first knot latency stays at the launch-bound floor."""
+    axes: tuple[str, ...]
+    log_knots: tuple[np.ndarray, ...]
+    log_s: np.ndarray
+    slopes: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LogGrid":
+        knots = tuple(np.log(np.asarray(k, dtype=float)) for k in d["knots"])
+        values = np.log(np.asarray(d["latency_s"], dtype=float))
+        if values.shape != tuple(len(k) for k in knots) or not all(np.all(np.diff(k) > 0) for k in knots):
+            raise ValueError(f"grid over {d['axes']}: latency_s shape {values.shape} does not match knots")
+        return cls(tuple(d["axes"]), knots, values, tuple(float(s) for s in d["slopes"]))
+
+    def to_dict(self) -> dict:
+        return {"axes": list(self.axes), "slopes": list(self.slopes),
+                "knots": [np.round(np.exp(k), 6).tolist() for k in self.log_knots],
+                "latency_s": _round_sig(np.exp(self.log_s)).tolist()}
+
+    def __post_init__(self):
+        # Plain Python floats: a step evaluates a handful of grids, and numpy scalars are slow one by one.
+        object.__setattr__(self, "_knots", [[float(v) for v in k] for k in self.log_knots])
+        object.__setattr__(self, "_flat", [float(v) for v in np.ravel(self.log_s)])
+        strides, stride = [], 1
+        for k in reversed(self.log_knots):
+            strides.append(stride)
+            stride *= len(k)
+        object.__setattr__(self, "_strides", strides[::-1])
+
+    def __call__(self, *sizes: float) -> float:
+        """Latency in seconds at `sizes` (one per axis, in the axes' raw units)."""
+        cells, extra = [], 0.0
+        for x_raw, k, slope, stride in zip(sizes, self._knots, self.slopes, self._strides):
+            x = math.log(max(x_raw, 1e-12))
+            if x >= k[-1]:
+                extra += slope * (x - k[-1])
+                cells.append(((len(k) - 1) * stride, 0, 0.0))
+            elif x <= k[0]:
+                cells.append((0, 0, 0.0))
+            else:
+                i = bisect_right(k, x) - 1
+                cells.append((i * stride, stride, (x - k[i]) / (k[i + 1] - k[i])))
+        value = 0.0
+        for corner in range(1 << len(cells)):  # multilinear: 2^d corners (d <= 3)
+            index, w = 0, 1.0
+            for axis, (base, step, t) in enumerate(cells):
+                if (corner >> axis) & 1:
+                    index, w = index + base + step, w * t
+                else:
+                    index, w = index + base, w * (1.0 - t)
+            if w:
+                value += w * self._flat[index]
+        return math.exp(value + extra)
+
+
+def _round_sig(x: np.ndarray, digits: int = 4) -> np.ndarray:
+    """Round to significant digits (a monotone map, so monotone grids stay monotone)."""
+    exponent = np.floor(np.log10(np.abs(x)))
+    scale = 10.0 ** (digits - 1 - exponent)
+    return np.round(x * scale) / scale
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """CPU-side time a real engine adds to the kernels of a step (scheduling, input preparation, sampling
+    bookkeeping, detokenisation) and per-layer launch gaps; fitted from whole-iteration timings when the
+    profile has them, else the roofline prior's figures. Explicit fields, so that a fit against real
+    engine traces can replace them without touching the kernel families."""
+    per_step_s: float
+    per_request_s: float
+    per_layer_s: float = 0.0
+    source: str = "roofline prior"
+
+
+class ProfileCostModel:
+    """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` from a measured profile for
+    one replica of `model` on `tp` GPUs of kind `gpu`. Same protocol as RooflineCostModel; seconds."""
+
+    def __init__(self, profile: dict, model: ModelShape, gpu: GPU | None, tp: int = 1, dtype: str = "bf16",
+                 source: str = "<dict>"):
+        """`gpu`: the simulated hardware (its interconnect prices TP all-reduces); None only for tp=1."""
+        self.model, self.gpu, self.tp, self.dtype, self.source = model, gpu, tp, dtype, source
+        self.profile = profile
+        fam = profile["families"]
+        self.gemm = {op: LogGrid.from_dict(fam[f"gemm_{op}"]) for op in (*GEMM_OPS, "lm_head")}
+        self.prefill_attn = LogGrid.from_dict(fam["prefill_attn"])
+        self.decode_attn = LogGrid.from_dict(fam["decode_attn"])
+        self.elementwise = {op: LogGrid.from_dict(g) for op, g in fam["elementwise"].items()}
+        self.sampling = LogGrid.from_dict(fam["sampling"])
+        o = profile["overheads"]
+        self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
+                                   float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
+        self.dense_layer_s = lru_cache(maxsize=65536)(self._dense_layer_s)
+
+    def describe(self) -> dict:
+        p = self.profile
+        return {"kind": "profile", "name": p.get("name", "?"), "source": self.source,
+                "gpu": self.gpu.name if self.gpu else p["gpu"], "measured_on": p["gpu"],
+                "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
+                "provenance": p.get("provenance", {}), "held_out_error": p.get("fit_report", {}),
+                "family_sources": p.get("family_sources", {}),
+                "overheads": {"per_step_s": self.overheads.per_step_s,
+                              "per_request_s": self.overheads.per_request_s,
+                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
+
+    def _dense_layer_s(self, num_tokens: int) -> float:
+        """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
+        t = sum(self.gemm[op](num_tokens) for op in GEMM_OPS)
+        t += sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_LAYER.items())
+        return t + self._allreduce_s(num_tokens) + self.overheads.per_layer_s
+
+    def _allreduce_s(self, num_tokens: int) -> float:
+        """Two all-reduces per layer under TP; not in the kernel tables, so the roofline prior's terms."""
+        if self.tp == 1:
+            return 0.0
+        e = Efficiencies()
+        bytes_ = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype] * 2 * (self.tp - 1) / self.tp
+        return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+
+    def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                    num_logits: int | None = None) -> float:
+        new = [n for n, _ in prefill]
+        num_seqs = len(new) + len(decode)
+        num_tokens = sum(new) + len(decode)
+        if num_tokens == 0:
+            return 0.0
+        if num_logits is None:
+            num_logits = num_seqs
+        layer = self.dense_layer_s(num_tokens)
+        if new:
+            layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
+        if decode:
+            layer += self.decode_attn(*decode_coords(decode))
+        step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
+        if num_logits:
+            step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
+        o = self.overheads
+        return self.model.num_layers * layer + step + o.per_step_s + o.per_request_s * num_seqs
+
+
+def read_profile(path: Path) -> dict:
+    """Parse and validate a profile file; any problem is a one-line CatalogError naming the file."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no such profile file") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{path}: not a valid profile JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(profile, dict) or profile.get("format") != FORMAT:
+        raise CatalogError(f"{path}: not a batchsim profile (expected \"format\": \"{FORMAT}\")")
+    for key in ("model", "gpu", "tp", "dtype", "families", "overheads"):
+        if key not in profile:
+            raise CatalogError(f"{path}: profile lacks required key {key!r}")
+    return profile
+
+
+def profile_cost_model(profile: dict, model: ModelShape, gpu: GPU | None = None, tp: int | None = None,
+                       dtype: str | None = None, source: str = "<dict>") -> ProfileCostModel:
+    """Build the cost model, checking the profile was measured for this model's shapes, TP and dtype."""
+    tp = profile["tp"] if tp is None else tp
+    dtype = profile["dtype"] if dtype is None else dtype
+    if (profile["tp"], profile["dtype"]) != (tp, dtype):
+        raise CatalogError(f"{source}: profile is for tp={profile['tp']} {profile['dtype']}, "
+                           f"the simulation asks tp={tp} {dtype}")
+    want = {op: list(s) for op, s in gemm_shapes(model, tp).items()}
+    have = profile.get("shapes", {}).get("gemm", want)
+    if have != want:
+        raise CatalogError(f"{source}: profile was fitted for {profile['model']} GEMM shapes {have}, "
+                           f"not {model.name}'s {want}")
+    try:
+        return ProfileCostModel(profile, model, gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu, tp, dtype, source)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CatalogError(f"{source}: malformed profile ({type(e).__name__}: {e})") from None

@@ -1,0 +1,200 @@
+"""TensorRT-LLM in-flight batching (`cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`,
+`microBatchScheduler.cpp`, `trtGptModelInflightBatching.cpp`; knobs from `tensorrt_llm/llmapi/llm_args.py`):
+../shared/docs/engines.md section 3.
+
+Simplifications: no KV block reuse (so no `beneficialToSkip`), beam width 1, no draft tokens, no pipeline
+or overlap micro-batches, one attention window; the context chunk unit is the engine's KV block size
+(TRT-LLM's `tokens_per_block`, 32 by default there); `max_context_length` = `max_num_tokens` (context FMHA
+on). GUARANTEED_NO_EVICT reserves prompt + max output in the pool on admission, where TRT-LLM counts the
+blocks still to come: the decisions are the same, the KV usage looks fuller. STATIC_BATCH and PREFILL_FIRST
+capacity policies are not modelled.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+from simcore.batch import Batch, Scheduled
+from simcore.engine import SimulationError
+from simcore.request import Request, RequestSpec, Status
+from simcore.view import EngineView, max_total_tokens
+
+CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION")
+CHUNKING_POLICIES = ("FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS")
+
+
+@dataclass(frozen=True)
+class TrtLlm:
+    """Capacity scheduler, then micro-batch scheduler, over the active requests in arrival order.
+
+    Capacity (`capacity_scheduler_policy`):
+    - GUARANTEED_NO_EVICT (default): every generating request is kept; then contexts in arrival order are
+      admitted while their remaining blocks to completion (prompt + max output) fit, stopping at the first
+      that does not (head-of-line). Nothing is ever paused.
+    - MAX_UTILIZATION: requests in arrival order are kept while the blocks for their next step fit (the
+      whole prompt for a context that has not started, one token for a generating one); when one does not,
+      the most recently started request not yet kept is paused (KV freed, recomputed later from prompt +
+      generated tokens) and the check repeats; with nothing left to pause, scheduling stops there.
+    Both stop at `max_batch_size` requests.
+    Micro-batch: in the same order, generation steps take 1 token and, without `enable_chunked_context`,
+    contexts their whole prompt, until `max_num_tokens` would be exceeded (then stop). With chunking,
+    contexts get the tokens left after all generation steps: FIRST_COME_FIRST_SERVED gives each in turn
+    as much as fits, EQUAL_PROGRESS grows every context by one chunk unit per round; a chunk shorter than
+    the remaining prompt is a multiple of the block size.
+    """
+    name: ClassVar[str] = "trtllm"
+    holds_slots_until_drained: ClassVar[bool] = False
+    max_batch_size: int = 2048
+    max_num_tokens: int = 8192
+    capacity_scheduler_policy: str = "GUARANTEED_NO_EVICT"
+    enable_chunked_context: bool = False
+    context_chunking_policy: str = "FIRST_COME_FIRST_SERVED"
+
+    def __post_init__(self):
+        if self.capacity_scheduler_policy not in CAPACITY_POLICIES:
+            raise ValueError(f"engine.capacity_scheduler_policy must be one of {', '.join(CAPACITY_POLICIES)}, "
+                             f"not {self.capacity_scheduler_policy!r}")
+        if self.context_chunking_policy not in CHUNKING_POLICIES:
+            raise ValueError(f"engine.context_chunking_policy must be one of {', '.join(CHUNKING_POLICIES)}, "
+                             f"not {self.context_chunking_policy!r}")
+        for k in ("max_batch_size", "max_num_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"engine.{k}: must be at least 1")
+
+    @property
+    def guaranteed_no_evict(self) -> bool:
+        return self.capacity_scheduler_policy == "GUARANTEED_NO_EVICT"
+
+    def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
+        if self.guaranteed_no_evict:
+            return max_total_tokens(spec, max_model_len)
+        return spec.num_prompt_tokens + spec.num_output_tokens
+
+    def schedule(self, view: EngineView) -> Batch:
+        if self.guaranteed_no_evict:
+            fitting, paused = self._guaranteed_no_evict(view), []
+        else:
+            fitting, paused = self._max_utilization(view)
+        return Batch(tuple(self._micro_batch(view, fitting)), tuple(r.request_id for r in paused))
+
+    # ---- capacity scheduler ----
+    @staticmethod
+    def _active(view: EngineView):
+        """Active requests in arrival order. Running ones and paused ones (front of `waiting`) are sorted;
+        fresh arrivals follow in queue order, since FCFS admission never lets one pass an earlier one."""
+        waiting = view.waiting
+        num_paused = sum(1 for _ in itertools.takewhile(lambda r: r.num_preemptions > 0, waiting))
+        head = sorted([*view.running, *itertools.islice(waiting, num_paused)],
+                      key=lambda r: (r.spec.arrival_s, r.request_id))
+        return head, itertools.islice(waiting, num_paused, None)
+
+    def _reservation(self, view: EngineView, req: Request) -> int:
+        if self.guaranteed_no_evict:
+            return max_total_tokens(req.spec, view.max_model_len)
+        return req.num_tokens  # the whole context is allocated at its first chunk
+
+    def _guaranteed_no_evict(self, view: EngineView) -> list[Request]:
+        head, fresh = self._active(view)
+        avail = view.num_free_blocks
+        fit = [r for r in head if r.status is Status.RUNNING and not r.is_prefilling][:self.max_batch_size]
+        for req in itertools.chain((r for r in head if r.status is not Status.RUNNING or r.is_prefilling), fresh):
+            if len(fit) >= self.max_batch_size:
+                break
+            need = view.blocks_to_hold(req, self._reservation(view, req))  # 0 for a started context
+            if need > avail:
+                break
+            fit.append(req)
+            avail -= need
+        return fit
+
+    def _max_utilization(self, view: EngineView) -> tuple[list[Request], list[Request]]:
+        head, fresh = self._active(view)
+        active = head  # fresh arrivals are appended lazily: none of them has started, so none is paused
+        avail = view.num_free_blocks
+        fit: list[Request] = []
+        paused: list[Request] = []
+        i, end = 0, len(active)
+        while True:
+            if i == end:
+                if end < len(active) or (nxt := next(fresh, None)) is None:
+                    break
+                active.append(nxt)
+                end += 1
+            req = active[i]
+            if req.status is not Status.RUNNING:
+                need = view.blocks_to_hold(req, self._reservation(view, req))
+            else:
+                need = view.blocks_to_hold(req, req.num_computed_tokens + 1) if not req.is_prefilling else 0
+            if len(fit) < self.max_batch_size and need <= avail:
+                fit.append(req)
+                avail -= need
+                i += 1
+                continue
+            started = [j for j in range(i, end) if active[j].status is Status.RUNNING]
+            if not started:
+                break
+            victim = active[started[-1]]
+            paused.append(victim)
+            avail += victim.num_blocks
+            end = started[-1]
+        return fit, paused
+
+    # ---- micro-batch scheduler ----
+    def _micro_batch(self, view: EngineView, fitting: list[Request]) -> list[Scheduled]:
+        out: list[Scheduled] = []
+        to_chunk: list[Request] = []
+        num_tokens = 0
+        for count, req in enumerate(fitting, 1):
+            context = req.status is not Status.RUNNING or req.is_prefilling
+            if context and self.enable_chunked_context:
+                to_chunk.append(req)
+            else:
+                need = req.num_uncomputed_tokens if context else 1
+                if context and need > self.max_num_tokens:
+                    raise SimulationError(
+                        f"trtllm: request {req.request_id} needs a {need}-token context > max_num_tokens "
+                        f"{self.max_num_tokens} without enable_chunked_context (TensorRT-LLM fails its check "
+                        "'number of context tokens exceeds the limit')")
+                if num_tokens + need > self.max_num_tokens:
+                    break
+                out.append(self._scheduled(view, req, need))
+                num_tokens += need
+            if count >= self.max_batch_size:
+                break
+        if to_chunk:
+            chunks = self._chunk_sizes(view, to_chunk, self.max_num_tokens - num_tokens)
+            contexts = [self._scheduled(view, r, c) for r, c in zip(to_chunk, chunks) if c > 0]
+            out = contexts + out  # order within a forward does not matter to the cost model
+        return out
+
+    def _scheduled(self, view: EngineView, req: Request, n: int) -> Scheduled:
+        reserve = self._reservation(view, req) if req.status is not Status.RUNNING else 0
+        return Scheduled(req.request_id, n, reserve)
+
+    def _chunk_sizes(self, view: EngineView, reqs: list[Request], capacity: int) -> list[int]:
+        remaining = [r.num_uncomputed_tokens for r in reqs]
+        max_ctx = self.max_num_tokens
+        if sum(min(n, max_ctx) for n in remaining) <= capacity and all(n <= max_ctx for n in remaining):
+            return remaining  # everything fits whole
+        unit = view.block_size
+        chunks = [0] * len(reqs)
+        if self.context_chunking_policy == "FIRST_COME_FIRST_SERVED":
+            for k, n in enumerate(remaining):
+                c = min(n, capacity, max_ctx)
+                if c < n:
+                    c = c // unit * unit
+                chunks[k] = c
+                capacity -= c
+            return chunks
+        used, grew = 0, True
+        while used < capacity and grew:  # EQUAL_PROGRESS: one unit per context per round
+            grew = False
+            for k, n in enumerate(remaining):
+                c = min(chunks[k] + unit, n)
+                if used + c - chunks[k] > capacity or c > max_ctx or c == chunks[k]:
+                    continue
+                used += c - chunks[k]
+                chunks[k] = c
+                grew = True
+        return chunks

@@ -1,0 +1,82 @@
+"""The capture path end to end on the CPU with the tiny model (the same code as on a GPU, a small grid):
+measurements -> fit -> profile -> a simulation driven by that profile. Never asserts timings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibration import grid, measurements, run  # noqa: E402
+from costmodels import get_model  # noqa: E402
+from experiments.simulate import simulate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib_cpu")
+    assert run.main(["--model", "tiny", "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_cpu_run_times_every_family_and_records_metadata(cpu_run):
+    frame, meta = measurements.read(cpu_run)
+    assert set(frame["family"]) == set(measurements.FAMILIES)
+    assert set(frame[frame["family"] == "gemm"]["op"]) == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert "mixed" in set(frame[frame["family"] == "decode_attn"]["op"])
+    assert (frame[frame["family"] == "prefill_attn"]["cached_tokens"] > 0).any()
+    assert len(frame) == len(grid.design(get_model("tiny"), 1, "small"))   # nothing failed on the CPU
+    assert (frame["p10_s"] <= frame["latency_s"]).all() and (frame["latency_s"] <= frame["p90_s"]).all()
+    for key in ("torch", "date", "device_name", "grid", "model", "gpu", "tp", "dtype", "command"):
+        assert key in meta
+    assert meta["gpu"] == "cpu" and meta["grid"] == "small"
+
+
+def test_cpu_profile_drives_a_simulation(cpu_run):
+    profile = json.loads((cpu_run / "profile.json").read_text())
+    assert profile["provenance"]["source"] == "calibration.run"
+    assert profile["overheads"]["source"].startswith("fitted to")
+    assert set(profile["fit_report"]) >= {"gemm", "prefill_attn", "decode_attn", "sampling"}
+    cfg = {"model": "tiny", "hardware": "l4", "profile": str(cpu_run / "profile.json"),
+           "engine": {"policy": "chunked_prefill", "max_num_seqs": 8, "max_num_batched_tokens": 256},
+           "workload": {"num_requests": 20, "arrival": {"process": "poisson", "rate_per_s": 50},
+                        "prompt_tokens": {"dist": "uniform", "min": 16, "max": 300},
+                        "output_tokens": {"dist": "uniform", "min": 4, "max": 40}}}
+    result = simulate(cfg, seed=0)
+    assert result.summary["cost_model"] == "profile"
+    assert result.resolved["cost_model"]["measured_on"] == "cpu"
+    assert len(result.requests) == 20 and (result.iterations["duration_s"] > 0).all()
+
+
+def test_a_failing_grid_point_is_recorded_not_fatal(monkeypatch):
+    def boom(b, model, tp, p):
+        if p["family"] == "sampling":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return (lambda: None), 1.0, 1.0
+    monkeypatch.setattr(run, "kernel", boom)
+    rows = run.capture(get_model("tiny"), 1, "bf16", torch.device("cpu"), "small", progress=False)
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert failed and all(r["family"] == "sampling" for r in failed)
+    assert failed[0]["status"].startswith("failed: OutOfMemoryError: CUDA out of memory")
+
+
+def test_cuda_device_names_map_to_catalog_gpus():
+    assert run.catalog_gpu("NVIDIA H200") == "h200-sxm"
+    assert run.catalog_gpu("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert run.catalog_gpu("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+    assert run.catalog_gpu("NVIDIA H100 PCIe") is None and run.catalog_gpu("NVIDIA B200") is None
+
+
+def test_achieved_throughput_above_peak_is_flagged():
+    rows = [{"family": "gemm", "status": "ok", "flops": 2e12, "bytes": 1e6, "latency_s": 1e-3}]
+    lines = run.roofline_report(rows, "h100-sxm")
+    assert "ABOVE PEAK" in lines[1] and "2000.00 TFLOP/s" in lines[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_small_grid_runs(tmp_path):
+    assert run.main(["--model", "tiny", "--device", "cuda", "--grid", "small", "--out", str(tmp_path),
+                     "--quiet"]) == 0
+    frame, meta = measurements.read(tmp_path)
+    assert meta["device_name"] and len(frame) > 0
