@@ -63,6 +63,7 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame
                                    np.int64, len(specs)),
         closed=closed)
     log = engine.simulate()
+    log.priority = np.fromiter((s.priority for s in specs), np.int64, len(specs))
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
     return requests_table(log), iterations_table(log), (log.itl_values_s, log.itl_counts)
@@ -77,6 +78,7 @@ def requests_table(log) -> pd.DataFrame:
         "admitted_s": np.array(log.admitted_s, dtype=float), "first_token_s": np.array(log.first_token_s, dtype=float),
         "finish_s": np.array(log.finish_s, dtype=float), "num_preemptions": np.array(log.num_preemptions, dtype=np.int64),
         "status": log.status, "reject_reason": reasons if any(r is not None for r in reasons) else np.full(n, None, object),
+        "priority": log.priority if log.priority is not None else np.zeros(n, dtype=np.int64),
     })
 
 

@@ -44,6 +44,7 @@ class FastLog:
     itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
     itl_counts: np.ndarray
     num_unfinished: int
+    priority: np.ndarray | None = None   # the workload's priority class per request (not read by the rules)
 
 
 class FastEngine:

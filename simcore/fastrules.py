@@ -15,10 +15,13 @@ from simcore.kvcache import cdiv
 
 QUIET = "quiet"   # all running requests decode one token; no admission, no preemption
 
+# The knobs each rule set reproduces, and the values it supports (None: any value).
 RULE_FIELDS = {
-    "static": {"max_num_seqs", "batch_timeout_s"},
-    "continuous": {"max_num_seqs", "max_num_batched_tokens", "kv_reservation", "mix_prefill_decode", "watermark"},
-    "chunked_prefill": {"max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold"},
+    "static": {"max_num_seqs": None, "batch_timeout_s": None},
+    "continuous": {"max_num_seqs": None, "max_num_batched_tokens": None, "kv_reservation": None,
+                   "mix_prefill_decode": None, "watermark": None},
+    "chunked_prefill": {"max_num_seqs": None, "max_num_batched_tokens": None,
+                        "long_prefill_token_threshold": None, "scheduling_policy": ("fcfs",)},
 }
 
 
@@ -31,8 +34,12 @@ def unsupported_reason(policy) -> str | None:
     name = getattr(policy, "name", None)
     if name not in RULE_FIELDS:
         return f"policy {name!r} has no fast-path rules"
-    if set(knobs(policy)) != RULE_FIELDS[name]:
-        return f"policy {name} has knobs the fast path does not know: {sorted(set(knobs(policy)) ^ RULE_FIELDS[name])}"
+    have, known = knobs(policy), RULE_FIELDS[name]
+    if set(have) != set(known):
+        return f"policy {name} has knobs the fast path does not know: {sorted(set(have) ^ set(known))}"
+    for k, allowed in known.items():
+        if allowed is not None and have[k] not in allowed:
+            return f"{name} with {k}: {have[k]} is not modelled by the fast path"
     return None
 
 

@@ -116,6 +116,21 @@ def test_simulate_gives_identical_results_on_both_paths():
                                              for k in a.summary)
 
 
+def test_priority_classes_pass_through_and_priority_scheduling_falls_back():
+    cfg = {"engine": {"policy": "chunked_prefill", "max_num_batched_tokens": 256, "num_gpu_blocks": 300},
+           "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 30.0},
+                        "prompt_tokens": {"dist": "uniform", "min": 10, "max": 600},
+                        "output_tokens": {"dist": "uniform", "min": 1, "max": 80},
+                        "priority": {"classes": [0, 1], "weights": [0.3, 0.7]}}}
+    a = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "off"}}, seed=2)
+    b = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "on"}}, seed=2)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    assert a.summary.keys() == b.summary.keys() and "ttft_p99_ms_prio1" in b.summary
+    cfg["engine"].update(scheduling_policy="priority", fast_path="on")
+    with pytest.raises(Exception, match="scheduling_policy: priority is not modelled"):
+        simulate(cfg, seed=2)
+
+
 def test_fast_path_on_refuses_what_it_does_not_model():
     cfg = {"engine": {"policy": "continuous", "preemption_mode": "swap", "fast_path": "on"},
            "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate_per_s": 5.0},
@@ -133,4 +148,5 @@ def test_vectorised_roofline_equals_step_time_bitwise():
         steps = np.arange(6)
         vec = ROOFLINE.decode_steps_time_s(len(ctx), ctx.sum() + len(ctx) * steps, len(ctx))
         one = [ROOFLINE.step_time_s(decode=(ctx + j).tolist(), num_logits=len(ctx)) for j in steps]
-        assert vec.tolist() == one
+        fn = ROOFLINE.decode_step_time_fn(len(ctx), len(ctx))
+        assert vec.tolist() == one == [fn(int(ctx.sum()) + len(ctx) * j) for j in steps]
