@@ -63,6 +63,7 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame
                                    np.int64, len(specs)),
         closed=closed)
     log = engine.simulate()
+    del engine   # its per-request progress lists: only the log is needed from here on
     log.priority = np.fromiter((s.priority for s in specs), np.int64, len(specs))
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
@@ -86,6 +87,6 @@ def iterations_table(log) -> pd.DataFrame:
     f, i = log.iteration_floats, log.iteration_ints
     columns = {"start_s": f[:, 0], "duration_s": f[:, 1]}
     for k, name in enumerate(ITERATION_COLUMNS[2:-1]):
-        columns[name] = i[:, k]
+        columns[name] = i[:, k].astype(np.int64)
     columns["replica_id"] = np.zeros(len(f), dtype=np.int64)
     return pd.DataFrame(columns)

@@ -40,7 +40,7 @@ class FastLog:
     status: list
     reject_reason: list
     iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s
-    iteration_ints: np.ndarray     # (num_iterations, 8), ITERATION_COLUMNS order without replica_id
+    iteration_ints: np.ndarray     # (num_iterations, 8) int32, ITERATION_COLUMNS order without replica_id
     itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
     itl_counts: np.ndarray
     num_unfinished: int
@@ -103,7 +103,7 @@ class FastEngine:
         self.explicit_mode = False      # lazy decoders were made explicit for this step
         self.closed = closed
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
-        self.rec_f, self.rec_i = array("d"), array("q")
+        self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
         self.itl_v, self.itl_c = array("d"), array("q")
         self.num_logged = 0
         self.pricers: dict = {}          # decode-step pricing functions by batch size
@@ -583,7 +583,7 @@ class FastEngine:
         floats[:, 0] = ends[:k]
         floats[:, 1] = durs[:k]
         self.rec_f.frombytes(floats.tobytes())
-        ints = np.empty((k, NUM_INT_COLUMNS), dtype=np.int64)
+        ints = np.empty((k, NUM_INT_COLUMNS), dtype=np.int32)
         ints[:, :NUM_INT_COLUMNS - 1] = consts
         ints[:, 7] = useds[:k]
         self.rec_i.frombytes(ints.tobytes())
@@ -596,6 +596,6 @@ class FastEngine:
             ["finished" if s in (FINISHED, DRAINING) else ("rejected" if s == REJECTED else "unfinished")
              for s in self.status], self.reason,
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
-            np.frombuffer(self.rec_i, dtype=np.int64).reshape(-1, NUM_INT_COLUMNS),
+            np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
             n - self.num_logged)

@@ -150,3 +150,17 @@ def test_vectorised_roofline_equals_step_time_bitwise():
         one = [ROOFLINE.step_time_s(decode=(ctx + j).tolist(), num_logits=len(ctx)) for j in steps]
         fn = ROOFLINE.decode_step_time_fn(len(ctx), len(ctx))
         assert vec.tolist() == one == [fn(int(ctx.sum()) + len(ctx) * j) for j in steps]
+
+
+def test_profile_cost_model_prices_from_sums_bitwise():
+    from costmodels.registry import load_cost_model
+    try:
+        profile = load_cost_model("llama-3-8b__h100-sxm__tp1__bf16", get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    except Exception as e:   # the shipped profile is data: skip cleanly without it
+        pytest.skip(f"no shipped H100 profile ({e})")
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        ctx = rng.integers(1, 8000, size=int(rng.integers(1, 300))).tolist()
+        prefill = [(int(rng.integers(1, 4000)), int(rng.integers(0, 4000)))] if rng.random() < 0.5 else []
+        assert profile.step_time_sums_s(prefill, len(ctx), sum(ctx), None) == profile.step_time_s(prefill, ctx)
+        assert profile.decode_step_time_fn(len(ctx))(sum(ctx)) == profile.step_time_s(decode=ctx)
