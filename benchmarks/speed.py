@@ -28,32 +28,34 @@ TRAFFIC = {
 POLICIES = ("chunked_prefill", "continuous", "static")
 
 
-def config(policy: str, num_requests: int, fast_path: str = "auto", arrival: dict | None = None) -> dict:
+def config(policy: str, num_requests: int, fast_path: str = "auto", arrival: dict | None = None,
+           profile: str = "roofline") -> dict:
     workload = {**TRAFFIC["workload"], "num_requests": num_requests}
     if arrival is not None:
         workload["arrival"] = arrival
-    return {**TRAFFIC, "engine": {"policy": policy, "fast_path": fast_path}, "workload": workload}
+    return {**TRAFFIC, "profile": profile, "engine": {"policy": policy, "fast_path": fast_path},
+            "workload": workload}
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux reports KiB
 
 
-def one_run(policy: str, num_requests: int, fast_path: str) -> dict:
-    """Run in this process (the parent starts a fresh one per run): wall time and peak memory."""
+def one_run(policy: str, num_requests: int, fast_path: str, profile: str) -> dict:
+    """Run in this process (the parent starts a fresh one per run): wall time, CPU time, peak memory."""
     from experiments.simulate import simulate
-    start = time.perf_counter()
-    result = simulate(config(policy, num_requests, fast_path), seed=0)
-    wall_s = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    result = simulate(config(policy, num_requests, fast_path, profile=profile), seed=0)
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     s = result.summary
-    return {"policy": policy, "num_requests": num_requests, "fast_path": fast_path, "wall_s": wall_s,
+    return {"policy": policy, "num_requests": num_requests, "fast_path": fast_path, "wall_s": wall_s, "cpu_s": cpu_s,
             "requests_per_s": num_requests / wall_s, "iterations": s["num_iterations"],
             "iterations_per_s": s["num_iterations"] / wall_s, "peak_rss_mb": peak_rss_mb(),
             "simulated_s": s["duration_s"], "ttft_p99_ms": s["ttft_p99_ms"], "itl_p50_ms": s["itl_p50_ms"],
             "throughput_rps": s["throughput_rps"]}
 
 
-def search(policy: str = "chunked_prefill", seeds=(0, 1, 2), num_requests: int = 5000,
+def search(policy: str = "chunked_prefill", profile: str = "roofline", seeds=(0, 1, 2), num_requests: int = 5000,
            ttft_p99_ms: float = 200.0) -> dict:
     """Largest closed-loop concurrency meeting the TTFT SLO in every seed: doubling, then bisection."""
     from experiments.simulate import simulate
@@ -61,14 +63,15 @@ def search(policy: str = "chunked_prefill", seeds=(0, 1, 2), num_requests: int =
 
     def ok(concurrency: int) -> bool:
         for seed in seeds:
-            cfg = config(policy, num_requests, arrival={"process": "closed", "concurrency": concurrency})
+            cfg = config(policy, num_requests, arrival={"process": "closed", "concurrency": concurrency},
+                         profile=profile)
             p99 = simulate(cfg, seed=seed).summary["ttft_p99_ms"]
             evaluations.append((concurrency, seed, p99))
             if p99 > ttft_p99_ms:
                 return False
         return True
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     lo, hi = 0, 1
     while ok(hi):
         lo, hi = hi, hi * 2
@@ -76,6 +79,7 @@ def search(policy: str = "chunked_prefill", seeds=(0, 1, 2), num_requests: int =
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return {"policy": policy, "max_concurrency": lo, "wall_s": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu_start, "evaluations": evaluations,
             "num_simulations": len(evaluations), "peak_rss_mb": peak_rss_mb()}
 
 
@@ -93,30 +97,35 @@ def main(argv=None) -> None:
                     help="largest size run for static batching (it is overloaded at 11 req/s: the queue grows)")
     ap.add_argument("--check", type=int, default=0, metavar="N",
                     help="also time the SimPy engine on N requests per policy (and check equal results)")
+    ap.add_argument("--profile", default="roofline",
+                    help="cost model: roofline (default), or a shipped measured profile name / path")
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        res = one_run(rest[0], int(rest[1]), rest[2]) if kind == "run" else search()
+        res = one_run(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "run" else search(profile=rest[0])
         print(json.dumps(res))
         return
-    print(f"{'policy':<16}{'path':>6}{'requests':>10}{'wall s':>9}{'req/s':>10}{'iters':>10}{'iters/s':>10}"
-          f"{'peak MB':>9}{'TTFT p99 ms':>13}")
+    print(f"cost model: {args.profile}; wall = elapsed time, cpu = this process's CPU time (equal on an idle core)")
+    print(f"{'policy':<16}{'path':>6}{'requests':>10}{'wall s':>9}{'cpu s':>8}{'req/s':>10}{'iters':>10}"
+          f"{'iters/s':>10}{'peak MB':>9}{'TTFT p99 ms':>13}")
     for policy in args.policies:
         runs = [(n, "auto") for n in args.sizes if policy != "static" or n <= args.static_max]
         if args.check:
             runs.insert(0, (args.check, "off"))
         for n, path in runs:
-            r = in_child("run", policy, str(n), path)
-            print(f"{policy:<16}{'simpy' if path == 'off' else 'fast':>6}{n:>10}{r['wall_s']:>9.2f}"
+            r = in_child("run", policy, str(n), path, args.profile)
+            print(f"{policy:<16}{'simpy' if path == 'off' else 'fast':>6}{n:>10}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
                   f"{r['requests_per_s']:>10.0f}{r['iterations']:>10}{r['iterations_per_s']:>10.0f}"
                   f"{r['peak_rss_mb']:>9.0f}{r['ttft_p99_ms']:>13.1f}", flush=True)
     if not args.no_search:
-        r = in_child("search")
+        r = in_child("search", args.profile)
         print(f"max-concurrency search ({r['policy']}, TTFT p99 <= 200 ms, 3 seeds x 5000 requests, closed loop): "
-              f"concurrency {r['max_concurrency']}, {r['num_simulations']} simulations in {r['wall_s']:.1f} s, "
-              f"peak {r['peak_rss_mb']:.0f} MB", flush=True)
+              f"concurrency {r['max_concurrency']}, {r['num_simulations']} simulations in {r['wall_s']:.1f} s "
+              f"wall, {r['cpu_s']:.1f} s cpu, peak {r['peak_rss_mb']:.0f} MB", flush=True)
+        print("  evaluations (concurrency, seed, TTFT p99 ms): "
+              + ", ".join(f"({c}, {sd}, {p:.0f})" for c, sd, p in r["evaluations"]), flush=True)
 
 
 if __name__ == "__main__":
