@@ -85,8 +85,8 @@ def requests_table(log) -> pd.DataFrame:
 
 def iterations_table(log) -> pd.DataFrame:
     f, i = log.iteration_floats, log.iteration_ints
-    columns = {"start_s": f[:, 0], "duration_s": f[:, 1]}
+    columns = {"start_s": f[:, 0].copy(), "duration_s": f[:, 1].copy()}
     for k, name in enumerate(ITERATION_COLUMNS[2:-1]):
         columns[name] = i[:, k].astype(np.int64)
     columns["replica_id"] = np.zeros(len(f), dtype=np.int64)
-    return pd.DataFrame(columns)
+    return pd.DataFrame(columns, copy=False)   # one block per column: no consolidating copy (millions of rows)

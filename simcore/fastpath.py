@@ -1,12 +1,15 @@
 """The fast path: `simcore.engine`'s semantics for one replica under the static, continuous and
 chunked-prefill rules (recompute preemption, no prefix caching), without SimPy or `Request` objects.
 
-Same decisions (simcore/fastrules.py), same KV accounting, same float arithmetic for every time, same
-event order (SimPy's: time, then creation order), so every table it produces equals the plain engine's
-(tests/test_fastpath.py). What makes it fast: a stretch of decode-only steps between two events (an
-arrival or think-time timer, the first finish, the first step whose KV growth would preempt) is priced in
-one vectorised call (`decode_steps_time_s` on the cost model, when it has one) and logged as arrays; per
-request work happens only at events. Per-token gaps are logged as weighted samples (gap, count).
+Same decisions (simcore/fastrules.py), same KV accounting, same float operations for every time, same
+event order (SimPy's: time, then creation order), so every table equals the SimPy engine's, bitwise
+(tests/test_fastpath.py). Why it is fast: no Python work per running request per step. Decoding requests
+are "lazy" (progress = base + number of decode steps); a quiet stretch of decode-only steps, up to the next
+arrival or think timer, the first finish, or the first step whose KV growth would preempt, is priced with
+the cost model's count-and-sum entry points (`decode_step_time_fn`, `decode_steps_time_s` for long
+stretches; any cost model works through `step_time_s`, only slower) and logged as arrays; per-request work
+happens at events only. Per-token gaps are logged as weighted samples (gap, count). The per-iteration
+invariant checks of the SimPy engine are replaced by the same capacity checks at allocation.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ SCALAR_STEPS = 8     # a stretch prices this many steps one by one before switch
 
 @dataclass
 class FastLog:
-    """What a fast run produced, as columns (see `simcore.fastlog` for the tables)."""
+    """What a fast run produced, as columns (experiments/fast.py turns them into the usual tables)."""
     request_id: np.ndarray
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
