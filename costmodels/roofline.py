@@ -151,10 +151,15 @@ class RooflineCostModel:
         gemms, elementwise, allreduce, embed = self._by_tokens[num_seqs]
         head, num_layers, e = self._heads[num_logits], self.model.num_layers, self.eff
         per_step_s, per_seqs_s = e.per_step_s, e.per_request_s * num_seqs
-        attention_s = self._decode_attention_s
+        # _decode_attention_s for a float, inlined (this runs once per simulated step)
+        flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
+        dt, kv_dim, q_bytes = self.dt, self.kv_dim, 2 * num_seqs * self.q_dim
 
         def step_time_s(context_sum: int) -> float:
-            layer = gemms + (attention_s(float(context_sum), num_seqs) + elementwise)
+            context_sum = float(context_sum)
+            flops_s = flops_per_ctx * context_sum / compute_rate
+            bytes_s = dt * (context_sum * kv_dim + q_bytes) / memory_rate
+            layer = gemms + (((flops_s if flops_s >= bytes_s else bytes_s) + launch_s) + elementwise)
             layer = layer + allreduce
             return num_layers * layer + head + embed + per_step_s + per_seqs_s
         return step_time_s
