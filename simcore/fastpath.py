@@ -429,8 +429,11 @@ class FastEngine:
                 self._on_done(r, now)
 
     def _finish(self, done: list, now: float) -> None:
-        gone = set(done)
-        self.run = [r for r in self.run if r not in gone]
+        if len(done) == 1:
+            self.run.remove(done[0])
+        else:
+            gone = set(done)
+            self.run = [r for r in self.run if r not in gone]
         for r in done:
             self.fin[r] = now
             self.num_logged += 1
@@ -571,13 +574,12 @@ class FastEngine:
         consts = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain))
         if k <= SCALAR_STEPS:
             rec_f, rec_i = self.rec_f, self.rec_i
+            for j in range(1, k):   # every request's previous token came at the previous step's end
+                itl_v.append(ends[j + 1] - ends[j])
+                itl_c.append(num_dec)
             for j in range(k):
-                if j:   # every request's previous token came at the previous step's end
-                    itl_v.append(ends[j + 1] - ends[j])
-                    itl_c.append(num_dec)
                 rec_f.extend((ends[j], durs[j]))
-                rec_i.extend(consts)
-                rec_i.append(useds[j])
+                rec_i.extend((*consts, useds[j]))
             return
         e = np.asarray(ends[1:k + 1])
         itl_v.frombytes((e[1:] - e[:-1]).tobytes())

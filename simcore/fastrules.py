@@ -78,6 +78,8 @@ class ChunkedPrefillRules:
         return self._general(e)
 
     def _phase_b(self, e, budget: int, free: int, num_seqs: int) -> list:
+        if not e.waiting:
+            return []
         out, prompt, gen, comp, blocks, bs = [], e.prompt, e.gen, e.comp, e.blocks, e.bs
         for r in e.waiting:
             if budget <= 0 or num_seqs >= self.max_num_seqs:
@@ -153,6 +155,8 @@ class ContinuousRules:
         return self._decode_general(e)
 
     def _prefill_pass(self, e, num_seqs: int, free: int, budget: int) -> list:
+        if not e.waiting:
+            return []
         out, prompt, gen, comp, blocks, bs, maxtot = [], e.prompt, e.gen, e.comp, e.blocks, e.bs, e.maxtot
         for r in e.waiting:
             total = prompt[r] + gen[r]
