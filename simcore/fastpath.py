@@ -528,7 +528,7 @@ class FastEngine:
 
     def _vector_steps(self, j0, D, ctx0, rows, ctx, max_steps, free0, used, t_ext, ends, durs, useds) -> None:
         """Continue a long stretch from step j0 in chunks priced by one `decode_steps_time_s` call each."""
-        bs, chunk = self.bs, 64
+        bs, chunk = self.bs, 512   # a long stretch is usually cut by an arrival within a few hundred steps
         growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
         price_sum = None if self.vectorised else self._decode_pricer(rows, ctx)
         grown0 = used - (self.total - free0)   # blocks grown by the stretch so far
