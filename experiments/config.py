@@ -16,6 +16,7 @@ import yaml
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu, get_model, with_max_model_len
 from policies import POLICIES
+from policies.routers import ROUTERS
 from workloads.errors import WorkloadError
 from workloads.synthetic import Workload, parse_workload
 
@@ -25,7 +26,8 @@ class ConfigError(ValueError):
 
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
-            "engine", "workload", "grid"}
+            "engine", "workload", "grid", "cluster",
+            "search", "capacity"}  # validated by experiments.search / experiments.capacity; not part of a point
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class EngineSettings:
     preemption_mode: str = "recompute"    # vLLM V1 only recomputes; "swap" is vLLM V0's option
     swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
     check_invariants: bool = True
+    enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
 
 
@@ -57,6 +60,45 @@ class PointConfig:
     engine: EngineSettings
     workload: Workload
     unused_engine_keys: tuple[str, ...] = ()
+    cluster: ClusterSettings | None = None  # None: one replica
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """`cluster: {num_replicas: 4, router: round_robin, ...router knobs}` (policies/routers.py)."""
+    num_replicas: int
+    router: object
+
+
+def parse_cluster(spec) -> ClusterSettings | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError("cluster: expected a mapping with num_replicas and router")
+    n = spec.get("num_replicas", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"cluster.num_replicas: expected a positive integer, got {n!r}")
+    name = spec.get("router", "round_robin")
+    if name not in ROUTERS:
+        raise ConfigError(f"cluster.router: unknown router {name!r}; known: {', '.join(ROUTERS)}")
+    cls = ROUTERS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    knobs = {}
+    for k, v in spec.items():
+        if k in ("num_replicas", "router"):
+            continue
+        if k not in fields:
+            raise ConfigError(f"cluster.{k}: not a knob of router {name}; "
+                              f"expected {', '.join(sorted(fields)) or 'none'}")
+        knobs[k] = _check_type(f"cluster.{k}", v, fields[k].default)
+    try:
+        router = cls(**knobs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if name == "length_split" and router.num_long_replicas >= n:
+        raise ConfigError(f"cluster.num_long_replicas: {router.num_long_replicas} leaves no replica for short "
+                          f"requests among {n}")
+    return ClusterSettings(n, router)
 
 
 def _check_type(key: str, value, default, allow_none: bool = False):
@@ -172,11 +214,17 @@ def resolve_point(raw: dict) -> PointConfig:
     if settings.num_gpu_blocks is not None and settings.num_gpu_blocks < 1:
         raise ConfigError("engine.num_gpu_blocks: must be at least 1")
     policy, unused = _resolve_policy(engine, gpu, model.max_model_len)
+    if settings.enable_prefix_caching:
+        if not getattr(policy, "supports_prefix_caching", False):
+            raise ConfigError(f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching")
+        if settings.preemption_mode != "recompute":
+            raise ConfigError("engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)")
     try:
         workload = parse_workload(raw.get("workload"))
     except WorkloadError as e:
         raise ConfigError(str(e)) from None
-    return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused)
+    return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused,
+                       parse_cluster(raw.get("cluster")))
 
 
 # ---- sweeps ----
@@ -220,7 +268,7 @@ def expand(sweep: dict) -> list[Point]:
         seeds = [seeds]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"seeds: expected a list of integers, got {seeds!r}")
-    base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds")}
+    base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds", "search", "capacity")}
     points = []
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
@@ -254,4 +302,28 @@ def load_sweep_file(path: str | Path) -> dict:
         raise ConfigError(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    resolve_relative_paths(data, path.parent)
     return data
+
+
+def resolve_relative_paths(sweep: dict, base_dir: Path) -> None:
+    """Make a relative `workload.trace.path` (also in `grid`) relative to the sweep file's folder, so a
+    sweep runs the same from any working directory. Mutates `sweep`."""
+    def fix(trace) -> None:
+        if isinstance(trace, dict) and isinstance(trace.get("path"), str) and not Path(trace["path"]).is_absolute():
+            trace["path"] = str((base_dir / trace["path"]).resolve())
+
+    workload = sweep.get("workload")
+    if isinstance(workload, dict):
+        fix(workload.get("trace"))
+    grid = sweep.get("grid")
+    if isinstance(grid, dict):
+        for k, values in grid.items():
+            if isinstance(values, list) and k in ("workload.trace.path", "workload.trace", "workload"):
+                for i, v in enumerate(values):
+                    if k == "workload.trace.path" and isinstance(v, str) and not Path(v).is_absolute():
+                        values[i] = str((base_dir / v).resolve())
+                    elif k == "workload.trace":
+                        fix(v)
+                    elif isinstance(v, dict):
+                        fix(v.get("trace"))

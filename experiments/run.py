@@ -1,4 +1,6 @@
-"""`python -m experiments.run SWEEP.yaml [--out DIR] [--jobs N]`: run a sweep and print its summary table."""
+"""`python -m experiments.run SWEEP.yaml [--out DIR] [--jobs N] [--dask ADDRESS]`: run a sweep (or, with a
+`search:` block, an SLO search per grid point, plus a capacity plan with a `capacity:` block), print its
+summary, and write plots and summary.md into the output folder."""
 from __future__ import annotations
 
 import argparse
@@ -19,21 +21,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweep", help="sweep YAML file")
     ap.add_argument("--out", help="output folder (default: results/<name>); rerunning into it resumes")
     ap.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: all cores)")
+    ap.add_argument("--dask", metavar="ADDRESS", help="run on a Dask distributed scheduler (e.g. tcp://host:8786)")
+    ap.add_argument("--no-plots", action="store_true", help="skip plots and summary.md")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
         sweep = load_sweep_file(args.sweep)
         out = Path(args.out) if args.out else Path("results") / str(sweep.get("name") or Path(args.sweep).stem)
-        result = run_sweep(sweep, out, jobs=args.jobs, progress=not args.quiet)
+        if "search" in sweep:
+            from experiments.plan import run_and_report
+            text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots)
+        else:
+            if "capacity" in sweep:
+                raise ConfigError("capacity: needs a search block (search.over: workload.arrival.rate_per_s) "
+                                  "to find each replica's SLO-limited capacity")
+            result = run_sweep(sweep, out, jobs=args.jobs, progress=not args.quiet, dask_address=args.dask)
+            skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
+            text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
+                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
+            if not args.no_plots:
+                from experiments.report_sweep import sweep_report
+                sweep_report(sweep, out, result.results)
+                text += f"; plots and summary.md in {out}"
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: finished points are saved; rerun the same command to resume", file=sys.stderr)
         return 130
-    print(summary_table(result.results, list((sweep.get("grid") or {}).keys())))
-    skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
-    print(f"\n{len(result.results)} points{skipped}; results in {out}/results.csv")
+    print(text)
     return 0
 
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -12,11 +13,13 @@ from costmodels.roofline import activation_reserve_bytes, weight_bytes
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import run_fast, use_fast_path
 from simcore.arrivals import ClosedLoopUsers, open_loop
+from simcore.cluster import Cluster
+from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
-from simcore.kvcache import MemoryPlan, plan_memory
+from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import iterations_frame, requests_frame, summarize
-from workloads.synthetic import generate
+from simcore.metrics import cluster_summary, iterations_frame, replicas_frame, requests_frame, summarize
+from workloads.synthetic import describe_workload, generate
 
 
 @dataclass
@@ -26,6 +29,39 @@ class SimResult:
     iterations: pd.DataFrame   # one row per engine iteration
     summary: dict              # the results.csv row (metrics)
     resolved: dict             # the configuration actually simulated, defaults filled in
+    replicas: pd.DataFrame | None = None  # one row per replica, for a cluster (cluster.num_replicas > 1)
+    itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # every token gap, pooled, in order
+    itl_end_s: np.ndarray = field(default_factory=lambda: np.zeros(0))   # when each of those gaps ended
+
+
+class _TimedGaps(list):
+    """Stands in for `EngineLog.itl_gaps_s` and also notes when each gap ended, so that a steady-state
+    window can be cut out of the pooled ITL (experiments.search) without touching the engine."""
+
+    def __init__(self, env: simpy.Environment):
+        super().__init__()
+        self.env, self.end_s = env, []
+
+    def append(self, gap_s: float) -> None:
+        super().append(gap_s)
+        self.end_s.append(self.env.now)
+
+
+def _cost_model(cfg: PointConfig):
+    """`profile: "constant:per_step_s=0.01,per_token_s=1e-5"` injects the constant-cost stub (answers known
+    by hand, used by the search tests); anything else goes to the cost-model registry."""
+    if cfg.profile is not None and cfg.profile.split(":")[0] == "constant":
+        params = {}
+        for item in filter(None, cfg.profile.partition(":")[2].split(",")):
+            k, _, v = item.partition("=")
+            try:
+                params[k.strip()] = float(v)
+            except ValueError:
+                raise SimulationError(f"profile: bad constant-cost parameter {item!r}") from None
+        if not set(params) <= {"per_step_s", "per_token_s"}:
+            raise SimulationError(f"profile: constant cost takes per_step_s and per_token_s, got {cfg.profile!r}")
+        return ConstantCost(**params)
+    return load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
 
 
 def memory_plan(cfg: PointConfig) -> MemoryPlan:
@@ -54,10 +90,9 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
                    "unused_keys": list(cfg.unused_engine_keys)},
         "memory": {**dataclasses.asdict(plan), "kv_capacity_tokens": plan.kv_capacity_tokens},
         "cost_model": cost,
-        "workload": {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
-                     "prompt_tokens": {"dist": w.prompt_tokens.dist, **dict(w.prompt_tokens.params)},
-                     "output_tokens": {"dist": w.output_tokens.dist, **dict(w.output_tokens.params)},
-                     "priority": dataclasses.asdict(w.priority) if w.priority else None},
+        "workload": describe_workload(w),
+        **({"cluster": {"num_replicas": cfg.cluster.num_replicas, "router": cfg.cluster.router.name,
+                        **dataclasses.asdict(cfg.cluster.router)}} if cfg.cluster is not None else {}),
     }
 
 
@@ -65,40 +100,64 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
-    cost_model = load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
-    gen = generate(cfg.workload, seed, cfg.model.max_model_len)
+    cost_model = _cost_model(cfg)
+    gen = generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size)
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     limits = EngineLimits(
         num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
         preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
-        check_invariants=cfg.engine.check_invariants)
+        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
-        requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
-        return _result(cfg, plan, cost_model, gen, seed, requests, iterations, itl)
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed)
     env = simpy.Environment()
     log = EngineLog()
-    engine = Engine(env, cfg.policy, cost_model, limits, log)
+    log.itl_gaps_s = _TimedGaps(env)
+    # A cluster (simcore/cluster.py): N identical replicas sharing the log, behind the router.
+    num_replicas = cfg.cluster.num_replicas if cfg.cluster is not None else 1
+    engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+    engine = engines[0]
+    submit = engine.submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     arrival = cfg.workload.arrival
     if arrival.is_closed:
-        users = ClosedLoopUsers(env, gen.specs, arrival.concurrency, engine.submit, arrival.think_time_s)
-        engine.on_done = users.on_done
+        users = ClosedLoopUsers(env, gen.specs, arrival.concurrency, submit, arrival.think_time_s)
+        for e in engines:
+            e.on_done = users.on_done
         users.start()
     else:
-        env.process(open_loop(env, gen.specs, engine.submit))
+        env.process(open_loop(env, gen.specs, submit))
     env.run()
     if len(log.requests) != len(gen.specs):
         stuck = len(gen.specs) - len(log.requests)
         raise SimulationError(f"{cfg.policy.name}: {stuck} requests never finished (engine stalled at "
-                              f"t={env.now:.3f}s with {len(engine.waiting)} waiting, {len(engine.running)} running)")
-    return _result(cfg, plan, cost_model, gen, seed, requests_frame(log), iterations_frame(log), log.itl_gaps_s)
-
-
-def _result(cfg, plan, cost_model, gen, seed, requests, iterations, itl_gaps_s) -> SimResult:
-    summary = summarize(requests, iterations, itl_gaps_s, plan.num_gpu_blocks)
+                              f"t={env.now:.3f}s with {sum(len(e.waiting) for e in engines)} waiting, "
+                              f"{sum(len(e.running) for e in engines)} running)")
+    requests = requests_frame(log)
+    iterations = iterations_frame(log)
+    summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks * num_replicas)
+    replicas = None
+    if num_replicas > 1:
+        replicas = replicas_frame(requests, iterations, plan.num_gpu_blocks, num_replicas)
+        summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?")})
+    if engine.prefix_cache is not None:
+        summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
+        cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
+        requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
     return SimResult(requests, iterations, summary,
-                     resolved_dict(cfg, plan, cost_model.describe(), seed))
+                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
+                     np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int) -> SimResult:
+    """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
+    requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
+    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
+                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
+                    "cost_model": cost_model.describe().get("kind", "?")})
+    return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
+                     *itl[2:])

@@ -7,6 +7,7 @@ Output folder layout:
   points/<point_id>/requests.csv    per-request table
   points/<point_id>/iterations.csv  per-iteration table
   points/<point_id>/config.yaml     the resolved configuration (defaults filled in)
+  points/<point_id>/itl_gaps_ms.npy every inter-token gap of the run, pooled (float32, ms), for ITL CDFs
 A rerun into the same folder skips every point whose summary.json matches its configuration, so an
 interrupted sweep loses nothing.
 """
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
+from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
 
@@ -73,6 +75,7 @@ def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float) -
     d.mkdir(parents=True, exist_ok=True)
     result.requests.to_csv(d / "requests.csv", index=False)
     result.iterations.to_csv(d / "iterations.csv", index=False)
+    np.save(d / "itl_gaps_ms.npy", (np.asarray(result.itl_gaps_s) * 1e3).astype(np.float32))
     (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
     summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
     tmp = d / "summary.json.tmp"
@@ -90,9 +93,11 @@ def _load_finished(out_dir: Path, point: Point) -> dict | None:
 
 
 def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None,
-              progress: bool = True, keep_in_memory: bool | None = None) -> SweepResult:
+              progress: bool = True, keep_in_memory: bool | None = None,
+              dask_address: str | None = None) -> SweepResult:
     """Run a sweep mapping (as loaded from YAML). With `out_dir`, every finished point is saved and a rerun
-    resumes; without it, everything stays in memory (`SweepResult.points`), as a notebook wants."""
+    resumes; without it, everything stays in memory (`SweepResult.points`), as a notebook wants.
+    `dask_address` runs the points on that Dask scheduler's workers instead of local processes."""
     points = expand(sweep)
     out = Path(out_dir) if out_dir is not None else None
     keep = keep_in_memory if keep_in_memory is not None else out is None
@@ -110,7 +115,6 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
     else:
         todo = list(points)
     result = SweepResult(pd.DataFrame(), num_skipped=len(points) - len(todo))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo))) if todo else 1
     bar = _progress_bar(len(points), result.num_skipped, progress)
 
     def finish(point: Point, sim: SimResult, wall_s: float) -> None:
@@ -124,22 +128,27 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
             bar.update(1)
 
     try:
-        if jobs == 1:
-            for p in todo:
-                if bar is not None:
-                    bar.set_postfix_str(f"running {p.point_id}")
-                finish(*_run_point(p))
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                pending = {pool.submit(_run_point, p) for p in todo}
+        if todo:
+            with open_executor(jobs, dask_address, len(todo)) as (pool, slots):
+                pending = set()
+                for i, p in enumerate(todo):
+                    if bar is not None and slots == 1:  # the inline executor runs the point right here
+                        bar.set_postfix_str(f"1 running ({p.point_id}), {len(todo) - i - 1} queued")
+                    f = pool.submit(_run_point, p)
+                    if f.done():
+                        finish(*f.result())
+                    else:
+                        pending.add(f)
                 while pending:
                     if bar is not None:
-                        bar.set_postfix_str(f"{len(pending)} left, {min(jobs, len(pending))} running")
+                        running = min(slots, len(pending))
+                        bar.set_postfix_str(f"{running} running, {len(pending) - running} queued")
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
                         finish(*f.result())
     finally:
         if bar is not None:
+            bar.set_postfix_str(f"{result.num_skipped} skipped as finished" if result.num_skipped else "")
             bar.close()
     result.results = _frame(points, rows)
     if out is not None:

@@ -5,7 +5,10 @@ all under one token budget per step (../shared/docs/engines.md sections 1.2 and 
 (priority, arrival, id), lower value first, and preempts the running request with the largest (priority,
 arrival) instead of the newest (vllm/v1/core/sched/scheduler.py, request_queue.py).
 
-Simplifications: no prefix caching, speculative decoding, multimodal encoder budget, LoRA slots or
+Prefix caching (engine.enable_prefix_caching): a new or preempted request's prefill skips its cached
+prefix, as vLLM's Phase B does after `get_computed_blocks`.
+
+Simplifications: no speculative decoding, multimodal encoder budget, LoRA slots or
 async scheduling (which hides CPU time but keeps one token per decode per step).
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ class ChunkedPrefill:
     """
     name: ClassVar[str] = "chunked_prefill"
     holds_slots_until_drained: ClassVar[bool] = False
+    supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
@@ -111,11 +115,12 @@ class ChunkedPrefill:
             for req in waiting:
                 if budget <= 0 or num_seqs >= self.max_num_seqs:
                     break
-                n = self._cap(req.num_uncomputed_tokens, budget)
+                hit = view.num_cached_prefix_tokens(req)
+                n = self._cap(req.num_uncomputed_tokens - hit, budget)
                 if view.blocks_to_hold(req, req.num_tokens) > free:
                     break  # head-of-line blocking: nobody behind it is admitted
                 scheduled[req.request_id] = Scheduled(req.request_id, n)
-                free -= view.blocks_to_hold(req, req.num_computed_tokens + n)
+                free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
                 budget -= n
                 num_seqs += 1
         return Batch(tuple(scheduled.values()), tuple(preempted))

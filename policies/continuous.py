@@ -1,7 +1,9 @@
 """Iteration-level (continuous) batching with whole-prompt prefills: Orca (OSDI'22) and vLLM V0's
 default scheduler (../shared/docs/engines.md sections 1.8, 5 and 10).
 
-Simplifications: no prefix caching, no `delay_factor`, one sequence per request (no beam search).
+Prefix caching (engine.enable_prefix_caching, vLLM V0's APC): a prompt's cached prefix is not recomputed.
+
+Simplifications: no `delay_factor`, one sequence per request (no beam search).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Continuous:
     """
     name: ClassVar[str] = "continuous"
     holds_slots_until_drained: ClassVar[bool] = False
+    supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_reservation: str = "paged"
@@ -73,7 +76,7 @@ class Continuous:
             return out, free  # vLLM V0: no new prefills while anything is swapped out
         watermark_blocks = int(self.watermark * view.num_total_blocks) if self.kv_reservation == "paged" else 0
         for req in view.waiting:
-            n = req.num_uncomputed_tokens
+            n = req.num_uncomputed_tokens - view.num_cached_prefix_tokens(req)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if self.kv_reservation == "max" else 0

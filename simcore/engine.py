@@ -13,7 +13,7 @@ import simpy
 
 from simcore.batch import Batch
 from simcore.costmodel import CostModel
-from simcore.kvcache import BlockPool, HostSwapSpace
+from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
@@ -34,6 +34,7 @@ class EngineLimits:
     host_link_bytes_per_s: float = 25e9  # GPU<->host copy bandwidth (PCIe)
     num_swap_blocks: int = 0             # host swap space, in blocks
     check_invariants: bool = True
+    enable_prefix_caching: bool = False  # vLLM V1 automatic prefix caching (PrefixCachingBlockPool)
 
 
 class Engine:
@@ -45,7 +46,15 @@ class Engine:
                              f"not {limits.preemption_mode!r}")
         self.env, self.policy, self.cost_model, self.limits = env, policy, cost_model, limits
         self.replica_id = replica_id
-        self.pool = BlockPool(limits.num_gpu_blocks, limits.block_size)
+        # Prefix caching: a pool with block identities; off, the plain counting pool (fast path).
+        self.prefix_cache: PrefixCachingBlockPool | None = None
+        if limits.enable_prefix_caching:
+            if not getattr(policy, "supports_prefix_caching", False):
+                raise ValueError(f"engine.enable_prefix_caching: policy {policy.name} does not support it")
+            if limits.preemption_mode != "recompute":
+                raise ValueError("engine.enable_prefix_caching: needs preemption_mode recompute (as vLLM V1)")
+            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -89,7 +98,7 @@ class Engine:
     def view(self) -> EngineView:
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
-                          self.draining, self.policy_state)
+                          self.draining, self.policy_state, self.prefix_cache)
 
     def _loop(self):
         env = self.env
@@ -165,6 +174,13 @@ class Engine:
     def _admit_and_allocate(self, batch: Batch) -> float:
         transfer_s = 0.0
         admitted = []
+        if self.prefix_cache is not None:
+            # Share every admitted request's cached prefix before allocating any new block, so that one
+            # request's allocation cannot evict a block that another counted as a hit this step.
+            for s in batch.scheduled:
+                req = self.requests.get(s.request_id)
+                if req is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
+                    self._apply_prefix_hit(req, s.num_new_tokens)
         for s in batch.scheduled:
             req = self.requests.get(s.request_id)
             if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
@@ -195,6 +211,16 @@ class Engine:
             self.running.extend(admitted)
         return transfer_s
 
+    def _apply_prefix_hit(self, req: Request, num_new_tokens: int) -> None:
+        """Prefix caching (vLLM `get_computed_blocks` at admission, only when nothing is computed yet): the
+        request shares its cached prefix blocks and starts with those tokens computed. The policy must have
+        sized the prefill with `EngineView.num_cached_prefix_tokens`."""
+        hit = self.prefix_cache.num_cached_tokens(req)
+        if num_new_tokens > req.num_tokens - hit:
+            raise SimulationError(f"{self.policy.name} gave request {req.request_id} {num_new_tokens} tokens, "
+                                  f"ignoring its {hit}-token prefix-cache hit")
+        req.num_computed_tokens = self.prefix_cache.admit(req)
+
     def _complete(self, batch: Batch, start_s: float, duration_s: float, shape) -> None:
         now = self.env.now
         log = self.log
@@ -207,6 +233,8 @@ class Engine:
             else:
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
+            if self.prefix_cache is not None:
+                self.prefix_cache.cache_full_blocks(req)
             if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
                 req.num_generated_tokens += 1
                 if req.first_token_s is None:
@@ -242,7 +270,8 @@ class Engine:
     def _check_invariants(self) -> None:
         pool = self.pool
         held = sum(r.num_blocks for r in self.running) + sum(r.num_blocks for r in self.draining)
-        if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != pool.num_used_blocks:
+        expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks  # shared blocks
+        if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != expected:
             raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
                                   f"{pool.num_blocks}, requests hold {held}")
         for r in self.running:

@@ -46,6 +46,7 @@ class FastLog:
     iteration_ints: np.ndarray     # (num_iterations, 8) int32, ITERATION_COLUMNS order without replica_id
     itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
     itl_counts: np.ndarray
+    itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int
     priority: np.ndarray | None = None   # the workload's priority class per request (not read by the rules)
 
@@ -107,7 +108,7 @@ class FastEngine:
         self.closed = closed
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
         self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
-        self.itl_v, self.itl_c = array("d"), array("q")
+        self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")   # gap, count, when it ended
         self.num_logged = 0
         self.pricers: dict = {}          # decode-step pricing functions by batch size
 
@@ -156,6 +157,7 @@ class FastEngine:
         for lt, count in self.groups.items():
             self.itl_v.append(now - lt)
             self.itl_c.append(count)
+            self.itl_e.append(now)
         self.t_last_d = now
         done, heap = [], self.heap
         while heap and heap[0][0] <= D:
@@ -408,6 +410,7 @@ class FastEngine:
         for lt, count in gaps.items():
             self.itl_v.append(now - lt)
             self.itl_c.append(count)
+            self.itl_e.append(now)
         if done:
             if num_lazy and scheduled:
                 done.sort(key=self.order.__getitem__)   # finish order = batch order
@@ -567,16 +570,18 @@ class FastEngine:
     def _log_quiet_steps(self, ends: list, durs: list, useds: list, num_dec: int, rows: int, k: int) -> None:
         """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
         t1 = ends[1]
-        itl_v, itl_c = self.itl_v, self.itl_c
+        itl_v, itl_c, itl_e = self.itl_v, self.itl_c, self.itl_e
         for lt, count in self.groups.items():   # step 0: gaps from each request's own previous token
             itl_v.append(t1 - lt)
             itl_c.append(count)
+            itl_e.append(t1)
         consts = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain))
         if k <= SCALAR_STEPS:
             rec_f, rec_i = self.rec_f, self.rec_i
             for j in range(1, k):   # every request's previous token came at the previous step's end
                 itl_v.append(ends[j + 1] - ends[j])
                 itl_c.append(num_dec)
+                itl_e.append(ends[j + 1])
             for j in range(k):
                 rec_f.extend((ends[j], durs[j]))
                 rec_i.extend((*consts, useds[j]))
@@ -584,6 +589,7 @@ class FastEngine:
         e = np.asarray(ends[1:k + 1])
         itl_v.frombytes((e[1:] - e[:-1]).tobytes())
         itl_c.frombytes(np.full(k - 1, num_dec, dtype=np.int64).tobytes())
+        itl_e.frombytes(e[1:].tobytes())
         floats = np.empty((k, 2))
         floats[:, 0] = ends[:k]
         floats[:, 1] = durs[:k]
@@ -603,4 +609,4 @@ class FastEngine:
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
-            n - self.num_logged)
+            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged)

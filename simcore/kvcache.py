@@ -1,13 +1,17 @@
-"""Paged KV-cache pool (vLLM's BlockPool, counted rather than addressed) and host swap space.
+"""Paged KV-cache pool (vLLM's BlockPool, counted rather than addressed), its prefix-caching variant, and
+host swap space.
 
-Blocks are fungible here: the pool counts them. Memory sizing follows vLLM's profile run:
+Without prefix caching blocks are fungible and the pool only counts them (the fast path); with it, blocks
+carry identities (see PrefixCachingBlockPool). Memory sizing follows vLLM's profile run:
 blocks = (GPU memory x gpu_memory_utilization - weights - activation reserve) / bytes per block.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from simcore.request import Request
+from simcore.request import Request, RequestSpec
+from simcore.request import Status as RequestStatus
 
 
 def cdiv(a: int, b: int) -> int:
@@ -91,3 +95,204 @@ class HostSwapSpace:
 
     def can_hold(self, num_blocks: int) -> bool:
         return self.num_used_blocks + num_blocks <= self.num_blocks
+
+
+class _Block:
+    """One physical KV block of the prefix-caching pool. `block_hash` is set once the block is full and
+    registered; `ref_count` counts the running requests that hold it."""
+    __slots__ = ("block_hash", "ref_count")
+
+    def __init__(self):
+        self.block_hash: int | None = None
+        self.ref_count = 0
+
+
+_NONE_HASH = 0x5BD1E995  # the first block's parent (vLLM's seeded NONE_HASH)
+_UNNAMED = 0x2545F491  # salt: a prompt block with no id is unique to its request
+
+
+def chain_hashes(spec: RequestSpec, block_size: int) -> list[int]:
+    """Hashes of the full prompt blocks of `spec`, each chained over its parent's (vLLM `hash_block_tokens`)."""
+    ids = spec.prefix_block_ids or ()
+    h, hashes = _NONE_HASH, []
+    for k in range(spec.num_prompt_tokens // block_size):
+        # 64-bit chained hash as nano-vllm's xxhash64; ids beyond the given ones are request-unique.
+        # (ids[k] == -1) because CPython's hash(-1) == hash(-2).
+        h = hash((h, ids[k], ids[k] == -1)) if k < len(ids) else hash((h, spec.request_id, k, _UNNAMED))
+        hashes.append(h)
+    return hashes
+
+
+class PrefixCachingBlockPool(BlockPool):
+    """vLLM V1's BlockPool with automatic prefix caching (../shared/docs/engines.md section 1.4).
+
+    Only full blocks are cached, under a hash chained over the parent block's hash and the block's identity
+    (`RequestSpec.prefix_block_ids[k]`, standing for its tokens; a prompt block without an id gets one
+    unique to its request, so a preempted request can still re-hit its own prompt). Generated tokens are
+    never cached (their contents are unknown here). Free blocks wait in an LRU queue: freed blocks are
+    appended at the tail in reverse order (deepest prefix block first), allocation pops the head, and a
+    cached block leaves the hash table only when it is reallocated (lazy eviction). Never-used blocks sit
+    at the head of the queue, as in vLLM's initial free list.
+
+    Counting: `num_used_blocks` = physical blocks held by at least one request (what vLLM reports as usage;
+    cached idle blocks count as free); `num_block_refs` = sum of the blocks each request holds (shared
+    blocks counted once per holder), which equals the sum of `Request.num_blocks`.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.num_block_refs = 0
+        self._num_fresh = num_blocks
+        self._free: OrderedDict[_Block, None] = OrderedDict()  # head = next to reuse (least recently freed)
+        self._cached: dict[int, _Block] = {}                    # block hash -> block (held or free)
+        self._held: dict[int, list[_Block]] = {}                # request id -> its blocks, front first
+        self._num_registered: dict[int, int] = {}               # request id -> leading blocks already hashed
+        self._hashes: dict[int, list[int]] = {}                 # request id -> chained hashes of prompt blocks
+        self._memo: dict[int, tuple[int, list[_Block]]] = {}    # request id -> (epoch, longest cached chain)
+        self._epoch = 0                                         # bumped whenever the cache changes
+        # counters (vLLM's prefix_cache_queries / _hits, prompt_tokens_cached / _recomputed)
+        self.num_queried_tokens = self.num_hit_tokens = 0
+        self.num_queried_blocks = self.num_hit_blocks = 0
+        self.num_evicted_blocks = 0
+        self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
+
+    # ---- identities ----
+    def block_hashes(self, spec: RequestSpec) -> list[int]:
+        """Chained hashes of the full prompt blocks of `spec` (memoised per request)."""
+        hashes = self._hashes.get(spec.request_id)
+        if hashes is None:
+            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size)
+        return hashes
+
+    def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
+        """Cached prefix of a request that is not in this pool (a router's question); no side effects."""
+        n = 0
+        for h in hashes[:(num_tokens - 1) // self.block_size]:
+            if h not in self._cached:
+                break
+            n += 1
+        return n * self.block_size
+
+    def match(self, spec: RequestSpec, num_tokens: int) -> list[_Block]:
+        """The longest chain of cached blocks that prefixes the request, leaving at least its last token
+        to compute (vLLM `get_computed_blocks`)."""
+        memo = self._memo.get(spec.request_id)
+        if memo is not None and memo[0] == self._epoch:
+            return memo[1]
+        out = []
+        cached = self._cached
+        for h in self.block_hashes(spec)[:(num_tokens - 1) // self.block_size]:
+            blk = cached.get(h)
+            if blk is None:
+                break
+            out.append(blk)
+        self._memo[spec.request_id] = (self._epoch, out)
+        return out
+
+    def num_cached_tokens(self, req: Request) -> int:
+        return len(self.match(req.spec, req.num_tokens)) * self.block_size
+
+    def num_held_hit_blocks(self, req: Request) -> int:
+        """Hit blocks that other requests hold: sharing them takes no free block. (Cached idle hit blocks
+        leave the free queue when touched, so they count against free capacity, as in vLLM.)"""
+        return sum(1 for b in self.match(req.spec, req.num_tokens) if b.ref_count > 0)
+
+    # ---- allocation ----
+    def admit(self, req: Request) -> int:
+        """Share the request's cached prefix (it holds no blocks yet); returns the hit in tokens."""
+        blocks = self.match(req.spec, req.num_tokens)
+        for b in blocks:
+            if b.ref_count == 0:
+                del self._free[b]
+                self.num_used_blocks += 1
+            b.ref_count += 1
+        rid = req.request_id
+        self._held[rid] = list(blocks)
+        self._num_registered[rid] = len(blocks)
+        req.num_blocks = len(blocks)
+        self.num_block_refs += len(blocks)
+        hit = len(blocks) * self.block_size
+        self.cached_tokens_by_request[rid] = self.cached_tokens_by_request.get(rid, 0) + hit
+        self.num_queried_tokens += req.num_tokens
+        self.num_hit_tokens += hit
+        self.num_queried_blocks += len(self.block_hashes(req.spec))
+        self.num_hit_blocks += len(blocks)
+        self._epoch += 1
+        return hit
+
+    def grow(self, req: Request, num_tokens: int) -> None:
+        extra = -(-num_tokens // self.block_size) - req.num_blocks
+        if extra <= 0:
+            return
+        if extra > self.num_free_blocks:
+            raise RuntimeError(f"KV pool over capacity: request {req.request_id} needs {extra} blocks, "
+                               f"{self.num_free_blocks} free (a policy scheduled more than fits)")
+        held = self._held.setdefault(req.request_id, [])
+        for _ in range(extra):
+            if self._num_fresh:
+                self._num_fresh -= 1
+                blk = _Block()
+            else:
+                blk, _ = self._free.popitem(last=False)
+                if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
+                    del self._cached[blk.block_hash]
+                    blk.block_hash = None
+                    self.num_evicted_blocks += 1
+                    self._epoch += 1
+            blk.ref_count = 1
+            held.append(blk)
+        self.num_used_blocks += extra
+        self.num_block_refs += extra
+        req.num_blocks += extra
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Register the request's prompt blocks that became full (called after each step)."""
+        rid = req.request_id
+        start = self._num_registered.get(rid, 0)
+        hashes = self._hashes.get(rid) or self.block_hashes(req.spec)
+        if start >= len(hashes):  # fast path: every prompt block is registered (decoding)
+            return
+        end = min(req.num_computed_tokens // self.block_size, len(hashes))
+        if start >= end:
+            return
+        held = self._held[rid]
+        for i in range(start, end):
+            blk, h = held[i], hashes[i]
+            if blk.block_hash is None and h not in self._cached:  # a duplicate stays unhashed
+                blk.block_hash = h
+                self._cached[h] = blk
+        self._num_registered[rid] = end
+        self._epoch += 1
+
+    def free(self, req: Request) -> int:
+        rid = req.request_id
+        blocks = self._held.pop(rid, [])
+        for b in reversed(blocks):  # tail first: shared prefixes are evicted last
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                self._free[b] = None
+                self.num_used_blocks -= 1
+        self._num_registered.pop(rid, None)
+        self._memo.pop(rid, None)
+        if req.status in (RequestStatus.FINISHED, RequestStatus.DRAINING):
+            self._hashes.pop(rid, None)
+        self.num_block_refs -= len(blocks)
+        n, req.num_blocks = req.num_blocks, 0
+        self._epoch += 1
+        return n
+
+    def stats(self) -> dict:
+        return prefix_cache_stats([self])
+
+
+def prefix_cache_stats(pools) -> dict:
+    """Prefix-cache counters summed over pools (one per replica). `prefix_hit_rate` is the token fraction
+    (vLLM `prefix_cache_hits / prefix_cache_queries`); `prefix_block_hit_rate` counts full prompt blocks."""
+    q = sum(p.num_queried_tokens for p in pools)
+    hit = sum(p.num_hit_tokens for p in pools)
+    qb = sum(p.num_queried_blocks for p in pools)
+    return {"prefix_hit_rate": hit / q if q else 0.0,
+            "prefix_block_hit_rate": sum(p.num_hit_blocks for p in pools) / qb if qb else 0.0,
+            "num_cached_prompt_tokens": hit,
+            "num_recomputed_prompt_tokens": q - hit,
+            "num_prefix_evicted_blocks": sum(p.num_evicted_blocks for p in pools)}

@@ -134,6 +134,47 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
     return s
 
 
+def replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame, num_gpu_blocks: int,
+                   num_replicas: int) -> pd.DataFrame:
+    """One row per replica of a cluster: its share of the traffic and its own latency and load, over the
+    cluster's whole run (so a replica's busy fraction and throughput compare directly)."""
+    fin_all = requests[requests["status"] == "finished"]
+    end_s = float(max(fin_all["finish_s"].max() if len(fin_all) else 0.0,
+                      (iterations["start_s"] + iterations["duration_s"]).max() if len(iterations) else 0.0))
+    duration_s = end_s if end_s > 0 else float("nan")
+    rows = []
+    for rid in range(num_replicas):
+        req = requests[requests["replica_id"] == rid]
+        fin = req[req["status"] == "finished"]
+        it = iterations[iterations["replica_id"] == rid]
+        dur = it["duration_s"].to_numpy()
+        row = {"replica_id": rid, "num_requests": len(req), "num_finished": len(fin),
+               "throughput_rps": len(fin) / duration_s,
+               "output_tok_per_s": float(fin["output_tokens"].sum()) / duration_s,
+               "busy_fraction": float(dur.sum() / duration_s),
+               "mean_waiting": float((it["num_waiting"] * dur).sum() / duration_s) if len(it) else 0.0,
+               "kv_usage_mean": float((it["kv_blocks_used"] * dur).sum() / duration_s / num_gpu_blocks) if len(it) else 0.0,
+               "kv_usage_max": float(it["kv_blocks_used"].max() / num_gpu_blocks) if len(it) else 0.0,
+               "num_preemptions": int(req["num_preemptions"].sum())}
+        row.update(_stats_ms("ttft", fin["ttft_s"]))
+        row.update(_stats_ms("tpot", fin["tpot_s"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cluster_summary(summary: dict, replicas: pd.DataFrame) -> dict:
+    """Cluster-wide keys for the results row. `summary` was computed over all replicas' pooled tables with
+    num_gpu_blocks x replicas, so its sums are cluster totals and `kv_usage_mean` the cluster's mean; the
+    busy fraction becomes the replicas' mean and `kv_usage_max` the fullest replica's peak."""
+    return {"num_replicas": len(replicas),
+            "busy_fraction": float(replicas["busy_fraction"].mean()),
+            "kv_usage_max": float(replicas["kv_usage_max"].max()),
+            "replica_requests_min": int(replicas["num_requests"].min()),
+            "replica_requests_max": int(replicas["num_requests"].max()),
+            "replica_busy_max": float(replicas["busy_fraction"].max()),
+            "replica_ttft_p99_max_ms": float(replicas["ttft_p99_ms"].max())}
+
+
 def per_priority_stats(requests: pd.DataFrame) -> dict:
     """With more than one priority class: counts and TTFT / TPOT / E2E / queue statistics per class,
     as columns suffixed `_prio{class}` (e.g. `ttft_p99_ms_prio0`). Empty with a single class."""

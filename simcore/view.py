@@ -27,10 +27,21 @@ class EngineView:
     max_model_len: int
     draining: Sequence[Request] = ()
     policy_state: object = None
+    prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
+
+    def num_cached_prefix_tokens(self, req: Request) -> int:
+        """Prompt tokens a prefix-cache hit lets `req` skip when admitted now: full cached blocks, at most
+        num_tokens - 1. Nonzero only with prefix caching on, for a new or recompute-preempted request."""
+        if self.prefix_cache is None or req.num_computed_tokens or req.status is not Status.WAITING:
+            return 0
+        return self.prefix_cache.num_cached_tokens(req)
 
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,
-        plus, for a swapped request, the blocks it brings back from the host."""
+        plus, for a swapped request, the blocks it brings back from the host. With prefix caching, a new
+        request's hit blocks that other requests hold are shared and take no free block."""
+        if self.prefix_cache is not None and req.num_computed_tokens == 0 and req.status is Status.WAITING:
+            return cdiv(num_tokens, self.block_size) - self.prefix_cache.num_held_hit_blocks(req)
         extra = max(0, cdiv(num_tokens, self.block_size) - req.num_blocks)
         return extra + req.num_blocks if req.status is Status.SWAPPED else extra
 

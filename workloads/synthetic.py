@@ -2,6 +2,7 @@
 independent seeded streams for arrival times, prompt lengths and output lengths."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,9 @@ import numpy as np
 from simcore.request import RequestSpec
 from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError
+from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
+                              parse_shared_prefix, prefix_block_ids, sample_mix, session_layout)
+from workloads.traces import TraceWorkload, parse_trace_workload, trace_specs
 
 PROCESSES = ("poisson", "gamma", "closed")
 
@@ -39,11 +43,16 @@ class PriorityMix:
 
 @dataclass(frozen=True)
 class Workload:
+    """`prompt_tokens`/`output_tokens` are None when `mix` gives per-class lengths (workloads/prefix.py,
+    which also defines `shared_prefix` and `sessions`)."""
     num_requests: int
     arrival: Arrival
-    prompt_tokens: LengthDist
-    output_tokens: LengthDist
+    prompt_tokens: LengthDist | None
+    output_tokens: LengthDist | None
     priority: PriorityMix | None = None  # None: every request has priority 0
+    shared_prefix: SharedPrefix | None = None
+    sessions: Sessions | None = None
+    mix: tuple[RequestClass, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,23 +110,35 @@ def parse_priority(spec, key: str = "workload.priority") -> PriorityMix:
     return PriorityMix(tuple(classes), tuple(float(w) / total for w in weights))
 
 
-def parse_workload(spec, key: str = "workload") -> Workload:
+def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping")
-    allowed = {"num_requests", "arrival", "prompt_tokens", "output_tokens"}
+    if "trace" in spec:  # trace replay (workloads/traces.py)
+        if extra := sorted(set(spec) - {"trace"}):
+            raise WorkloadError(f"{key}.{extra[0]}: not used with a trace (put replay options under {key}.trace)")
+        return parse_trace_workload(spec["trace"], f"{key}.trace")
+    required = {"num_requests", "arrival"} | ({"prompt_tokens", "output_tokens"} if "mix" not in spec else set())
+    allowed = required | {"shared_prefix", "sessions", "mix"} | ({"prompt_tokens"} if "sessions" in spec else set())
     for k in spec:
         if k not in allowed | {"priority"}:
             raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed | {'priority'}))}")
-    for k in sorted(allowed):
+    for k in sorted(required):
         if k not in spec:
             raise WorkloadError(f"{key}.{k}: required")
     n = spec["num_requests"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise WorkloadError(f"{key}.num_requests: must be a positive integer, got {n!r}")
+    arrival = parse_arrival(spec["arrival"], f"{key}.arrival")
+    sessions = parse_sessions(spec["sessions"], f"{key}.sessions") if "sessions" in spec else None
+    if sessions is not None and arrival.is_closed:
+        raise WorkloadError(f"{key}.sessions: needs an open-loop arrival process (poisson or gamma)")
+    if sessions is not None and "mix" in spec:
+        raise WorkloadError(f"{key}.sessions: cannot be combined with {key}.mix")
     priority = parse_priority(spec["priority"], f"{key}.priority") if spec.get("priority") is not None else None
-    return Workload(n, parse_arrival(spec["arrival"], f"{key}.arrival"),
-                    parse_length_dist(spec["prompt_tokens"], f"{key}.prompt_tokens"),
-                    parse_length_dist(spec["output_tokens"], f"{key}.output_tokens"), priority)
+    dist = lambda k: parse_length_dist(spec[k], f"{key}.{k}") if k in spec else None  # noqa: E731
+    return Workload(n, arrival, dist("prompt_tokens"), dist("output_tokens"), priority,
+                    parse_shared_prefix(spec["shared_prefix"], f"{key}.shared_prefix") if "shared_prefix" in spec else None,
+                    sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None)
 
 
 def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -134,26 +155,67 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
     return np.cumsum(gaps)
 
 
-def generate(workload: Workload, seed: int, max_model_len: int) -> GeneratedRequests:
+def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
+             block_size: int = 16) -> GeneratedRequests:
     """Draw the requests. Streams: arrivals, prompt lengths and output lengths are independent, so
-    changing one distribution does not reshuffle the others (priorities use a fourth stream; spawned
-    children do not depend on how many are spawned, so adding it left the first three unchanged)."""
-    arrival_rng, prompt_rng, output_rng, priority_rng = np.random.default_rng(seed).spawn(4)
+    changing one distribution does not reshuffle the others (spawned children do not depend on how many
+    are spawned: priorities, classes and system-prompt groups use streams 4-6 and leave the first three
+    unchanged). A trace is replayed as logged; prefix-block ids are in `block_size`-token engine blocks."""
+    if isinstance(workload, TraceWorkload):
+        return trace_specs(workload, max_model_len, block_size)
+    arrival_rng, prompt_rng, output_rng, priority_rng, class_rng, group_rng = np.random.default_rng(seed).spawn(6)
     n = workload.num_requests
-    times = arrival_times_s(workload.arrival, n, arrival_rng)
-    prompts = workload.prompt_tokens.sample(prompt_rng, n)
-    outputs = workload.output_tokens.sample(output_rng, n)
+    if workload.mix is not None:
+        _, prompts, outputs, max_new = sample_mix(workload.mix, n, class_rng, prompt_rng, output_rng)
+    else:
+        prompts = workload.prompt_tokens.sample(prompt_rng, n)
+        outputs = workload.output_tokens.sample(output_rng, n)
+        max_new = np.full(n, workload.output_tokens.max_value or -1)
+    sess = workload.sessions
+    if sess is not None:  # session starts from the arrival process, turns laid out after them
+        num_sessions = -(-n // sess.num_turns)
+        times, prompts, session, _ = session_layout(arrival_times_s(workload.arrival, num_sessions, arrival_rng),
+                                                    prompts, outputs, sess)
+    else:
+        times, session = arrival_times_s(workload.arrival, n, arrival_rng), None
+    sp = workload.shared_prefix
+    groups = group_rng.integers(sp.num_groups, size=n) if sp is not None else None
+    if sp is not None:
+        prompts = prompts + sp.prefix_tokens
     # Clip only to the model's hard limits, and count it.
     clipped_p = prompts > max_model_len - 1
     prompts = np.minimum(prompts, max_model_len - 1)
     clipped_o = outputs > max_model_len - prompts
     outputs = np.minimum(outputs, max_model_len - prompts)
-    max_new = workload.output_tokens.max_value
     mix = workload.priority
     priorities = (priority_rng.choice(np.asarray(mix.classes), size=n, p=np.asarray(mix.weights))
                   if mix is not None else np.zeros(n, dtype=np.int64))
-    specs = tuple(
-        RequestSpec(i, float(t), int(p), int(o), None if max_new is None else max(int(o), min(max_new, max_model_len - int(p))),
-                    priority=int(c))
-        for i, (t, p, o, c) in enumerate(zip(times, prompts, outputs, priorities)))
-    return GeneratedRequests(specs, int(clipped_p.sum()), int(clipped_o.sum()))
+    order = np.argsort(times, kind="stable")  # sessions interleave; ids follow arrival order
+    specs = []
+    for i, j in enumerate(order):
+        p, o, m = int(prompts[j]), int(outputs[j]), int(max_new[j])
+        ids = None
+        if sp is not None or sess is not None:
+            ids = prefix_block_ids(p, block_size, None if groups is None else int(groups[j]),
+                                   sp.prefix_tokens if sp is not None else 0,
+                                   None if session is None else int(session[j]))
+        specs.append(RequestSpec(i, float(times[j]), p, o, None if m < 0 else max(o, min(m, max_model_len - p)),
+                                 prefix_block_ids=ids, priority=int(priorities[j])))
+    return GeneratedRequests(tuple(specs), int(clipped_p.sum()), int(clipped_o.sum()))
+
+
+def describe_workload(w: Workload | TraceWorkload) -> dict:
+    """The workload as recorded with results (resolved.yaml)."""
+    if isinstance(w, TraceWorkload):
+        return {"trace": {k: v for k, v in dataclasses.asdict(w).items() if v is not None}}
+    dist = lambda d: None if d is None else {"dist": d.dist, **dict(d.params)}  # noqa: E731
+    out = {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
+           "prompt_tokens": dist(w.prompt_tokens), "output_tokens": dist(w.output_tokens),
+           "priority": dataclasses.asdict(w.priority) if w.priority else None}
+    for k in ("shared_prefix", "sessions"):
+        if getattr(w, k) is not None:
+            out[k] = dataclasses.asdict(getattr(w, k))
+    if w.mix is not None:
+        out["mix"] = [{"name": c.name, "weight": c.weight, "prompt_tokens": dist(c.prompt_tokens),
+                       "output_tokens": dist(c.output_tokens)} for c in w.mix]
+    return {k: v for k, v in out.items() if v is not None}

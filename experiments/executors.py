@@ -1,0 +1,55 @@
+"""Where a sweep's simulations run: inline (one job), a local process pool (the default), or a Dask
+distributed cluster given its scheduler address. All three hand back `concurrent.futures.Future`s, so the
+sweep and search loops are the same whichever runs them.
+
+Dask is an optional extra (`pip install batchsim[dask]`); it is imported only when asked for.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Iterator
+
+from experiments.config import ConfigError
+
+
+class InlineExecutor:
+    """Runs each task at submit time in this process (jobs=1: no pickling, easy to debug)."""
+
+    def submit(self, fn, *args, **kwargs) -> Future:
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # handed to the caller through the future, as a pool would
+            f.set_exception(e)
+        return f
+
+
+@contextlib.contextmanager
+def open_executor(jobs: int | None = None, dask_address: str | None = None,
+                  num_tasks: int | None = None) -> Iterator[tuple[object, int]]:
+    """Yield `(executor, num_slots)`: `num_slots` is how many tasks run at once (for the progress bar)."""
+    if dask_address:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise ConfigError("--dask: the Dask extra is not installed (pip install 'batchsim[dask]')") from None
+        try:
+            client = Client(dask_address, timeout="10s")
+        except (OSError, TimeoutError) as e:
+            raise ConfigError(f"--dask: cannot reach the scheduler at {dask_address} ({e})") from None
+        try:
+            slots = max(1, sum(w.get("nthreads", 1) for w in client.scheduler_info()["workers"].values()))
+            yield client.get_executor(pure=False), slots
+        finally:
+            client.close()
+        return
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    if num_tasks is not None:
+        jobs = max(1, min(jobs, num_tasks))
+    if jobs == 1:
+        yield InlineExecutor(), 1
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield pool, jobs

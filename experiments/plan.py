@@ -1,0 +1,82 @@
+"""The search path of `python -m experiments.run`: SLO search per grid point, then the capacity plan (with a
+`capacity:` block) and its check on a simulated cluster, then figures and summary.md; returns the text
+printed at the end."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.capacity import CapacitySpec, parse_capacity, plan
+from experiments.executors import open_executor
+from experiments.report import answer_sentence, label_of, md_table, search_report
+from experiments.search import parse_search
+from experiments.search_run import SearchResult, _hash, _read_json, _write_json, evaluate_load, run_search
+
+
+def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool = True,
+                   dask_address: str | None = None, make_plots: bool = True) -> str:
+    parse_search(sweep.get("search"))  # fail on a bad block before any work
+    cap_spec = parse_capacity(sweep["capacity"]) if "capacity" in sweep else None
+    res = run_search(sweep, out, jobs=jobs, progress=progress, dask_address=dask_address)
+    grid_keys = list((sweep.get("grid") or {}).keys())
+    cap = None
+    if cap_spec is not None:
+        tp = {f"g{p.index:03d}": p.config.tensor_parallel_size for p in res.grid_points}
+        cap = plan(res.searches, res.spec.over, tp, cap_spec, [k for k in grid_keys if k != "engine.policy"])
+        cap = verify_plan(res, cap, cap_spec, out, jobs, dask_address)
+        cap.to_csv(out / "capacity.csv", index=False)
+    if make_plots:
+        search_report(sweep, out, res, cap, cap_spec)
+    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
+    lines = [f"{res.spec.rule_text}; {len(res.points)} simulations"
+             + (f" ({res.num_reused} reused from an earlier run)" if res.num_reused else "")]
+    lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]
+    if cap is not None:
+        show = [c for c in ("grid_point", "policy", "capacity_rps_per_replica", "replicas", "gpus",
+                            "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo") if c in cap.columns]
+        lines += ["", "capacity plan:", md_table(cap[show])]
+    lines.append(f"\nresults in {out}/search.csv, search_points.csv"
+                 + (", capacity.csv" if cap is not None else "") + (", summary.md, plots/" if make_plots else ""))
+    return "\n".join(lines)
+
+
+def verify_plan(res: SearchResult, cap: pd.DataFrame, spec: CapacitySpec, out: Path, jobs: int | None,
+                dask_address: str | None) -> pd.DataFrame:
+    """Simulate each planned cluster (its replicas behind `spec.router`, open loop at the target rate, the
+    same traffic shape, as many requests per replica as the search used) and check it against the SLO.
+    Saved under capacity/ and reused on a rerun, like search points."""
+    if not spec.verify or not res.spec.over.endswith("rate_per_s"):
+        return cap
+    by_id = {f"g{p.index:03d}": p for p in res.grid_points}
+    seed = int(res.points["seed"].iloc[0])
+    tasks, found = {}, {}
+    for i, r in cap.iterrows():
+        if r["replicas"] is None or pd.isna(r["replicas"]):
+            continue
+        n = int(r["replicas"])
+        raw = copy.deepcopy(by_id[r["grid_point"]].raw)
+        raw["cluster"] = {"num_replicas": n, "router": spec.router}
+        raw["workload"]["num_requests"] = int(raw["workload"]["num_requests"]) * n
+        f = out / "capacity" / f"{r['grid_point']}-x{n}-{spec.router}.json"
+        h = _hash({**raw, "rate": spec.target_rps}, res.spec, seed, "capacity-check")
+        cached = _read_json(f)
+        if cached is not None and cached.get("config_hash") == h:
+            found[i] = cached["metrics"]
+        else:
+            tasks[i] = (raw, f, h)
+    if tasks:
+        with open_executor(jobs, dask_address, len(tasks)) as (pool, _):
+            futures = {i: pool.submit(evaluate_load, raw, res.spec, spec.target_rps, seed)
+                       for i, (raw, _, _) in tasks.items()}
+            for i, fut in futures.items():
+                found[i] = fut.result()
+                _write_json(tasks[i][1], {"config_hash": tasks[i][2], "metrics": found[i]})
+    cap = cap.copy()
+    cap["check_router"] = [spec.router if i in found else None for i in cap.index]
+    cap["check_meets_slo"] = [res.spec.meets_slo(found[i]) if i in found else None for i in cap.index]
+    for m, _ in res.spec.slo_ms:
+        cap[f"check_{m}"] = [found[i][m] if i in found else math.nan for i in cap.index]
+    return cap

@@ -1,0 +1,267 @@
+"""Capacity-planning figures as PNG files (matplotlib, Agg backend), each titled and labelled with units.
+
+Every function takes plain tables (pandas frames or arrays already loaded) and a path, writes one figure
+and returns the path; choosing which runs to show and reading files is `experiments.report`'s job.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from experiments.search import pretty_metric  # noqa: E402
+
+COLORS = {"static": "#d62728", "continuous": "#1f77b4", "chunked_prefill": "#2ca02c"}
+
+
+def _color(label: str, i: int):
+    for name, c in COLORS.items():
+        if label.startswith(name):
+            return c
+    return f"C{i + 3}"
+
+
+def _title(title: str) -> str:
+    """Headline, then the setup wrapped to the figure's width."""
+    head, _, rest = title.partition("\n")
+    return head + ("\n" + "\n".join(textwrap.wrap(rest, 90)) if rest else "")
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    fig.suptitle(_title(title), fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _load_label(load_col: str) -> str:
+    return "closed-loop concurrency (users)" if load_col.endswith("concurrency") else "arrival rate (requests/s)"
+
+
+def _load_axis(ax, curves: dict[str, pd.DataFrame], load_col: str) -> None:
+    """Log x when the loads span a wide range (bracketing doubles), so low and high loads both show."""
+    loads = pd.concat([df[load_col] for df in curves.values()]) if curves else pd.Series(dtype=float)
+    if len(loads) and loads.min() > 0 and loads.max() / loads.min() >= 50:
+        ax.set_xscale("log")
+    ax.set_xlabel(_load_label(load_col) + (", log scale" if ax.get_xscale() == "log" else ""))
+
+
+def _by_load(df: pd.DataFrame, load_col: str, col: str) -> pd.DataFrame:
+    g = df.groupby(load_col)[col]
+    return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max()}).sort_index()
+
+
+def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str, path: Path, subtitle: str,
+                    slo_ms: float | None = None, answers: dict[str, float | None] | None = None) -> Path:
+    """One line per policy/configuration (mean over seeds, band = min..max), the SLO and each found maximum."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for i, (label, df) in enumerate(curves.items()):
+        s = _by_load(df, load_col, metric)
+        c = _color(label, i)
+        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=label)
+        ax.fill_between(s.index, s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
+        best = (answers or {}).get(label)
+        if best is not None and not math.isnan(best) and best in s.index:
+            ax.axvline(best, color=c, ls=":", lw=1)
+            ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k",
+                    label=f"{label} max: {best:,.4g}")
+    if slo_ms is not None:
+        ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {pretty_metric(metric)} = {slo_ms:g} ms")
+    ax.set_yscale("log")
+    _load_axis(ax, curves, load_col)
+    ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, f"{pretty_metric(metric)} against load\n{subtitle}")
+
+
+def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, subtitle: str,
+                       answers: dict[str, float | None] | None = None) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for i, (label, df) in enumerate(curves.items()):
+        s = _by_load(df, load_col, "output_tok_per_s")
+        c = _color(label, i)
+        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=label)
+        best = (answers or {}).get(label)
+        if best is not None and not math.isnan(best) and best in s.index:
+            ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k", label=f"{label} at its SLO max")
+    _load_axis(ax, curves, load_col)
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, f"Output throughput against load\n{subtitle}")
+
+
+def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: list[tuple[str, float | None]],
+                       path: Path, subtitle: str) -> Path:
+    """The trade-off, one panel per latency metric: each point is one load; right is more work, lower faster."""
+    fig, axes = plt.subplots(1, len(slos), figsize=(7.5 * min(len(slos), 2) ** 0.75, 4.6), squeeze=False)
+    for ax, (metric, slo_ms) in zip(axes[0], slos):
+        for i, (label, df) in enumerate(curves.items()):
+            x = _by_load(df, load_col, "output_tok_per_s")["mean"]
+            y = _by_load(df, load_col, metric)["mean"]
+            ax.plot(x.values, y.values, "o-", ms=3.5, color=_color(label, i), label=label)
+        if slo_ms is not None:
+            ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {slo_ms:g} ms")
+        ax.set_yscale("log")
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path, f"Throughput-latency trade-off (one point per load)\n{subtitle}")
+
+
+def latency_cdfs(runs: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, subtitle: str) -> Path:
+    """`runs`: label -> (TTFT samples in ms, pooled ITL gaps in ms)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for i, (label, (ttft_ms, itl_ms)) in enumerate(runs.items()):
+        for ax, v in zip(axes, (ttft_ms, itl_ms)):
+            v = np.sort(np.asarray(v, dtype=float))
+            if v.size:
+                ax.plot(v, np.arange(1, v.size + 1) / v.size, color=_color(label, i), label=label)
+    for ax, what in zip(axes, ("TTFT (ms, log scale)", "inter-token latency (ms, log scale)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(what)
+        ax.set_ylabel("fraction of samples at or below")
+        ax.axhline(0.99, color="grey", ls=":", lw=1)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_title("time to first token (per request)", fontsize=9)
+    axes[1].set_title("gaps between tokens (pooled over requests)", fontsize=9)
+    return _save(fig, path, f"Latency distributions (CDF)\n{subtitle}")
+
+
+def slot_intervals(requests: pd.DataFrame, holds_until_drained: bool) -> pd.DataFrame:
+    """Per request: when it held a batch slot, split into prefill wait, decoding and (static) finished-but-held.
+
+    Static batching admits a batch together (same admitted_s) and frees every slot when its longest
+    member finishes; continuous batching frees a slot at the request's own finish."""
+    r = requests[requests["status"] == "finished"].copy()
+    r["release_s"] = r.groupby("admitted_s")["finish_s"].transform("max") if holds_until_drained else r["finish_s"]
+    r = r.sort_values(["admitted_s", "request_id"]).reset_index(drop=True)
+    free_at: list[float] = []
+    slots = []
+    for a, rel in zip(r["admitted_s"], r["release_s"]):  # lowest free slot (interval colouring)
+        j = next((k for k, t in enumerate(free_at) if t <= a + 1e-12), None)
+        if j is None:
+            j = len(free_at)
+            free_at.append(rel)
+        else:
+            free_at[j] = rel
+        slots.append(j)
+    r["slot"] = slots
+    return r
+
+
+def slot_gantt(panels: dict[str, tuple[pd.DataFrame, bool]], window_s: float, path: Path, subtitle: str) -> Path:
+    """`panels`: label -> (requests table, holds slots until the batch drains). First `window_s` seconds."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 + 2.2 * len(panels)), sharex=True, squeeze=False)
+    parts = (("admitted_s", "first_token_s", "#ff7f0e", "prefill (until first token)"),
+             ("first_token_s", "finish_s", "#1f77b4", "decoding"),
+             ("finish_s", "release_s", "#d62728", "finished, slot held as padding until batch drains"))
+    for ax, (label, (req, drains)) in zip(axes[:, 0], panels.items()):
+        r = slot_intervals(req, drains)
+        r = r[r["admitted_s"] < window_s]
+        num_slots = int(r["slot"].max()) + 1 if len(r) else 1
+        ax.set_facecolor("#eeeeee")  # grey = idle slot
+        for start, end, color, _ in parts:
+            w = (r[end].clip(upper=window_s) - r[start]).clip(lower=0)
+            ax.barh(r["slot"], w, left=r[start], height=0.85, color=color, lw=0)
+        ax.set_ylim(-0.5, num_slots - 0.5)
+        ax.invert_yaxis()
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("batch slot")
+        busy = r["release_s"].clip(upper=window_s) - r["admitted_s"]
+        padded = (r["release_s"].clip(upper=window_s) - r["finish_s"].clip(upper=window_s)).clip(lower=0)
+        ax.set_title(f"{label}: {len(r)} requests admitted; slot time held as padding "
+                     f"{padded.sum() / max(busy.sum(), 1e-12):.0%}", fontsize=9)
+    axes[-1, 0].set_xlim(0, window_s)
+    axes[-1, 0].set_xlabel("time since start (s)")
+    handles = [Patch(color=c, label=t) for *_, c, t in parts] + [Patch(color="#eeeeee", label="idle slot")]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.subplots_adjust(bottom=0.16)
+    fig.suptitle(_title(f"Slot occupancy, first {window_s:.3g} s\n{subtitle}"), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def engine_timeseries(runs: dict[str, tuple[pd.DataFrame, int]], path: Path, subtitle: str) -> Path:
+    """`runs`: label -> (iterations table, number of KV blocks). Queue, running sequences, KV use over time."""
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    for i, (label, (it, num_blocks)) in enumerate(runs.items()):
+        c = _color(label, i)
+        t = it["start_s"]
+        axes[0].step(t, it["num_waiting"], where="post", color=c, lw=0.9, label=label)
+        axes[1].step(t, it["num_running"], where="post", color=c, lw=0.9, label=label)
+        axes[2].step(t, 100 * it["kv_blocks_used"] / max(1, num_blocks), where="post", color=c, lw=0.9, label=label)
+    for ax, y in zip(axes, ("queue depth (requests waiting)", "running sequences (holding KV)", "KV cache used (%)")):
+        ax.set_ylabel(y, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[2].set_ylim(0, 105)
+    axes[2].set_xlabel("simulated time (s)")
+    return _save(fig, path, f"Engine state over time\n{subtitle}")
+
+
+def capacity_plan(curves: dict[str, tuple[list, list]], target_rps: float, path: Path, subtitle: str,
+                  gpus_per_replica: dict[str, int] | None = None, price_per_gpu_hour: float | None = None) -> Path:
+    """`curves`: label -> (target loads in requests/s, replicas needed). Cost on a second axis when priced."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for i, (label, (xs, ys)) in enumerate(curves.items()):
+        ys = [math.nan if y is None else y for y in ys]
+        ax.step(xs, ys, where="post", color=_color(label, i), label=label)
+    ax.axvline(target_rps, color="k", ls="--", lw=1, label=f"target {target_rps:g} requests/s")
+    ax.set_xlabel("target load (requests/s)")
+    ax.set_ylabel("replicas needed")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    if price_per_gpu_hour and gpus_per_replica and len(set(gpus_per_replica.values())) == 1:
+        tp = next(iter(gpus_per_replica.values()))
+        sec = ax.secondary_yaxis("right", functions=(lambda r: r * tp * price_per_gpu_hour,
+                                                     lambda c: c / (tp * price_per_gpu_hour)))
+        sec.set_ylabel(f"cost per hour ({tp} GPU/replica x {price_per_gpu_hour:g}/GPU-hour)")
+    return _save(fig, path, f"Capacity plan: replicas to serve a load within the SLO\n{subtitle}")
+
+
+def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str, path: Path, subtitle: str,
+                      line_col: str = "policy", ratio: pd.DataFrame | None = None) -> Path:
+    """A sweep without a load axis: one line per policy over the first swept setting (mean over seeds), and
+    with `ratio` (columns x_col, 'ratio') a second panel: one policy's throughput over another's."""
+    fig, axes = plt.subplots(1, 2 if ratio is not None else 1, figsize=(12 if ratio is not None else 7.5, 4.6),
+                             squeeze=False)
+    ax = axes[0, 0]
+    numeric = pd.api.types.is_numeric_dtype(table[x_col])
+    for i, (label, df) in enumerate(table.groupby(line_col, sort=False)):
+        s = df.groupby(x_col)[y_col].mean().sort_index()
+        ax.plot(s.index if numeric else [str(v) for v in s.index], s.values, "o-",
+                color=_color(str(label), i), label=str(label))
+    ax.set_ylabel(y_label)
+    ax.legend(fontsize=8)
+    if ratio is not None:
+        r = ratio.sort_values(x_col)
+        axes[0, 1].plot(r[x_col] if numeric else r[x_col].astype(str), r["ratio"], "o-", color="k")
+        axes[0, 1].axhline(1, color="grey", ls=":", lw=1)
+        axes[0, 1].set_ylabel(ratio.attrs.get("label", "ratio"))
+        axes[0, 1].set_ylim(bottom=0)
+    for a in axes[0]:
+        if numeric and table[x_col].min() > 0 and table[x_col].max() / table[x_col].min() >= 20:
+            a.set_xscale("log")
+            a.set_xticks(sorted(table[x_col].unique()), [f"{v:g}" for v in sorted(table[x_col].unique())])
+        a.set_xlabel(x_col.split(".", 1)[-1] + (" (log scale)" if a.get_xscale() == "log" else ""))
+        a.grid(True, alpha=0.3)
+    return _save(fig, path, f"{y_label} by {x_col.split('.', 1)[-1]}\n{subtitle}")

@@ -1,0 +1,255 @@
+"""After a search: pick the runs worth plotting, draw the figures (`experiments.plots`) and write `summary.md`,
+which states the answers in words ("chunked_prefill: 212 concurrent users at p99 TTFT <= 200 ms, ...").
+
+Reads only what the sweep or search saved in the output folder, so it can be rerun on finished results.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import plots
+from experiments.capacity import CapacitySpec, replicas_curve
+from experiments.config import set_dotted
+from experiments.search import pretty_metric
+from experiments.search_run import SearchResult, comparison_load, gantt_load
+
+LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
+
+
+def md_table(df: pd.DataFrame) -> str:
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            if math.isnan(v):
+                return ""
+            if v.is_integer() and abs(v) < 1e15:
+                return f"{int(v):,}"
+            return f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
+        return str(v)
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def describe_setup(sweep: dict) -> str:
+    """One line a reader needs to interpret a figure without the YAML; swept settings show as 'swept'."""
+    sweep = copy.deepcopy(sweep)
+    searched = [sweep["search"]["over"]] if isinstance(sweep.get("search"), dict) and "over" in sweep["search"] else []
+    for k in [*(sweep.get("grid") or {}), *searched]:
+        if k not in ("engine", "engine.policy"):
+            set_dotted(sweep, k, "swept")
+    w = sweep.get("workload") or {}
+    a = w.get("arrival") or {}
+
+    def dist(d):
+        d = dict(d or {})
+        name = d.pop("dist", "?")
+        return f"{name}(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
+    tp = sweep.get("tensor_parallel_size", 1)
+    rate = a.get("rate_per_s")
+    if a.get("process") == "closed":
+        traffic = "closed loop" + (f", think time {a['think_time_s']} s" if a.get("think_time_s") else "")
+    elif isinstance(rate, float) and math.isinf(rate):
+        traffic = "all requests at t = 0"
+    else:
+        traffic = (f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else "")
+                   + (f" at {rate} requests/s" if isinstance(rate, (int, float)) else ""))
+    return (f"{sweep.get('model', 'llama-3-8b')} on {tp}x {sweep.get('hardware', 'h100-sxm')}, {traffic}, "
+            f"prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}")
+
+
+def _label(row, grid_keys: list[str]) -> str:
+    """'chunked_prefill, max_num_batched_tokens=512': the policy, then every other swept setting."""
+    extra = []
+    for k in grid_keys:
+        if k == "engine.policy" or k not in row:
+            continue
+        v = row[k]
+        if isinstance(v, float) and math.isnan(v):  # a knob this policy does not have
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, dict):  # a whole mapping swept (e.g. `engine:`): show its settings, not the dict
+            extra += [f"{kk}={vv}" for kk, vv in v.items() if kk != "policy"]
+        else:
+            extra.append(f"{k.split('.')[-1]}={v}")
+    return ", ".join([str(row["policy"])] + extra)
+
+
+def label_of(grid_values: dict, policy: str, grid_keys: list[str]) -> str:
+    return _label({**grid_values, "policy": policy}, grid_keys)
+
+
+def _requests_cdf_input(d: Path) -> tuple[np.ndarray, np.ndarray]:
+    req = pd.read_csv(d / "requests.csv")
+    ttft = (req.loc[req["status"] == "finished", "ttft_s"] * 1e3).to_numpy()
+    f = d / "itl_gaps_ms.npy"
+    return ttft, (np.load(f) if f.exists() else np.zeros(0))
+
+
+def _replica0(df: pd.DataFrame) -> pd.DataFrame:
+    """A cluster's tables interleave replicas; slot and engine-state plots show replica 0's."""
+    return df[df["replica_id"] == 0] if "replica_id" in df and df["replica_id"].nunique() > 1 else df
+
+
+def _gantt_window_s(static_req: pd.DataFrame) -> float:
+    """Enough time to see three static batches (or the whole run when shorter)."""
+    starts = np.sort(static_req["admitted_s"].dropna().unique())
+    end = float(static_req["finish_s"].max())
+    return float(starts[3]) if len(starts) > 3 else end
+
+
+def _gantt(panels: dict[str, Path], out: Path, subtitle: str) -> Path | None:
+    """panels: label -> folder with requests.csv; needs a static one and at least one other."""
+    static = [k for k in panels if k.startswith("static")]
+    if not static or len(panels) < 2:
+        return None
+    tables = {k: _replica0(pd.read_csv(d / "requests.csv")) for k, d in panels.items()}
+    window = _gantt_window_s(tables[static[0]])
+    ordered = static + [k for k in panels if k not in static]
+    return plots.slot_gantt({k: (tables[k], k.startswith("static")) for k in ordered}, window,
+                            out / "plots" / "slot_gantt.png", subtitle)
+
+
+def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
+    import json
+    data = {}
+    for label, d in runs.items():
+        blocks = json.loads((d / "summary.json").read_text()).get("num_gpu_blocks", 1)
+        data[label] = (_replica0(pd.read_csv(d / "iterations.csv")), blocks)
+    return plots.engine_timeseries(data, out / "plots" / "engine_timeseries.png", subtitle)
+
+
+def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame | None,
+                  cap_spec: CapacitySpec | None) -> list[Path]:
+    spec, grid_keys = res.spec, list((sweep.get("grid") or {}).keys())
+    load_col = spec.over.split(".")[-1]
+    setup = describe_setup(sweep)
+    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
+    curves = {labels[g]: df for g, df in res.points.groupby("grid_point", sort=False)}
+    answers = {labels[r.grid_point]: r.max_value for r in res.searches.itertuples()}
+    made = []
+    for i, (metric, limit) in enumerate(spec.slo_ms):
+        name = "latency_vs_load.png" if i == 0 else f"latency_vs_load_{metric}.png"
+        made.append(plots.latency_vs_load(curves, load_col, metric, out / "plots" / name, setup, limit, answers))
+    made.append(plots.throughput_vs_load(curves, load_col, out / "plots" / "throughput_vs_load.png", setup, answers))
+    made.append(plots.throughput_latency(curves, load_col, list(spec.slo_ms), out / "plots" / "throughput_latency.png",
+                                         setup))
+    at_answer = {}
+    for gi, o in res.outcomes.items():
+        v = o.best if o.best is not None else spec.lo
+        if (gi, v) in res.details:
+            at_answer[f"{labels[f'g{gi:03d}']} at {v:g}"] = res.details[(gi, v)]
+    if at_answer:
+        made.append(plots.latency_cdfs({k: _requests_cdf_input(d) for k, d in at_answer.items()},
+                                       out / "plots" / "latency_cdf.png", f"each at its SLO maximum; {setup}"))
+    v = comparison_load(spec, res.outcomes, {p.index: p for p in res.grid_points})
+    same_load = {labels[f"g{gi:03d}"]: d for (gi, val), d in sorted(res.details.items()) if val == v}
+    if same_load:
+        made.append(_timeseries(same_load, out, f"same traffic, {load_col} = {v:g}; {setup}"))
+    static = [gi for gi, p in enumerate(res.grid_points) if p.config.policy.name == "static"]
+    if static:
+        gs = res.grid_points[static[0]].index
+        v = gantt_load(spec, res.outcomes[gs])
+        panels = {labels[f"g{gi:03d}"]: d for (gi, val), d in res.details.items() if val == v}
+        g = _gantt(panels, out, f"same traffic, {load_col} = {v:g}; {setup}")
+        if g:
+            made.append(g)
+    if cap is not None and cap_spec is not None:
+        hi = 2 * cap_spec.target_rps
+        cc = {labels[r.grid_point]: replicas_curve(r.capacity_rps_per_replica, cap_spec.headroom, hi)
+              for r in cap.itertuples() if r.replicas is not None and not pd.isna(r.replicas)}
+        tps = {labels[r.grid_point]: int(r.tensor_parallel_size) for r in cap.itertuples()}
+        made.append(plots.capacity_plan(cc, cap_spec.target_rps, out / "plots" / "capacity_plan.png",
+                                        f"headroom {cap_spec.headroom:.0%}; {setup}", tps, cap_spec.gpu_price_per_hour))
+    (out / "summary.md").write_text(_search_md(sweep, res, labels, cap, cap_spec, made, out))
+    return made
+
+
+def answer_sentence(row, spec, label: str) -> str:
+    unit = spec.unit
+    fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
+    if row.status == "infeasible":
+        how = row.note.partition("(")[2].rstrip(")")
+        return (f"**{label}**: even the lowest load tried, {fmt(spec.lo)} {unit}, misses {spec.slo_text}"
+                + (f" ({how})" if how else "") + ".")
+    slo_vals = ", ".join(f"{pretty_metric(m)} {getattr(row, f'{m}_at_max'):,.0f} ms" for m, _ in spec.slo_ms)
+    if row.max_value == 1 and spec.is_integer:
+        unit = "concurrent user"
+    s = (f"**{label}**: {fmt(row.max_value)} {unit} at {spec.slo_text}, "
+         f"{row.output_tok_per_s:,.0f} output tok/s ({row.throughput_rps:,.2f} requests/s); worst seed {slo_vals}")
+    if row.status == "above_range":
+        s += "; still passing at the top of the range, so the true maximum is higher"
+    elif not pd.isna(row.first_fail):
+        s += f"; first failing load {fmt(row.first_fail)}"
+    if spec.is_integer and row.max_value == getattr(row, "max_num_seqs", math.nan):
+        s += " (the engine's max_num_seqs: more users than batch slots wait in the queue)"
+    if row.non_monotone:
+        s += f". **Warning: non-monotone** - the SLO is met again at {row.non_monotone} above the first failure"
+    if row.status == "max_evaluations":
+        s += " (stopped at max_evaluations before the tolerance)"
+    return s + "."
+
+
+def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path) -> str:
+    spec = res.spec
+    lines = [f"# {sweep.get('name', 'sweep')}: maximum load within the SLO", "",
+             describe_setup(sweep) + ".", "",
+             f"Searched `{spec.over}` over [{spec.lo:g}, {spec.hi:g}] for the largest load meeting "
+             f"{spec.slo_text}; {spec.rule_text} (seeds: {res.searches['seeds'].iloc[0]}). Tolerance: "
+             f"{'exact to one user' if spec.is_integer and spec.tolerance <= 1 else f'{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative'}.",
+             ""]
+    if spec.is_integer and spec.warmup == "auto":
+        lines += ["Latency is measured in steady state: each user's first request (all sent at t = 0) and the "
+                  "last requests (while users run out of work) are left out; throughput counts the window where "
+                  f"all users are active. Each run has at least {spec.min_requests_per_user} requests per user.", ""]
+    lines += ["## Answers", ""]
+    for r in res.searches.itertuples():
+        lines.append("- " + answer_sentence(r, spec, labels[r.grid_point]))
+    cols = ["policy", "status", "max_value", "first_fail", "throughput_rps", "output_tok_per_s"]
+    cols += [f"{m}_at_max" for m, _ in spec.slo_ms] + ["num_loads", "note"]
+    tab = res.searches.copy()
+    tab["policy"] = [labels[g] for g in tab["grid_point"]]
+    lines += ["", md_table(tab[cols]), "",
+              f"Every simulated load is in `search_points.csv` ({len(res.points)} runs"
+              + (f", {res.num_reused} reused from an earlier run" if res.num_reused else "") + ").", ""]
+    if cap is not None:
+        lines += ["## Capacity plan", "",
+                  f"Target {cap_spec.target_rps:g} requests/s of this traffic; every replica kept at or below "
+                  f"{1 - cap_spec.headroom:.0%} of its SLO capacity (headroom {cap_spec.headroom:.0%}).", ""]
+        for r in cap.itertuples():
+            if r.replicas is None or pd.isna(r.replicas):
+                lines.append(f"- **{labels[r.grid_point]}**: cannot meet the SLO at any load on one replica.")
+                continue
+            cost = ""
+            if cap_spec.gpu_price_per_hour is not None:
+                cost = (f", {r.cost_per_hour:,.2f}/hour, {r.cost_per_million_output_tokens:,.3f} per million "
+                        "output tokens")
+            lines.append(f"- **{labels[r.grid_point]}**: {int(r.replicas)} replicas ({int(r.gpus)} GPUs) at "
+                         f"{r.capacity_rps_per_replica:,.3g} requests/s each{cost}." + (f" {r.note}." if r.note else "")
+                         + _check_sentence(r, res.spec, cap_spec))
+        show = [c for c in ("policy", "capacity_rps_per_replica", "replicas", "gpus", "utilization",
+                            "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo",
+                            *[f"check_{m}" for m, _ in res.spec.slo_ms]) if c in cap.columns]
+        t = cap.copy()
+        t["policy"] = [labels[g] for g in t["grid_point"]]
+        lines += ["", md_table(t[show]), "", f"Capacity basis: {cap['capacity_basis'].iloc[0]}.", ""]
+    lines += ["## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]
+    return "\n".join(lines)
+
+
+def _check_sentence(r, spec, cap_spec) -> str:
+    """The simulated check of one planned cluster, in words ('' when it was not run)."""
+    ok = getattr(r, "check_meets_slo", None)
+    if ok is None or (isinstance(ok, float) and math.isnan(ok)):
+        return ""
+    vals = ", ".join(f"{pretty_metric(m)} {getattr(r, f'check_{m}'):,.0f} ms" for m, _ in spec.slo_ms)
+    verdict = "meets the SLO" if ok else "**misses the SLO**: plan more replicas or more headroom"
+    return (f" Check: {int(r.replicas)} simulated replicas behind {r.check_router} at {cap_spec.target_rps:g} "
+            f"requests/s give {vals}: {verdict}.")

@@ -1,0 +1,310 @@
+"""Drive one SLO search per grid point, in-process over `simulate`, with every simulation saved and reused.
+
+Output folder layout (next to the sweep's own files):
+  search.csv                          one row per grid point: the answer, its throughput, the first failure
+  search_points.csv                   one row per simulation the searches ran (load, seed, metrics, verdict)
+  search/<gid>/<load>-seed<s>.json    that row, plus a hash of the configuration; a rerun reuses it
+  search/<gid>/detail-<load>/         a full run (requests.csv, iterations.csv, itl_gaps_ms.npy) at the
+                                      answer, for plots
+Simulations of all grid points and seeds run at once on the executor (local processes or Dask); the
+driver alone writes files, so Dask workers need no shared disk.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from experiments.executors import open_executor
+from experiments.config import ConfigError, Point, expand, set_dotted
+from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
+                                steady_state_metrics)
+from experiments.simulate import SimResult, simulate
+from simcore.engine import SimulationError
+from workloads.errors import WorkloadError
+
+METRICS_VERSION = 1  # bump when steady_state_metrics changes meaning, so saved evaluations are redone
+GANTT_USERS = 16
+RUN_COLUMNS = ("num_requests", "num_rejected", "num_preemptions", "mean_running", "mean_waiting", "kv_usage_max",
+               "ttft_p99_ms", "throughput_rps", "output_tok_per_s")
+
+
+@dataclass
+class SearchResult:
+    spec: SearchSpec
+    searches: pd.DataFrame            # search.csv
+    points: pd.DataFrame              # search_points.csv
+    outcomes: dict[int, Outcome]      # grid index -> outcome
+    grid_points: list[Point]
+    details: dict[tuple[int, float], Path] = field(default_factory=dict)  # (grid index, load) -> folder
+    num_reused: int = 0
+
+
+def load_config(raw: dict, spec: SearchSpec, value: float) -> dict:
+    """The point's mapping at one load: the load set, and closed-loop runs long enough to measure."""
+    raw = copy.deepcopy(raw)
+    v = int(value) if spec.is_integer else float(value)
+    set_dotted(raw, spec.over, v)
+    if spec.is_integer:
+        w = raw["workload"]
+        w["num_requests"] = max(int(w["num_requests"]), spec.min_requests_per_user * v)
+    return raw
+
+
+def evaluate_load(raw: dict, spec: SearchSpec, value: float, seed: int) -> dict:
+    """One simulation of the search (runs on a worker): steady-state metrics plus whole-run context."""
+    t0 = time.perf_counter()
+    cfg = load_config(raw, spec, value)
+    sim = simulate(cfg, seed)
+    conc = int(value) if spec.is_integer else None
+    row = steady_state_metrics(sim.requests, sim.itl_gaps_s, sim.itl_end_s, conc, spec.warmup)
+    row.update({f"run_{k}": sim.summary[k] for k in RUN_COLUMNS})
+    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    return row
+
+
+def run_detail(raw: dict, spec: SearchSpec, value: float, seed: int) -> SimResult:
+    return simulate(load_config(raw, spec, value), seed)
+
+
+def _hash(raw: dict, spec: SearchSpec, seed: int, kind: str) -> str:
+    blob = json.dumps({"raw": raw, "seed": seed, "kind": kind, "warmup": spec.warmup, "metrics": METRICS_VERSION},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _label(spec: SearchSpec, value: float) -> str:
+    return f"c{int(value)}" if spec.is_integer else f"r{value:.6g}"
+
+
+def grid_points(sweep: dict, spec: SearchSpec) -> tuple[list[Point], list[int]]:
+    """One resolved point per grid combination, with the searched key set to the range's low end; and the
+    seeds (every load is simulated once per seed)."""
+    grid = sweep.get("grid") or {}
+    if spec.over in grid:
+        raise ConfigError(f"grid.{spec.over}: this key is what search.over searches; drop it from the grid")
+    process = ((sweep.get("workload") or {}).get("arrival") or {}).get("process")
+    if spec.is_integer and process != "closed":
+        raise ConfigError(f"search.over: {spec.over} needs workload.arrival.process closed, got {process!r}")
+    if not spec.is_integer and process not in ("poisson", "gamma"):
+        raise ConfigError(f"search.over: {spec.over} needs workload.arrival.process poisson or gamma, got {process!r}")
+    base = copy.deepcopy(sweep)
+    set_dotted(base, spec.over, int(spec.lo) if spec.is_integer else spec.lo)
+    expanded = expand(base)
+    seeds = list(dict.fromkeys(p.seed for p in expanded))
+    return [p for p in expanded if p.seed == seeds[0]], seeds
+
+
+def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool = True,
+               dask_address: str | None = None) -> SearchResult:
+    """Search every grid point of `sweep` (which has a `search:` block); see the module docstring."""
+    spec = parse_search(sweep.get("search"))
+    points, seeds = grid_points(sweep, spec)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    gens = {p.index: bracket_then_bisect(spec) for p in points}
+    by_index = {p.index: p for p in points}
+    results: dict[tuple[int, float], dict[int, dict]] = {}
+    order: list[tuple[int, float]] = []
+    outcomes: dict[int, Outcome] = {}
+    rows: list[dict] = []
+    todo: deque = deque()
+    num_reused = 0
+
+    def ask(gi: int, value: float | None) -> None:
+        if value is None:
+            return
+        results[(gi, value)] = {}
+        order.append((gi, value))
+        todo.extend((gi, value, s) for s in seeds)
+
+    def cache_file(gi: int, value: float, seed: int) -> Path | None:
+        return None if out is None else out / "search" / f"g{gi:03d}" / f"{_label(spec, value)}-seed{seed}.json"
+
+    def tell(gi: int, value: float, seed: int, row: dict, reused: bool) -> None:
+        results[(gi, value)][seed] = {**row, "reused": reused}
+        if len(results[(gi, value)]) < len(seeds):
+            return
+        per_seed = [spec.meets_slo(results[(gi, value)][s]) for s in seeds]
+        try:
+            ask(gi, gens[gi].send(spec.seeds_pass(per_seed)))
+        except StopIteration as stop:
+            outcomes[gi] = stop.value
+            if bar is not None:
+                bar.update(1)
+
+    bar = _bar(len(points), progress)
+    with open_executor(jobs, dask_address) as (pool, slots):
+        for gi, gen in gens.items():
+            ask(gi, next(gen))
+        pending: dict = {}
+        try:
+            while todo or pending:
+                while todo:
+                    gi, value, seed = todo.popleft()
+                    raw = load_config(by_index[gi].raw, spec, value)
+                    f, h = cache_file(gi, value, seed), _hash(raw, spec, seed, "search")
+                    cached = _read_json(f)
+                    if cached is not None and cached.get("config_hash") == h:
+                        num_reused += 1
+                        tell(gi, value, seed, cached["metrics"], True)
+                        continue
+                    fut = pool.submit(evaluate_load, by_index[gi].raw, spec, value, seed)
+                    pending[fut] = (gi, value, seed, f, h)
+                    if fut.done():
+                        break  # inline executor: handle it before starting the next one
+                if bar is not None:
+                    running = min(slots, len(pending))
+                    bar.set_postfix_str(f"{sum(map(len, results.values()))} sims done, "
+                                        f"{running} running, {len(pending) - running + len(todo)} queued")
+                done = [f for f in pending if f.done()]
+                if not done and pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    gi, value, seed, f, h = pending.pop(fut)
+                    try:
+                        row = fut.result()
+                    except (SimulationError, ConfigError, WorkloadError) as e:  # say which run, keep the class
+                        raise type(e)(f"{by_index[gi].config.policy.name} at {spec.over}={value:g}, seed {seed}: "
+                                      f"{e}") from None
+                    if f is not None:
+                        _write_json(f, {"config_hash": h, "metrics": row})
+                    tell(gi, value, seed, row, False)
+        finally:
+            if bar is not None:
+                bar.set_postfix_str(f"{sum(map(len, results.values()))} sims done, {num_reused} reused")
+                bar.close()
+        details = _run_details(pool, spec, by_index, outcomes, seeds[0], out)
+    for gi, value in order:
+        p = by_index[gi]
+        per_seed = {s: spec.meets_slo(r) for s, r in results[(gi, value)].items()}
+        verdict = spec.seeds_pass(list(per_seed.values()))
+        for s, r in results[(gi, value)].items():
+            rows.append({"grid_point": f"g{gi:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
+                         spec.over.split(".")[-1]: value, "seed": s, "meets_slo": per_seed[s],
+                         "load_passes": verdict, **r})
+    points_df = pd.DataFrame(rows)
+    searches = _summary_rows(spec, points, outcomes, results, seeds)
+    if out is not None:
+        points_df.to_csv(out / "search_points.csv", index=False)
+        searches.to_csv(out / "search.csv", index=False)
+    return SearchResult(spec, searches, points_df, outcomes, points, details, num_reused)
+
+
+def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Outcome], results: dict,
+                  seeds: list[int]) -> pd.DataFrame:
+    rows = []
+    for p in points:
+        o = outcomes[p.index]
+        row = {"grid_point": f"g{p.index:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
+               "over": spec.over, "unit": spec.unit, "slo": spec.slo_text, "rule": spec.rule_text,
+               "seeds": len(seeds), "status": o.status,
+               "max_value": math.nan if o.best is None else o.best,
+               "first_fail": math.nan if o.first_fail is None else o.first_fail,
+               "non_monotone": " ".join(f"{v:g}" for v in o.non_monotone), "num_loads": len(o.evaluated),
+               "max_num_seqs": getattr(p.config.policy, "max_num_seqs", math.nan),
+               "note": o.message}
+        at = results.get((p.index, o.best), {}) if o.best is not None else {}
+        for k in ("throughput_rps", "output_tok_per_s", "run_mean_running", "run_kv_usage_max"):
+            row[k.replace("run_", "")] = float(np.mean([r[k] for r in at.values()])) if at else math.nan
+        for m, _ in spec.slo_ms:  # the worst seed at the answer: the figure the rule vouches for
+            row[f"{m}_at_max"] = float(np.max([r[m] for r in at.values()])) if at else math.nan
+        if o.status == "infeasible":  # say by how much the lowest load misses
+            low = results[(p.index, spec.lo)].values()
+            row["note"] += " (worst seed at the lowest load: " + ", ".join(
+                f"{pretty_metric(m)} {np.max([r[m] for r in low]):,.0f} ms" for m, _ in spec.slo_ms) + ")"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None) -> dict:
+    """Full runs for plots: each grid point at its answer (or the low end, when infeasible); and all grid
+    points at two shared loads, so the slot timeline (`gantt_load`) and the engine-state plot
+    (`comparison_load`) compare policies on identical traffic."""
+    if out is None:
+        return {}
+    wanted = {(gi, o.best if o.best is not None else spec.lo) for gi, o in outcomes.items()}
+    static = [gi for gi, p in by_index.items() if p.config.policy.name == "static"]
+    shared = {comparison_load(spec, outcomes, by_index)} | {gantt_load(spec, outcomes[gs]) for gs in static[:1]}
+    wanted |= {(gi, v) for gi in by_index for v in shared}
+    found, futures = {}, {}
+    for gi, value in sorted(wanted):
+        d = out / "search" / f"g{gi:03d}" / f"detail-{_label(spec, value)}"
+        h = _hash(load_config(by_index[gi].raw, spec, value), spec, seed, "detail")
+        if (_read_json(d / "summary.json") or {}).get("config_hash") == h:
+            found[(gi, value)] = d
+        else:
+            futures[pool.submit(run_detail, by_index[gi].raw, spec, value, seed)] = (gi, value, d, h)
+    for fut, (gi, value, d, h) in futures.items():
+        sim = fut.result()
+        d.mkdir(parents=True, exist_ok=True)
+        sim.requests.to_csv(d / "requests.csv", index=False)
+        sim.iterations.to_csv(d / "iterations.csv", index=False)
+        np.save(d / "itl_gaps_ms.npy", (sim.itl_gaps_s * 1e3).astype(np.float32))
+        _write_json(d / "summary.json", {**sim.summary, "config_hash": h, "seed": seed,
+                                         "policy": by_index[gi].config.policy.name, "value": value})
+        found[(gi, value)] = d
+    return found
+
+
+def gantt_load(spec: SearchSpec, static: Outcome) -> float:
+    """The load a static-vs-others slot timeline is drawn at: 16 users (enough slots to see static's
+    padding, few enough to read), else the rate where static first fails, else its answer."""
+    if spec.is_integer:
+        return float(min(spec.hi, max(spec.lo, GANTT_USERS)))
+    if static.first_fail is not None:
+        return static.first_fail
+    return static.best if static.best is not None else spec.lo
+
+
+def comparison_load(spec: SearchSpec, outcomes: dict, by_index: dict) -> float:
+    """The load at which every policy's engine state is plotted: the lowest answer among the policies other
+    than static (static's answer when it is the only one; the range's low end when nothing passes)."""
+    others = [o.best for gi, o in outcomes.items() if o.best is not None and by_index[gi].config.policy.name != "static"]
+    anyone = [o.best for o in outcomes.values() if o.best is not None]
+    return min(others or anyone or [spec.lo])
+
+
+def _not_policy(grid_values: dict) -> dict:
+    return {k: v for k, v in grid_values.items() if k not in ("engine.policy", "engine")}
+
+
+def flat(grid_values: dict) -> dict:
+    """Grid values for a table: a swept mapping (e.g. a whole `engine:`) becomes 'key=value ...' text."""
+    return {k: " ".join(f"{kk}={vv}" for kk, vv in v.items()) if isinstance(v, dict) else v
+            for k, v in grid_values.items()}
+
+
+def _read_json(f: Path | None) -> dict | None:
+    if f is None:
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(f: Path, data: dict) -> None:
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str, indent=1))
+    tmp.replace(f)  # atomic: an evaluation is either saved or absent
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, unit="search", desc="search", dynamic_ncols=True)

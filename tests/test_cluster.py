@@ -1,0 +1,113 @@
+"""Routers decide from load snapshots; the cluster runs N replicas in one simulation."""
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from experiments.config import ConfigError, resolve_point
+from experiments.simulate import simulate
+from policies import ChunkedPrefill
+from policies.routers import LeastKVUsage, LeastOutstanding, LengthSplit, PrefixAffinity, RoundRobin
+from simcore.arrivals import open_loop
+from simcore.cluster import Cluster, ReplicaLoad
+from simcore.costmodel import ConstantCost
+from simcore.engine import Engine, EngineLimits
+from simcore.log import EngineLog
+from simcore.metrics import requests_frame
+from simcore.request import RequestSpec
+
+
+def load(i, waiting=0, running=0, used=0, total=100, cached=0):
+    return ReplicaLoad(i, waiting, running, used, total, cached)
+
+
+SPEC = RequestSpec(0, 0.0, 100, 10, max_new_tokens=64)
+
+
+def test_round_robin_ignores_load():
+    loads = [load(0, waiting=9), load(1), load(2)]
+    assert [RoundRobin().route(SPEC, loads, k) for k in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_least_outstanding_and_least_kv():
+    loads = [load(0, waiting=2, running=1, used=10), load(1, running=2, used=90), load(2, waiting=1, running=2, used=5)]
+    assert LeastOutstanding().route(SPEC, loads, 0) == 1
+    assert LeastKVUsage().route(SPEC, loads, 0) == 2
+    assert LeastOutstanding().route(SPEC, [load(0, 1), load(1, 1)], 0) == 0  # ties: lowest index
+
+
+def test_prefix_affinity_prefers_longest_cached_prefix_until_imbalanced():
+    loads = [load(0, running=3), load(1, running=5, cached=64), load(2, running=1, cached=32)]
+    assert PrefixAffinity().route(SPEC, loads, 0) == 1
+    assert PrefixAffinity(balance_abs_threshold=3).route(SPEC, loads, 0) == 2  # gap 4 > 3: least loaded
+    assert PrefixAffinity().route(SPEC, [load(0, running=2), load(1, running=1)], 0) == 1  # no hit anywhere
+
+
+def test_length_split_pools():
+    loads = [load(0, running=5), load(1, running=2), load(2, running=1), load(3, running=3)]
+    r = LengthSplit(threshold_tokens=1000, num_long_replicas=2)
+    long_spec = RequestSpec(1, 0.0, 100, 1500, max_new_tokens=2048)
+    assert r.route(long_spec, loads, 0) == 1 and r.route(SPEC, loads, 0) == 2
+    assert r.route(RequestSpec(2, 0.0, 100, 10), loads, 0) == 1  # no max_tokens: may be long
+    assert LengthSplit(threshold_tokens=50, by="output_tokens").route(SPEC, loads, 0) == 2
+    assert LengthSplit(threshold_tokens=50, by="prompt_tokens").route(SPEC, loads, 0) == 0
+    with pytest.raises(ValueError, match="cluster.by"):
+        LengthSplit(by="words")
+
+
+def run_cluster(router, specs, n=3, caching=False):
+    env = simpy.Environment()
+    log = EngineLog()
+    limits = EngineLimits(1000, 16, 8192, enable_prefix_caching=caching)
+    engines = [Engine(env, ChunkedPrefill(), ConstantCost(1.0), limits, log, replica_id=i) for i in range(n)]
+    cluster = Cluster(engines, router)
+    env.process(open_loop(env, specs, cluster.submit))
+    env.run()
+    return requests_frame(log), cluster
+
+
+def test_cluster_round_robin_timeline():
+    specs = [RequestSpec(i, 0.5 * i, 20, 2) for i in range(6)]
+    df, cluster = run_cluster(RoundRobin(), specs)
+    assert df.replica_id.tolist() == [0, 1, 2, 0, 1, 2] and cluster.routed_to == [0, 1, 2, 0, 1, 2]
+    assert df.first_token_s.tolist() == [1.0, 1.5, 2.0, 3.0, 3.5, 4.0]  # first token after one 1 s step
+
+
+def test_cluster_prefix_affinity_follows_the_cache():
+    ids = tuple(range(8))
+    specs = [RequestSpec(0, 0.0, 200, 2, prefix_block_ids=ids), RequestSpec(1, 0.1, 10, 2),
+             RequestSpec(2, 5.0, 200, 2, prefix_block_ids=ids)]
+    df, _ = run_cluster(PrefixAffinity(), specs, caching=True)
+    assert df.replica_id.tolist() == [0, 1, 0]  # request 2 goes where request 0's prefix is cached
+    df, _ = run_cluster(LeastOutstanding(), specs, caching=True)
+    assert df.replica_id.tolist() == [0, 1, 0]
+    df, _ = run_cluster(RoundRobin(), specs, caching=True)
+    assert df.replica_id.tolist() == [0, 1, 2]
+
+
+BASE = {"model": "llama-3-8b", "hardware": "h100-sxm",
+        "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate_per_s": 20},
+                     "prompt_tokens": {"dist": "uniform", "min": 10, "max": 300},
+                     "output_tokens": {"dist": "uniform", "min": 1, "max": 40}}}
+
+
+def test_simulate_cluster_summary_and_replicas():
+    res = simulate({**BASE, "cluster": {"num_replicas": 4, "router": "least_outstanding"}})
+    s = res.summary
+    assert s["num_replicas"] == 4 and s["router"] == "least_outstanding" and s["num_finished"] == 40
+    assert res.replicas.num_requests.sum() == 40 and len(res.replicas) == 4
+    assert s["replica_requests_max"] >= s["replica_requests_min"] >= 1
+    assert res.resolved["cluster"]["router"] == "least_outstanding"
+    one = simulate(BASE)
+    assert one.replicas is None and "num_replicas" not in one.summary
+
+
+@pytest.mark.parametrize("cluster,msg", [
+    ({"num_replicas": 0}, "cluster.num_replicas"),
+    ({"num_replicas": 2, "router": "random"}, "cluster.router: unknown router 'random'"),
+    ({"num_replicas": 2, "router": "round_robin", "threshold_tokens": 5}, "cluster.threshold_tokens: not a knob"),
+    ({"num_replicas": 2, "router": "length_split", "num_long_replicas": 2}, "cluster.num_long_replicas"),
+])
+def test_cluster_config_errors(cluster, msg):
+    with pytest.raises(ConfigError, match=msg):
+        resolve_point({**BASE, "cluster": cluster})
