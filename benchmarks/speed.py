@@ -6,9 +6,9 @@ Llama-3-8B on one H100-SXM (roofline cost model), Poisson arrivals at 11 req/s (
 chunked prefill sustains here), Azure-conversation-like lengths: prompts lognormal (median 1020, sigma 1.0,
 max 8000), outputs lognormal (median 129, sigma 0.86, max 2048). For each policy and size it prints wall
 time, simulated requests and iterations per second and peak memory (each run in a fresh process, so the
-peak is that run's), and times one max-concurrency search end to end: the largest closed-loop concurrency
-whose TTFT p99 stays <= 200 ms in every one of 3 seeds, 5,000 requests per evaluation, found by doubling
-then bisection. `--check N` also runs the SimPy engine (fast_path: off) on N requests and compares.
+peak is that run's), and times one max-concurrency search end to end (experiments.search_run, one core):
+the largest closed-loop concurrency whose steady-state TTFT p99 stays <= 200 ms in every one of 3 seeds,
+5,000 requests per evaluation. `--check N` also runs the SimPy engine (fast_path: off) on N requests and compares.
 """
 from __future__ import annotations
 
@@ -57,30 +57,21 @@ def one_run(policy: str, num_requests: int, fast_path: str, profile: str) -> dic
 
 def search(policy: str = "chunked_prefill", profile: str = "roofline", seeds=(0, 1, 2), num_requests: int = 5000,
            ttft_p99_ms: float = 200.0) -> dict:
-    """Largest closed-loop concurrency meeting the TTFT SLO in every seed: doubling, then bisection."""
-    from experiments.simulate import simulate
-    evaluations = []
-
-    def ok(concurrency: int) -> bool:
-        for seed in seeds:
-            cfg = config(policy, num_requests, arrival={"process": "closed", "concurrency": concurrency},
-                         profile=profile)
-            p99 = simulate(cfg, seed=seed).summary["ttft_p99_ms"]
-            evaluations.append((concurrency, seed, p99))
-            if p99 > ttft_p99_ms:
-                return False
-        return True
-
+    """One max-concurrency search end to end with experiments.search_run (issue 4): the largest number of
+    closed-loop users whose steady-state TTFT p99 meets the SLO in every seed, on one core (jobs=1)."""
+    from experiments.search_run import run_search
+    sweep = {**config(policy, num_requests, arrival={"process": "closed", "concurrency": 1}, profile=profile),
+             "seeds": list(seeds),
+             "search": {"over": "workload.arrival.concurrency", "slo": {"ttft_p99_ms": ttft_p99_ms},
+                        "range": [1, 1024], "confidence": "all"}}
     start, cpu_start = time.perf_counter(), time.process_time()
-    lo, hi = 0, 1
-    while ok(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return {"policy": policy, "max_concurrency": lo, "wall_s": time.perf_counter() - start,
-            "cpu_s": time.process_time() - cpu_start, "evaluations": evaluations,
-            "num_simulations": len(evaluations), "peak_rss_mb": peak_rss_mb()}
+    result = run_search(sweep, out_dir=None, jobs=1, progress=False)
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    pts = result.points
+    return {"policy": policy, "max_concurrency": int(result.searches.iloc[0]["max_value"]),
+            "wall_s": wall_s, "cpu_s": cpu_s, "num_simulations": len(pts),
+            "evaluations": [(int(r.concurrency), int(r.seed), float(r.ttft_p99_ms)) for r in pts.itertuples()],
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def in_child(*args: str) -> dict:
@@ -121,8 +112,9 @@ def main(argv=None) -> None:
                   f"{r['peak_rss_mb']:>9.0f}{r['ttft_p99_ms']:>13.1f}", flush=True)
     if not args.no_search:
         r = in_child("search", args.profile)
-        print(f"max-concurrency search ({r['policy']}, TTFT p99 <= 200 ms, 3 seeds x 5000 requests, closed loop): "
-              f"concurrency {r['max_concurrency']}, {r['num_simulations']} simulations in {r['wall_s']:.1f} s "
+        print(f"max-concurrency search (experiments.search_run, {r['policy']}, TTFT p99 <= 200 ms, 3 seeds x 5000 "
+              f"requests, closed loop, jobs=1): "
+              f"{r['max_concurrency']} users, {r['num_simulations']} simulations in {r['wall_s']:.1f} s "
               f"wall, {r['cpu_s']:.1f} s cpu, peak {r['peak_rss_mb']:.0f} MB", flush=True)
         print("  evaluations (concurrency, seed, TTFT p99 ms): "
               + ", ".join(f"({c}, {sd}, {p:.0f})" for c, sd, p in r["evaluations"]), flush=True)
