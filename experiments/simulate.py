@@ -11,6 +11,7 @@ import simpy
 from costmodels import load_cost_model
 from costmodels.roofline import activation_reserve_bytes, weight_bytes
 from experiments.config import PointConfig, resolve_point
+from experiments.fast import run_fast, use_fast_path
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
@@ -108,6 +109,8 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
+    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -147,3 +150,14 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int) -> SimResult:
+    """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
+    requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
+    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
+                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
+                    "cost_model": cost_model.describe().get("kind", "?")})
+    return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
+                     *itl[2:])
