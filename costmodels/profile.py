@@ -179,9 +179,15 @@ class ProfileCostModel:
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
+        return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits)
+
+    def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum,
+                         num_logits: int | None = None) -> float:
+        """`step_time_s` from the count and the sum of the decode contexts, all decode attention depends
+        on (`decode_coords`); the fast path (simcore/fastpath.py) prices with it."""
         new = [n for n, _ in prefill]
-        num_seqs = len(new) + len(decode)
-        num_tokens = sum(new) + len(decode)
+        num_seqs = len(new) + num_decode
+        num_tokens = sum(new) + num_decode
         if num_tokens == 0:
             return 0.0
         if num_logits is None:
@@ -189,13 +195,31 @@ class ProfileCostModel:
         layer = self.dense_layer_s(num_tokens)
         if new:
             layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
-        if decode:
-            layer += self.decode_attn(*decode_coords(decode))
+        if num_decode:
+            layer += self.decode_attn(float(num_decode), decode_context_sum / num_decode)  # decode_coords
+        o = self.overheads
+        return (self.model.num_layers * layer + self._step_terms_s(num_tokens, num_logits) + o.per_step_s
+                + o.per_request_s * num_seqs)
+
+    def _step_terms_s(self, num_tokens: int, num_logits: int) -> float:
+        """Once per step: embedding and final norm, LM head and sampling."""
         step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
         if num_logits:
             step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
-        o = self.overheads
-        return self.model.num_layers * layer + step + o.per_step_s + o.per_request_s * num_seqs
+        return step
+
+    def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
+        """A function of the decode context sum equal to `step_time_sums_s((), num_seqs, sum, num_logits)`,
+        with the terms that depend on the counts only evaluated once."""
+        num_logits = num_seqs if num_logits is None else num_logits
+        dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
+        per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
+        decode_attn, num_layers, batch = self.decode_attn, self.model.num_layers, float(num_seqs)
+
+        def step_time_s(context_sum) -> float:
+            layer = dense + decode_attn(batch, context_sum / num_seqs)
+            return num_layers * layer + step + per_step_s + per_seqs_s
+        return step_time_s
 
 
 def read_profile(path: Path) -> dict:

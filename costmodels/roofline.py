@@ -50,6 +50,11 @@ class RooflineCostModel:
         self.layer_gemms = [(self.q_dim + self.kv_dim, m.hidden_size), (m.hidden_size, self.q_dim),
                             (mlp_in, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)]
         self.peak_flops = gpu.bf16_flops_per_s * (2 if dtype == "fp8" else 1)
+        self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
+        self._heads: dict[int, float] = {}
+        e = eff   # 4 * head_dim * heads FLOP per context token (QK^T and PV), and the attained rates
+        self._decode_attention_consts = (4.0 * model.head_dim * self.heads, self.peak_flops * e.attention_compute,
+                                         gpu.hbm_bytes_per_s * e.attention_memory, e.kernel_launch_s)
 
     def describe(self) -> dict:
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
@@ -63,20 +68,23 @@ class RooflineCostModel:
         return max(flops / (self.peak_flops * e.gemm_compute),
                    bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.kernel_launch_s
 
-    def _attention_s(self, new: np.ndarray, cached: np.ndarray, decode_ctx: np.ndarray) -> float:
+    def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]]) -> float:
+        """Varlen flash attention, causal over the new tokens, full over the cached ones. The sums are of
+        integers and half-integers, exact in float64 in any order."""
         e, hd, dt = self.eff, self.model.head_dim, self.dt
-        t = 0.0
-        if new.size:  # varlen flash attention, causal over the new tokens, full over the cached ones
-            flops = 4.0 * hd * self.heads * float(np.sum(new * (cached + (new + 1) / 2.0)))
-            bytes_ = dt * float(np.sum(2 * new * self.q_dim + (cached + new) * self.kv_dim))
-            t += max(flops / (self.peak_flops * e.attention_compute),
-                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
-        if decode_ctx.size:  # paged decode attention: stream every sequence's K and V once
-            flops = 4.0 * hd * self.heads * float(decode_ctx.sum())
-            bytes_ = dt * float(decode_ctx.sum() * self.kv_dim + 2 * decode_ctx.size * self.q_dim)
-            t += max(flops / (self.peak_flops * e.attention_compute),
-                     bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
-        return t
+        flops = 4.0 * hd * self.heads * float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
+        bytes_ = dt * float(sum(2 * n * self.q_dim + (c + n) * self.kv_dim for n, c in prefill))
+        return max(flops / (self.peak_flops * e.attention_compute),
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+
+    def _decode_attention_s(self, context_sum, num_seqs: int):
+        """Paged decode attention: stream every sequence's K and V once. `context_sum` (the sum of the
+        sequences' contexts, exact in float64) may be a float or an array of them, one per step."""
+        flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
+        flops = flops_per_ctx * context_sum
+        bytes_ = self.dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
+        maximum = max if isinstance(context_sum, float) else np.maximum
+        return maximum(flops / compute_rate, bytes_ / memory_rate) + launch_s
 
     def _elementwise_s(self, num_tokens: int) -> float:
         """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
@@ -94,25 +102,82 @@ class RooflineCostModel:
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
-        pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
-        dc = np.asarray(decode, dtype=float)
-        num_seqs = len(pf) + len(dc)
-        num_tokens = int(pf[:, 0].sum()) + len(dc)
+        return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits)
+
+    def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum: int,
+                         num_logits: int | None = None) -> float:
+        """`step_time_s` when only the count and the sum of the decode contexts are at hand: the roofline
+        depends on nothing else about them (equal results, bitwise)."""
+        num_seqs = len(prefill) + num_decode
+        num_tokens = sum(n for n, _ in prefill) + num_decode
         if num_tokens == 0:
             return 0.0
         if num_logits is None:
             num_logits = num_seqs
-        layer = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
-        layer += self._attention_s(pf[:, 0], pf[:, 1], dc) + self._elementwise_s(num_tokens)
-        layer += self._allreduce_s(num_tokens)
+        attention = 0.0
+        if prefill:
+            attention += self._prefill_attention_s(prefill)
+        if num_decode:
+            attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
+        return self._step_s(num_tokens, num_seqs, num_logits, attention)
+
+    def decode_steps_time_s(self, num_seqs: int, context_sums: np.ndarray, num_logits: int | None = None):
+        """Many decode-only steps at once: step i runs `num_seqs` sequences whose contexts (each including
+        its new token) sum to `context_sums[i]`. Element i equals, bitwise, `step_time_s(decode=contexts_i,
+        num_logits=num_logits)`: the same float operations in the same order, elementwise (the fast path's
+        quiet stretches rely on it)."""
+        attention = self._decode_attention_s(np.asarray(context_sums, dtype=float), num_seqs)
+        return self._step_s(num_seqs, num_seqs, num_seqs if num_logits is None else num_logits, attention)
+
+    def _step_s(self, num_tokens: int, num_seqs: int, num_logits: int, attention):
+        """Everything but attention depends on token and sequence counts only; `attention` may be an array."""
+        by_tokens = self._by_tokens.get(num_tokens)
+        if by_tokens is None:   # memoised: a pure function of the token count
+            by_tokens = self._by_tokens[num_tokens] = self._token_terms_s(num_tokens)
+        head = self._heads.get(num_logits)
+        if head is None:
+            head = self._heads[num_logits] = self._head_s(num_logits)
+        gemms, elementwise, allreduce, embed = by_tokens
+        layer = gemms + (attention + elementwise)
+        layer = layer + allreduce
+        e = self.eff
+        return (self.model.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+
+    def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
+        """A function of the decode context sum giving `step_time_sums_s((), num_seqs, sum, num_logits)`,
+        bitwise: the same operations, with everything that depends only on the counts evaluated once."""
+        num_logits = num_seqs if num_logits is None else num_logits
+        self._step_s(num_seqs, num_seqs, num_logits, 0.0)   # fills the memos
+        gemms, elementwise, allreduce, embed = self._by_tokens[num_seqs]
+        head, num_layers, e = self._heads[num_logits], self.model.num_layers, self.eff
+        per_step_s, per_seqs_s = e.per_step_s, e.per_request_s * num_seqs
+        # _decode_attention_s for a float, inlined (this runs once per simulated step)
+        flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
+        dt, kv_dim, q_bytes = self.dt, self.kv_dim, 2 * num_seqs * self.q_dim
+
+        def step_time_s(context_sum: int) -> float:
+            context_sum = float(context_sum)
+            flops_s = flops_per_ctx * context_sum / compute_rate
+            bytes_s = dt * (context_sum * kv_dim + q_bytes) / memory_rate
+            layer = gemms + (((flops_s if flops_s >= bytes_s else bytes_s) + launch_s) + elementwise)
+            layer = layer + allreduce
+            return num_layers * layer + head + embed + per_step_s + per_seqs_s
+        return step_time_s
+
+    def _token_terms_s(self, num_tokens: int) -> tuple[float, float, float, float]:
         m, e = self.model, self.eff
-        head = 0.0
-        if num_logits:  # final norm, LM head over the vocabulary shard, logits to fp32, sampling
-            head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
-            head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-            head += 3 * e.kernel_launch_s
+        gemms = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
         embed = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-        return (m.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+        return gemms, self._elementwise_s(num_tokens), self._allreduce_s(num_tokens), embed
+
+    def _head_s(self, num_logits: int) -> float:
+        """Final norm, LM head over the vocabulary shard, logits to fp32, sampling."""
+        if not num_logits:
+            return 0.0
+        m, e = self.model, self.eff
+        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
+        head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+        return head + 3 * e.kernel_launch_s
 
 
 def weight_bytes(model: ModelShape, tp: int = 1, dtype: str = "bf16") -> float:

@@ -41,6 +41,7 @@ class EngineSettings:
     swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
     check_invariants: bool = True
     enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
+    fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
 
 
 ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}
@@ -299,6 +300,8 @@ def resolve_point(raw: dict) -> PointConfig:
         raise ConfigError(f"engine.gpu_memory_utilization: must be in (0, 1], got {settings.gpu_memory_utilization}")
     if settings.preemption_mode not in ("recompute", "swap"):
         raise ConfigError(f"engine.preemption_mode: expected recompute or swap, got {settings.preemption_mode!r}")
+    if settings.fast_path not in ("auto", "on", "off"):
+        raise ConfigError(f"engine.fast_path: expected auto, on or off, got {settings.fast_path!r}")
     if settings.max_model_len is not None:
         if settings.max_model_len < 2:
             raise ConfigError("engine.max_model_len: must be at least 2")

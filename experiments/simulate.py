@@ -12,6 +12,7 @@ from costmodels import load_cost_model
 from costmodels.roofline import activation_reserve_bytes, weight_bytes
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
+from experiments.fast import run_fast, use_fast_path
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
@@ -113,6 +114,8 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
+    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -163,10 +166,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?")})
-    summary["num_gpus"] = cfg.num_gpus
-    if cfg.slo is not None:
-        requests["meets_slo"] = meets_slo(requests, cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.e2e_ms)
-        summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
+    add_goodput(cfg, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
         cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
@@ -174,3 +174,23 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None:
+    """`num_gpus`, and with `slo:` a per-request `meets_slo` column and the goodput keys (in place)."""
+    summary["num_gpus"] = cfg.num_gpus
+    if cfg.slo is not None:
+        requests["meets_slo"] = meets_slo(requests, cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.e2e_ms)
+        summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
+
+
+def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int) -> SimResult:
+    """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
+    requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
+    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
+                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
+                    "cost_model": cost_model.describe().get("kind", "?")})
+    add_goodput(cfg, requests, summary)
+    return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
+                     *itl[2:])

@@ -43,7 +43,7 @@ class EngineLimits:
 class Engine:
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
-                 replica_id: int = 0, on_handoff: Callable[[Request], None] | None = None):
+                 replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
                              f"not {limits.preemption_mode!r}")
@@ -68,6 +68,10 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
+        # Real-execution seam (calibration.backend.RealBackend): when set, each batch is run on real
+        # hardware by `executor.execute(engine, batch, shape, cost_args)`, which returns its measured
+        # seconds; the cost model is then not consulted. Everything else (policy, KV pool) is unchanged.
+        self.executor = executor
         self._wake: simpy.Event | None = None
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
         self.process = env.process(self._loop())
@@ -180,10 +184,13 @@ class Engine:
             if shape is None:
                 shape = [(s.num_new_tokens, self.requests[s.request_id].num_computed_tokens)
                          for s in batch.scheduled]
-            duration_s = self.cost_model.step_time_s(
-                prefill=[(n, c) for n, c in shape if n > 1 or c == 0],
-                decode=[c + 1 for n, c in shape if n == 1 and c > 0],
-                num_logits=self._num_logits(batch, shape)) + transfer_s
+            cost_args = dict(prefill=[(n, c) for n, c in shape if n > 1 or c == 0],
+                             decode=[c + 1 for n, c in shape if n == 1 and c > 0],
+                             num_logits=self._num_logits(batch, shape))
+            if self.executor is None:
+                duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
+            else:  # real hardware: measured wall time of this very batch (see __init__)
+                duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
             yield env.timeout(duration_s)
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:

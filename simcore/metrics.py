@@ -19,7 +19,15 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def requests_frame(log: EngineLog) -> pd.DataFrame:
-    df = pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS))
+    return _with_latencies(pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS)))
+
+
+def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
+    """The same table from per-request columns (REQUEST_COLUMNS keys), as the fast path logs them."""
+    return _with_latencies(pd.DataFrame({k: columns[k] for k in REQUEST_COLUMNS}))
+
+
+def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
     df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = df["finish_s"] - df["arrival_s"]
@@ -42,6 +50,48 @@ def _stats_ms(prefix: str, values_s) -> dict:
     return out
 
 
+def weighted_percentiles(values: np.ndarray, counts: np.ndarray, percentiles=PERCENTILES) -> list[float]:
+    """`np.percentile(np.repeat(values, counts), percentiles)` (linear method) without expanding: `values`
+    sorted ascending, `counts` positive integers. Same index arithmetic and interpolation as numpy."""
+    ends = np.cumsum(counts)  # sorted position of the last copy of each value, + 1
+    n = int(ends[-1])
+    out = []
+    for p in percentiles:
+        virtual = (n - 1) * (p / 100)
+        lo = int(np.floor(virtual))
+        gamma = virtual - lo
+        a = values[np.searchsorted(ends, lo, side="right")]
+        b = values[np.searchsorted(ends, min(lo + 1, n - 1), side="right")]
+        diff = b - a
+        out.append(float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma))
+    return out
+
+
+def itl_samples(itl_gaps_s) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled ITL gaps in canonical form: sorted distinct values and how often each occurs. Accepts a flat
+    sequence of gaps (the SimPy engine's log) or `(values, counts)` weighted samples (the fast path's,
+    where every sequence of a decode batch shares one gap); equal multisets give identical arrays."""
+    if isinstance(itl_gaps_s, tuple):
+        values, counts = (np.asarray(a) for a in itl_gaps_s)
+        order = np.argsort(values, kind="stable")
+        values, counts = values[order], counts[order]
+        keep = np.ones(len(values), dtype=bool)
+        keep[1:] = values[1:] != values[:-1]
+        starts = np.flatnonzero(keep)
+        return values[starts], np.add.reduceat(counts.astype(np.int64), starts) if len(starts) else counts
+    return np.unique(np.asarray(itl_gaps_s, dtype=float), return_counts=True)
+
+
+def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
+    if not len(values):
+        return _stats_ms(prefix, [])
+    mean_s = float(np.dot(values, counts.astype(float)) / counts.sum())
+    out = {f"{prefix}_mean_ms": mean_s * 1e3}
+    out.update({f"{prefix}_p{p}_ms": x * 1e3
+                for p, x in zip(PERCENTILES, weighted_percentiles(values, counts))})
+    return out
+
+
 def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_gpu_blocks: int) -> dict:
     fin = requests[requests["status"] == "finished"]
     end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0,
@@ -59,7 +109,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
         "total_tok_per_s": (in_tokens + out_tokens) / duration_s,
     }
     s.update(_stats_ms("ttft", fin["ttft_s"]))
-    s.update(_stats_ms("itl", itl_gaps_s))
+    s.update(_weighted_stats_ms("itl", *itl_samples(itl_gaps_s)))
     s.update(_stats_ms("tpot", fin["tpot_s"]))
     s.update(_stats_ms("e2e", fin["e2e_s"]))
     s.update(_stats_ms("queue", fin["queue_s"]))

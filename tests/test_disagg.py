@@ -222,3 +222,15 @@ def test_goodput_rate_interpolates_below_the_first_miss():
     assert mod.max_rate_meeting(curve) == pytest.approx(2.5)  # 0.95 at 2, 0.85 at 3: 90% at 2.5; 4 ignored
     assert mod.max_rate_meeting(curve.assign(slo_attainment=0.5)) == 0.0
     assert mod.max_rate_meeting(curve.assign(slo_attainment=1.0)) == 5
+
+
+def test_fast_path_stays_off_and_goodput_on_both_paths():
+    from experiments.fast import fast_path_reason
+    cfg = resolve_point({**BASE, "disaggregation": DISAGG})
+    assert "disaggregation" in fast_path_reason(cfg, [])
+    with pytest.raises(SimulationError, match="disaggregation"):
+        simulate({**BASE, "disaggregation": DISAGG, "engine": {"fast_path": "on"}})
+    fast = simulate(BASE)  # one replica: the fast path, with the same goodput keys as the SimPy engine
+    slow = simulate({**BASE, "engine": {"fast_path": "off"}})
+    assert fast.summary["goodput_rps"] == pytest.approx(slow.summary["goodput_rps"])
+    assert fast.requests.meets_slo.tolist() == slow.requests.meets_slo.tolist()

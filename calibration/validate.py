@@ -1,0 +1,359 @@
+"""Fidelity check: run a short workload on real hardware through the simulator's own engine, simulate the
+identical workload with a cost profile, and report how far apart they are.
+
+    python -m calibration.validate --model tiny --device cpu --profile P --out results/fidelity
+
+P: a profile from `calibration.run` (path or shipped name), "roofline", a saved step model (JSON written
+by an earlier validate), or "stepfit" (default): fit a whole-step model on a separate real calibration run
+first. For each policy: a saturated run (everything queued at t = 0) gives the real capacity, then runs at
+`--loads` x capacity, each repeated `--repeats` times. Writes report.md, iterations.csv, metrics.csv,
+speed.csv, step_time.png (and profile_corrected.json with --fit-overhead) under --out.
+On CPU the process re-executes itself once with GLIBC_TUNABLES that stop glibc from returning freed memory
+to the kernel (thousands of page faults per torch step otherwise); --no-reexec skips that.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+import simpy.rt
+
+from calibration.stepfit import StepFitCostModel, fit_overheads, fit_step_model, kernel_only_s, read_stepfit
+from calibration.validate_report import write_report
+from costmodels import load_cost_model
+from costmodels.catalog import CatalogError, get_gpu
+from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
+from experiments.simulate import memory_plan
+from policies import POLICIES as ALL_POLICIES
+from simcore.arrivals import ClosedLoopUsers, open_loop
+from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.log import EngineLog
+from simcore.metrics import iterations_frame, requests_frame, summarize
+from workloads.synthetic import generate
+
+GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:"
+                  "glibc.malloc.top_pad=268435456")
+POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any registered policy may be named
+
+
+@dataclass
+class RunResult:
+    """One engine run (real or simulated) of one workload."""
+    summary: dict
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    records: pd.DataFrame | None = None   # real runs: calibration.backend.StepRecord rows
+    cost_args: list | None = None         # real runs: what the engine would have priced, per step
+    speed_samples: list | None = None     # real runs: (sim time, probe median, probe repeats...) seconds
+
+
+def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResult:
+    """The same wiring as experiments.simulate, with an optional real backend (then in real time)."""
+    plan = memory_plan(cfg)
+    gen = generate(cfg.workload, seed, cfg.model.max_model_len)
+    limits = EngineLimits(num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size,
+                          max_model_len=cfg.model.max_model_len, check_invariants=cfg.engine.check_invariants)
+    env = simpy.rt.RealtimeEnvironment(strict=False) if backend is not None else simpy.Environment()
+    log = EngineLog()
+    if backend is not None:
+        backend.reset()
+    engine = Engine(env, cfg.policy, cost_model, limits, log, executor=backend)
+    if cfg.workload.arrival.is_closed:
+        users = ClosedLoopUsers(env, gen.specs, cfg.workload.arrival.concurrency, engine.submit,
+                                cfg.workload.arrival.think_time_s)
+        engine.on_done = users.on_done
+        users.start()
+    else:
+        env.process(open_loop(env, gen.specs, engine.submit))
+    if backend is not None:
+        env.real_start = time.monotonic()  # the real clock starts now, not when the environment was built
+    env.run()
+    if len(log.requests) != len(gen.specs):
+        raise SimulationError(f"{cfg.policy.name}: {len(gen.specs) - len(log.requests)} requests never finished")
+    requests, iterations = requests_frame(log), iterations_frame(log)
+    summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks)
+    if backend is None:
+        return RunResult(summary, requests, iterations)
+    return RunResult(summary, requests, iterations, backend.records_frame(), list(backend.cost_args),
+                     list(backend.speed_samples))
+
+
+def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = None) -> PointConfig:
+    """One point: the YAML's base (or the command-line workload) with this policy and arrival rate."""
+    if args.config:
+        raw = load_sweep_file(args.config)
+        raw = {k: v for k, v in raw.items() if k not in ("grid", "seeds", "name", "description")}
+    else:
+        raw = {"workload": {
+            "num_requests": args.num_requests,
+            "prompt_tokens": {"dist": "lognormal", "median": args.prompt_median, "sigma": args.sigma,
+                              "max": args.prompt_max},
+            "output_tokens": {"dist": "lognormal", "median": args.output_median, "sigma": args.sigma,
+                              "max": args.output_max}}}
+        raw["model"] = args.model
+    raw = json.loads(json.dumps(raw))  # a deep copy
+    raw.setdefault("hardware", args.hardware)
+    raw.pop("profile", None)
+    raw["dtype"] = args.dtype  # the simulated dtype is the one the real model runs in
+    engine = raw.setdefault("engine", {})
+    engine["policy"] = policy
+    engine.setdefault("num_gpu_blocks", -(-args.kv_tokens // engine.get("block_size", 16)))
+    engine.setdefault("max_model_len", args.prompt_max + args.output_max if not args.config else None)
+    if engine["max_model_len"] is None:
+        del engine["max_model_len"]
+    engine.setdefault("max_num_seqs", args.max_num_seqs)
+    if policy == "chunked_prefill":
+        engine.setdefault("max_num_batched_tokens", args.chunk_tokens)
+    elif policy == "continuous":
+        engine.pop("max_num_batched_tokens", None)  # vLLM V0: the budget is max_model_len
+    raw["workload"]["arrival"] = arrival or {"process": "poisson", "rate_per_s": rate_per_s}
+    cfg = resolve_point(raw)
+    # The real backend neither shares KV blocks nor copies KV to the host: refuse rather than ignore.
+    if getattr(cfg.engine, "enable_prefix_caching", False):
+        raise ConfigError("engine.enable_prefix_caching: not supported by the real backend (calibration.validate)")
+    if cfg.engine.preemption_mode != "recompute":
+        raise ConfigError("engine.preemption_mode: the real backend supports recompute only")
+    return cfg
+
+
+def load_profile(args, cfg: PointConfig, backend) -> object:
+    """The cost model under test (see the module docstring for the choices)."""
+    if args.profile == "stepfit":
+        return calibrate_stepfit(args, backend)
+    saved = read_stepfit(args.profile)
+    if saved is not None:
+        return saved
+    try:
+        return load_cost_model(args.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
+    except (CatalogError, ValueError) as e:
+        raise ConfigError(f"--profile: {e}") from None
+
+
+def calibrate_stepfit(args, backend) -> StepFitCostModel:
+    """Separate real runs (other seeds) that the step model is fitted on: per policy, one saturated run
+    (large batches) and one with two closed-loop users (small batches), so both ends are covered."""
+    cost_args, measured, probes = [], [], []
+    for policy in args.policies:
+        for offset, arrival in ((1000, None), (2000, {"process": "closed", "concurrency": 2})):
+            cfg = build_config(args, policy, float("inf"), arrival)
+            res = run_engine(cfg, args.seed + offset, _NullCost(), backend)
+            cost_args += res.cost_args
+            measured += res.records["measured_s"].tolist()
+            probes += [sample[1] for sample in res.speed_samples]
+            _say(args, f"calibration run {policy} {'saturated' if arrival is None else 'closed-loop'}: "
+                       f"{len(res.records)} steps")
+    return fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {args.seed + 1000}/{args.seed + 2000}, "
+                          f"{len(measured)} steps on {args.device}",
+                          reference_step_s=float(np.median(probes)) if probes else backend.reference_base_s)
+
+
+class _NullCost:
+    """The real backend never prices a step; this makes any accidental use fail loudly."""
+
+    def step_time_s(self, **_):
+        raise SimulationError("a real run asked the cost model for a price")
+
+    def describe(self) -> dict:
+        return {"kind": "real"}
+
+
+def validate(args) -> dict:
+    """All runs of the validation; returns what write_report needs."""
+    import torch
+
+    from calibration.backend import RealBackend
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg0 = build_config(args, args.policies[0], float("inf"))
+    backend = RealBackend(cfg0.model, memory_plan(cfg0).num_gpu_blocks, cfg0.engine.block_size, args.device,
+                          args.dtype, args.seed, args.reference_every_s, clock=args.clock,
+                          decode_attention=args.decode_attention)
+    backend.warm_up(max_tokens=min(512, cfg0.model.max_model_len // 2))
+    backend.reference_base_s = backend.reference_s(reps=9)
+    cost_model = load_profile(args, cfg0, backend)
+    base = getattr(cost_model, "reference_step_s", None)
+    if base:
+        backend.reference_base_s = float(base)  # normalise to the machine's speed when the profile was taken
+    runs = []  # (policy, load, repeat, kind, RunResult)
+    for policy in args.policies:
+        sat_cfg = build_config(args, policy, float("inf"))
+        sim = run_engine(sat_cfg, args.seed, cost_model)
+        runs.append((policy, "saturated", 0, "sim", sim))
+        capacity = []
+        for rep in range(args.repeats):
+            real = run_engine(sat_cfg, args.seed, _NullCost(), backend)
+            runs.append((policy, "saturated", rep, "real", real))
+            capacity.append(real.summary["throughput_rps"])
+            _say(args, f"{policy} saturated run {rep}: {real.summary['output_tok_per_s']:.0f} output tok/s")
+        for load in args.loads:
+            rate = load * float(np.median(capacity))
+            cfg = build_config(args, policy, rate)
+            runs.append((policy, f"{load:g}", 0, "sim", run_engine(cfg, args.seed, cost_model)))
+            for rep in range(args.repeats):
+                real = run_engine(cfg, args.seed, _NullCost(), backend)
+                runs.append((policy, f"{load:g}", rep, "real", real))
+                _say(args, f"{policy} load {load:g} ({rate:.2f} req/s) run {rep}: "
+                           f"p50 TTFT {real.summary['ttft_p50_ms']:.1f} ms")
+    overheads = None
+    if args.fit_overhead:
+        reals = [r for *_, kind, r in runs if kind == "real"]
+        cost_args = [a for r in reals for a in r.cost_args]
+        measured = np.array([m for r in reals for m in r.records["measured_s"]])
+        overheads = (*fit_overheads(cost_model, cost_args, measured),
+                     float(np.median(kernel_only_s(cost_model, cost_args) / measured)))
+    return {"runs": runs, "cost_model": cost_model, "overheads": overheads,
+            "reference_base_s": backend.reference_base_s, "threads": torch.get_num_threads(),
+            "decode_attention": backend.decode_attention,
+            "device_name": _device_name(args.device), "args": vars(args)}
+
+
+def _device_name(device: str) -> str:
+    import platform
+
+    import torch
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs"
+
+
+def _say(args, msg: str) -> None:
+    if not args.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def write_corrected_profile(args, cost_model, overheads, out: Path) -> Path | None:
+    """The profile with its per-step and per-request overheads replaced by the refit (profiles from
+    calibration.run, or a saved step model whose per-step term is replaced)."""
+    per_step_s, per_request_s, _ = overheads
+    if isinstance(cost_model, StepFitCostModel):
+        return None  # fitted on whole steps already; its overheads are part of the fit
+    profile = getattr(cost_model, "profile", None)
+    if not isinstance(profile, dict):
+        return None
+    o = dict(profile.get("overheads", {}))
+    o.update(per_step_s=per_step_s, per_request_s=per_request_s, per_layer_s=0.0,  # folded into per_step_s
+             source=f"calibration.validate --fit-overhead on {args.device} ({time.strftime('%Y-%m-%d')})")
+    path = out / "profile_corrected.json"
+    path.write_text(json.dumps(dict(profile, overheads=o), indent=1))
+    return path
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m calibration.validate", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", help="catalog name or path of a Hugging Face config.json")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--profile", default="stepfit", help="profile path/name, roofline, a saved step model, "
+                    "or stepfit (fit on a separate real run first)")
+    ap.add_argument("--config", help="a sweep YAML whose base (model, engine, workload) is validated")
+    ap.add_argument("--policies", default=None, help="comma-separated (default: the YAML's grid "
+                    "engine.policy, else all three)")
+    ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    ap.add_argument("--hardware", default="h100-sxm", help="catalog GPU the profile is looked up for")
+    ap.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                    help="default: the profile's dtype, else fp32 on cpu, bf16 on cuda")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on cpu)")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="time steps by the wall clock, "
+                    "or (cpu, one thread) by the engine thread's CPU time: a shared machine's other work is "
+                    "then not counted")
+    ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--prompt-median", type=int, default=128)
+    ap.add_argument("--prompt-max", type=int, default=512)
+    ap.add_argument("--output-median", type=int, default=32)
+    ap.add_argument("--output-max", type=int, default=128)
+    ap.add_argument("--sigma", type=float, default=0.8, help="lognormal sigma of both length distributions")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--chunk-tokens", type=int, default=512, help="chunked_prefill max_num_batched_tokens")
+    ap.add_argument("--decode-attention", choices=["per_seq", "batched"], default=None,
+                    help="one attention call per decode, or all decodes in one masked call "
+                    "(default: batched)")
+    ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache capacity in tokens (real and simulated)")
+    ap.add_argument("--loads", default="0.5,0.8", help="fractions of the measured saturated capacity")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference-every-s", type=float, default=0.5, help="how often to time the speed probe")
+    ap.add_argument("--fit-overhead", action="store_true", help="refit per-step/per-request overheads")
+    ap.add_argument("--no-reexec", action="store_true", help="do not re-execute with GLIBC_TUNABLES")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    args.policies = [p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",") if p.strip()]
+    for p in args.policies:
+        if p not in ALL_POLICIES:
+            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(ALL_POLICIES)}")
+    try:
+        args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--loads: expected comma-separated fractions, got {args.loads!r}")
+    if any(not 0 < x < 1.5 for x in args.loads):
+        ap.error("--loads: each load must be a fraction of capacity in (0, 1.5)")
+    if args.repeats < 1:
+        ap.error("--repeats: must be at least 1")
+    if args.device == "cpu" and args.threads is None:
+        args.threads = 1  # one thread: steadier on a shared machine, and what --clock cpu needs
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        ap.error("--clock cpu: needs --device cpu and --threads 1")
+    args.dtype = args.dtype or _profile_dtype(args.profile) or ("fp32" if args.device == "cpu" else "bf16")
+    return args
+
+
+def _yaml_policies(path: str | None) -> str:
+    """The policies a sweep YAML grids over (its only grid key validate accepts), else all three."""
+    if not path:
+        return ",".join(POLICIES)
+    grid = load_sweep_file(path).get("grid") or {}
+    for key in grid:
+        if key != "engine.policy":
+            raise ConfigError(f"{path}: grid.{key}: validate runs one point per policy; only engine.policy "
+                              "may be gridded (loads and repeats are validate's own options)")
+    policies = grid.get("engine.policy")
+    return ",".join(policies) if policies else ",".join(POLICIES)
+
+
+def _profile_dtype(profile: str) -> str | None:
+    """A measured profile fixes the dtype the real model must run in (its kernels were timed in it)."""
+    try:
+        return json.loads(Path(profile).read_text()).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.device == "cpu" and not args.no_reexec and os.environ.get("GLIBC_TUNABLES") != GLIBC_TUNABLES:
+        env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
+        os.execve(sys.executable, [sys.executable, "-m", "calibration.validate", *argv], env)
+    try:
+        from calibration.backend import BackendError
+    except ImportError as e:
+        print(f"error: the real backend needs torch ({e}); pip install torch", file=sys.stderr)
+        return 2
+    try:
+        get_gpu(args.hardware)
+        result = validate(args)
+    except (ConfigError, CatalogError, SimulationError, BackendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    corrected = None
+    if result["overheads"] is not None:
+        corrected = write_corrected_profile(args, result["cost_model"], result["overheads"], args.out)
+    report = write_report(result, args.out, corrected, " ".join(["python -m calibration.validate", *argv]))
+    print(report.read_text() if not args.quiet else str(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

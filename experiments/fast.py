@@ -1,0 +1,128 @@
+"""Choosing and running the fast path (simcore/fastpath.py) for one resolved point.
+
+`engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: the static,
+continuous or chunked-prefill policy with knobs it knows, recompute preemption, and no engine feature it
+does not model (any engine setting it does not know left at its default, no prefix-cache ids). `on`
+insists (a configuration it cannot run is an error); `off` always runs the SimPy engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from simcore.engine import EngineLimits, SimulationError
+from simcore.fastpath import FastEngine
+from simcore.fastrules import unsupported_reason
+from simcore.log import ITERATION_COLUMNS
+from simcore.metrics import requests_frame_from_columns
+
+FAST_PATH_MODES = ("auto", "on", "off")
+# Engine settings whose every value the fast path models; any other must keep its default.
+KNOWN_ENGINE_SETTINGS = {"block_size", "gpu_memory_utilization", "num_gpu_blocks", "max_model_len",
+                         "preemption_mode", "swap_space_gb", "check_invariants", "fast_path"}
+
+
+def fast_path_reason(cfg, specs) -> str | None:
+    """None when the fast path can run this point exactly, else the reason it cannot."""
+    reason = unsupported_reason(cfg.policy)
+    if reason:
+        return reason
+    if cfg.engine.preemption_mode != "recompute":
+        return "preemption_mode swap"
+    if getattr(cfg, "cluster", None) is not None and cfg.cluster.num_replicas > 1:
+        return "a cluster of several replicas"
+    if getattr(cfg, "disaggregation", None) is not None:
+        return "prefill/decode disaggregation (simcore/disagg.py)"
+    for f in dataclasses.fields(cfg.engine):
+        if f.name not in KNOWN_ENGINE_SETTINGS and getattr(cfg.engine, f.name) != f.default:
+            return f"engine.{f.name} is not modelled by the fast path"
+    if any(s.prefix_block_ids is not None for s in specs):
+        return "requests carry prefix-cache ids"
+    return None
+
+
+def use_fast_path(cfg, specs) -> bool:
+    mode = getattr(cfg.engine, "fast_path", "auto")
+    if mode == "off":
+        return False
+    reason = fast_path_reason(cfg, specs)
+    if reason and mode == "on":
+        raise SimulationError(f"engine.fast_path: on, but {reason}")
+    return reason is None
+
+
+class Repeated(NDArrayOperatorsMixin):
+    """`np.repeat(values, counts)`, built only when used as an array (np.asarray, arithmetic, len): the
+    pooled per-token ITL gaps a 1M-request run would spend gigabytes on unless someone asks for them."""
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray):
+        self.values, self.counts = values, counts
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.repeat(self.values, self.counts)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def size(self) -> int:
+        return len(self)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(np.asarray(x) if isinstance(x, Repeated) else x for x in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple]:
+    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL) where ITL is
+    (gap values, counts) weighted samples, then every gap and when it ended, in time order, expanded on
+    use (`Repeated`; within one iteration the order of equal-time gaps differs from the SimPy log's)."""
+    arrival = cfg.workload.arrival
+    closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
+    engine = FastEngine(
+        cfg.policy, cost_model, limits,
+        request_id=np.fromiter((s.request_id for s in specs), np.int64, len(specs)),
+        arrival_s=np.fromiter((s.arrival_s for s in specs), float, len(specs)),
+        prompt_tokens=np.fromiter((s.num_prompt_tokens for s in specs), np.int64, len(specs)),
+        output_tokens=np.fromiter((s.num_output_tokens for s in specs), np.int64, len(specs)),
+        max_new_tokens=np.fromiter((-1 if s.max_new_tokens is None else s.max_new_tokens for s in specs),
+                                   np.int64, len(specs)),
+        closed=closed)
+    log = engine.simulate()
+    del engine   # its per-request progress lists: only the log is needed from here on
+    log.priority = np.fromiter((s.priority for s in specs), np.int64, len(specs))
+    if log.num_unfinished:
+        raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
+    itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
+           Repeated(log.itl_end_s, log.itl_counts))
+    return requests_table(log), iterations_table(log), itl
+
+
+def requests_table(log) -> pd.DataFrame:
+    n = len(log.request_id)
+    reasons = log.reject_reason
+    return requests_frame_from_columns({
+        "request_id": log.request_id.astype(np.int64), "replica_id": np.zeros(n, dtype=np.int64),
+        "arrival_s": log.arrival_s, "prompt_tokens": log.prompt_tokens, "output_tokens": log.output_tokens,
+        "admitted_s": np.array(log.admitted_s, dtype=float), "first_token_s": np.array(log.first_token_s, dtype=float),
+        "finish_s": np.array(log.finish_s, dtype=float), "num_preemptions": np.array(log.num_preemptions, dtype=np.int64),
+        "status": log.status, "reject_reason": reasons if any(r is not None for r in reasons) else np.full(n, None, object),
+        "priority": log.priority if log.priority is not None else np.zeros(n, dtype=np.int64),
+    })
+
+
+def iterations_table(log) -> pd.DataFrame:
+    f, i = log.iteration_floats, log.iteration_ints
+    columns = {"start_s": f[:, 0].copy(), "duration_s": f[:, 1].copy()}
+    for k, name in enumerate(ITERATION_COLUMNS[2:-1]):
+        columns[name] = i[:, k].astype(np.int64)
+    columns["replica_id"] = np.zeros(len(f), dtype=np.int64)
+    return pd.DataFrame(columns, copy=False)   # one block per column: no consolidating copy (millions of rows)

@@ -1,0 +1,132 @@
+"""calibration.validate end to end on a reduced workload (report produced, errors finite), and the fits
+it relies on (step model and overhead refit recover known coefficients)."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.stepfit import TERMS, StepFitCostModel, fit_overheads, fit_step_model, read_stepfit
+from simcore.costmodel import ConstantCost
+
+SMALL = ["--model", "tiny", "--device", "cpu", "--num-requests", "4", "--prompt-median", "16", "--prompt-max", "32",
+         "--output-median", "4", "--output-max", "8", "--kv-tokens", "2048", "--max-num-seqs", "4",
+         "--chunk-tokens", "32", "--repeats", "1", "--loads", "0.5", "--no-reexec", "--quiet",
+         "--reference-every-s", "0.05"]
+
+
+def _shapes(rng, n):
+    out = []
+    for _ in range(n):
+        prefill = [(int(rng.integers(2, 300)), int(rng.integers(0, 200))) for _ in range(rng.integers(0, 3))]
+        decode = [int(c) for c in rng.integers(2, 500, size=rng.integers(0 if prefill else 1, 20))]
+        num_logits = len(decode) + int(rng.integers(0, len(prefill) + 1))  # partial chunks do not sample
+        out.append({"prefill": prefill, "decode": decode, "num_logits": num_logits})
+    return out
+
+
+def test_step_fit_recovers_known_coefficients():
+    truth = StepFitCostModel((1e-3, 2e-4, 5e-5, 2e-5, 1e-8, 3e-7, 4e-6))
+    args = _shapes(np.random.default_rng(0), 200)
+    fitted = fit_step_model(args, [truth.step_time_s(**a) for a in args])
+    np.testing.assert_allclose(fitted.coefficients, truth.coefficients, rtol=1e-6, atol=1e-12)
+
+
+def test_step_fit_round_trips_through_json(tmp_path):
+    model = StepFitCostModel(tuple(float(i + 1) * 1e-4 for i in range(len(TERMS))), "test", 0.003)
+    path = tmp_path / "stepfit.json"
+    path.write_text(json.dumps(model.to_json()))
+    assert read_stepfit(path) == model
+    (tmp_path / "other.json").write_text('{"format": "batchsim-profile/1"}')
+    assert read_stepfit(tmp_path / "other.json") is None
+
+
+def test_overhead_fit_recovers_per_step_and_per_request_terms():
+    kernels = ConstantCost(per_step_s=0.0, per_token_s=1e-5)
+    args = _shapes(np.random.default_rng(1), 100)
+    measured = [kernels.step_time_s(**a) + 2e-3 + 5e-5 * (len(a["prefill"]) + len(a["decode"])) for a in args]
+    per_step_s, per_request_s = fit_overheads(kernels, args, measured)
+    assert per_step_s == pytest.approx(2e-3, rel=1e-6)
+    assert per_request_s == pytest.approx(5e-5, rel=1e-6)
+
+
+def test_reduced_validation_writes_a_finite_report(tmp_path):
+    pytest.importorskip("torch")
+    from calibration.validate import main
+
+    out = tmp_path / "fid"
+    assert main([*SMALL, "--policies", "static,chunked_prefill", "--out", str(out), "--fit-overhead"]) == 0
+    for name in ("report.md", "iterations.csv", "step_errors.csv", "metrics.csv", "step_time.png"):
+        assert (out / name).exists(), name
+    steps = pd.read_csv(out / "step_errors.csv")
+    assert set(steps["policy"]) == {"static", "chunked_prefill"}
+    assert np.isfinite(steps[["median_abs_err_pct", "p90_abs_err_pct", "median_abs_err_norm_pct"]]).all().all()
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert set(metrics["load"].astype(str)) == {"saturated", "0.5"}
+    assert np.isfinite(metrics[["real_median", "sim", "rel_err_pct"]]).all().all()
+    it = pd.read_csv(out / "iterations.csv")
+    assert (it["measured_s"] > 0).all() and np.isfinite(it["sim_s"]).all()
+    assert "Overhead refit" in (out / "report.md").read_text()
+
+
+YAML = """
+model: tiny
+engine: {block_size: 8, max_model_len: 64, max_num_seqs: 4}
+workload:
+  num_requests: 4
+  arrival: {process: poisson, rate_per_s: 1}
+  prompt_tokens: {dist: uniform, min: 8, max: 24}
+  output_tokens: {dist: fixed, value: 4}
+grid:
+  engine.policy: [continuous]
+"""
+
+
+def test_validation_of_a_yaml_with_a_given_profile_and_cpu_clock(tmp_path):
+    pytest.importorskip("torch")
+    from calibration.validate import main
+
+    model = StepFitCostModel((1e-3, 1e-4, 1e-4, 1e-5, 0.0, 0.0, 0.0), "hand-made")
+    profile = tmp_path / "stepfit.json"
+    profile.write_text(json.dumps(model.to_json()))
+    config = tmp_path / "point.yaml"
+    config.write_text(YAML)
+    out = tmp_path / "fid"
+    assert main(["--config", str(config), "--profile", str(profile), "--clock", "cpu", "--repeats", "1",
+                 "--loads", "0.5", "--kv-tokens", "1024", "--no-reexec", "--quiet", "--out", str(out)]) == 0
+    assert "hand-made" in (out / "report.md").read_text()
+    assert set(pd.read_csv(out / "metrics.csv")["policy"]) == {"continuous"}
+    config.write_text(YAML.replace("engine.policy: [continuous]", "workload.num_requests: [4, 8]"))
+    assert main(["--config", str(config), "--no-reexec", "--quiet", "--out", str(out)]) == 2
+
+
+def test_unknown_profile_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from calibration.validate import main
+
+    assert main([*SMALL, "--policies", "static", "--profile", str(tmp_path / "nope.json"),
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --profile") and "nope.json" in err and "\n" not in err
+
+
+def test_overhead_refit_replaces_a_profiles_own_overheads():
+    from types import SimpleNamespace
+
+    class WithOverheads:
+        """A kernel sum of 1e-5 s per token plus explicit overheads, like ProfileCostModel."""
+        model = SimpleNamespace(num_layers=4)
+        overheads = SimpleNamespace(per_step_s=0.5, per_request_s=0.1, per_layer_s=0.01)
+
+        def step_time_s(self, prefill=(), decode=(), num_logits=None):
+            seqs = len(prefill) + len(decode)
+            o = self.overheads
+            return (1e-5 * (sum(n for n, _ in prefill) + len(decode)) + o.per_step_s + o.per_request_s * seqs
+                    + o.per_layer_s * 4)
+
+    args = _shapes(np.random.default_rng(2), 50)
+    measured = [1e-5 * (sum(n for n, _ in a["prefill"]) + len(a["decode"])) + 3e-3
+                + 1e-4 * (len(a["prefill"]) + len(a["decode"])) for a in args]
+    per_step_s, per_request_s = fit_overheads(WithOverheads(), args, measured)
+    assert per_step_s == pytest.approx(3e-3, rel=1e-6)
+    assert per_request_s == pytest.approx(1e-4, rel=1e-6)
