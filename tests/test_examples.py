@@ -111,3 +111,10 @@ def test_sweep_over_whole_engine_mappings_reports_each_configuration(tmp_path):
     md = run(f, tmp_path / "out")
     assert "chunked_prefill, max_num_batched_tokens=512 |" in md and "chunked_prefill / static" in md
     assert_plots(tmp_path / "out", {"latency_vs_load_ttft_p99_ms.png", "slot_gantt.png"})
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_sweep_file_loads_and_expands(path):
+    """Every shipped sweep file passes the strict loader (no I/O: traces are read when a point runs)."""
+    from experiments.config import expand, load_sweep_file
+    assert expand(load_sweep_file(path))
