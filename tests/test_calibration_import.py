@@ -15,7 +15,10 @@ from calibration.fit import build_profile  # noqa: E402
 from costmodels import CatalogError, get_gpu, get_model  # noqa: E402
 from costmodels.profile import profile_cost_model  # noqa: E402
 
-ROOT = Path("/work/shared/kernel-timings/aiconfigurator")
+# ../shared beside the checkout (as CI lays it out), else the development machine's copy
+ROOT = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "kernel-timings" / "aiconfigurator",
+                         Path("/work/shared/kernel-timings/aiconfigurator")) if p.exists()),
+            Path(__file__).resolve().parents[2] / "shared" / "kernel-timings" / "aiconfigurator")
 LLAMA = get_model("llama-3-8b")
 
 pytestmark = pytest.mark.skipif(not (ROOT / "h200_sxm").exists(),
