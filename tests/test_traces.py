@@ -163,4 +163,4 @@ def test_example_sweeps_resolve(name):
     for p in points:
         w = p.config.workload
         if hasattr(w, "path"):
-            assert Path(w.path).is_absolute() and Path(w.path).parent == SHARED
+            assert Path(w.path).is_absolute() and Path(w.path).parent.resolve() == SHARED.resolve()
