@@ -91,8 +91,7 @@ class Engine:
                 self.on_done(req)
             return
         self.waiting.append(req)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self._wake_up()
 
     # ---- disaggregation: a request prefilled on another engine (simcore/disagg.py) ----
     def can_receive(self, num_tokens: int) -> bool:

@@ -51,6 +51,33 @@ def make_rules(policy, num_total_blocks: int):
             "chunked_prefill": ChunkedPrefillRules}[policy.name](policy, num_total_blocks)
 
 
+
+def _walk_running(e, running: list, budget: int, free: int, tokens):
+    """Walk `running` in order giving request r `tokens(r, budget_left)` new tokens; when its KV growth
+    does not fit, preempt the tail (most recently admitted) until it does or r preempted itself. This is
+    vLLM V1's phase A and V0's decode pass (policies/chunked_prefill.py, policies/continuous.py).
+    Pops victims off `running`; returns (scheduled, preempted, budget, free)."""
+    comp, blocks, bs = e.comp, e.blocks, e.bs
+    scheduled, preempted = [], []
+    i = 0
+    while i < len(running) and budget > 0:
+        r = running[i]
+        n = tokens(r, budget)
+        need = max(0, cdiv(comp[r] + n, bs) - blocks[r])
+        while need > free:
+            victim = running.pop()
+            preempted.append(victim)
+            free += blocks[victim]
+            if victim == r:
+                break
+        if preempted and preempted[-1] == r:
+            break
+        scheduled.append((r, n, 0))
+        free -= need
+        budget -= n
+        i += 1
+    return scheduled, preempted, budget, free
+
 class ChunkedPrefillRules:
     name, static = "chunked_prefill", False
 
@@ -98,26 +125,10 @@ class ChunkedPrefillRules:
         """ChunkedPrefill.schedule, verbatim over the engine's lists."""
         e.materialize()
         budget, free = self.budget, e.total - e.used
-        prompt, gen, comp, blocks, bs = e.prompt, e.gen, e.comp, e.blocks, e.bs
+        prompt, gen, comp = e.prompt, e.gen, e.comp
         running = list(e.run)
-        scheduled, preempted = [], []
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            n = self._cap(prompt[r] + gen[r] - comp[r], budget)
-            need = max(0, cdiv(comp[r] + n, bs) - blocks[r])
-            while need > free:
-                victim = running.pop()
-                preempted.append(victim)
-                free += blocks[victim]
-                if victim == r:
-                    break
-            if preempted and preempted[-1] == r:
-                break
-            scheduled.append((r, n, 0))
-            free -= need
-            budget -= n
-            i += 1
+        scheduled, preempted, budget, free = _walk_running(
+            e, running, budget, free, lambda r, left: self._cap(prompt[r] + gen[r] - comp[r], left))
         if not preempted:
             scheduled += self._phase_b(e, budget, free, len(running))
         return scheduled, preempted, None, False
@@ -177,25 +188,8 @@ class ContinuousRules:
         """Continuous._decode_pass (and, when mixed, the prefill pass after it), verbatim."""
         e.materialize()
         free, budget = e.total - e.used, self.budget
-        comp, blocks, bs = e.comp, e.blocks, e.bs
         running = list(e.run)
-        decodes, preempted = [], []
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            need = max(0, cdiv(comp[r] + 1, bs) - blocks[r])
-            while need > free:
-                victim = running.pop()
-                preempted.append(victim)
-                free += blocks[victim]
-                if victim == r:
-                    break
-            if preempted and preempted[-1] == r:
-                break
-            decodes.append((r, 1, 0))
-            free -= need
-            budget -= 1
-            i += 1
+        decodes, preempted, budget, free = _walk_running(e, running, budget, free, lambda r, left: 1)
         if self.mixed and not preempted:
             decodes += self._prefill_pass(e, len(running), free, budget)
         return decodes, preempted, None, False
