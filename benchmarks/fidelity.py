@@ -1,10 +1,16 @@
 """Fidelity benchmark (issue 5): run calibration.validate on the small CPU model and check its targets.
 
-    python benchmarks/fidelity.py [--out results/fidelity-bench] [--clock cpu] [-- extra validate options]
+    python benchmarks/fidelity.py [--out results/fidelity-bench] [--clock cpu] [--raw] [-- extra validate options]
 
 Targets: per-step median |error| <= 5% and p90 <= 15% for static, continuous and chunked prefill;
 saturated throughput within 5%; simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range at 50%
 and 80% of capacity. Each is printed PASS/FAIL with its value, next to the machine's noise floor.
+
+By default validate runs with --speed-normalise (the speed probe brackets every step, each forward pass
+runs three times, the engine advances by the step time at the baseline speed): on a shared machine whose
+speed swings 15-20% within a second that is what isolates the cost model. The per-step targets are then
+judged on the normalised error and the raw error is printed as INFO; the run-level targets are on the
+normalised clock, with the raw saturated throughput printed as INFO. `--raw` judges raw times throughout.
 Exit status 0 when all pass, 1 otherwise. Timings depend on the machine; this is not a unit test.
 """
 from __future__ import annotations
@@ -20,8 +26,9 @@ STEP_MEDIAN_PCT, STEP_P90_PCT, THROUGHPUT_PCT = 5.0, 15.0, 5.0
 RANGE_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
 
 
-def check(out: Path) -> list[tuple[str, bool, str]]:
-    """(target, passed, detail) rows from a validate output folder."""
+def check(out: Path, judged: str = "norm") -> list[tuple[str, bool | None, str]]:
+    """(target, passed, detail) rows from a validate output folder; passed is None for an INFO row (the
+    per-step error on the clock not judged: `judged` is "norm" or "raw")."""
     steps = pd.read_csv(out / "step_errors.csv")
     metrics = pd.read_csv(out / "metrics.csv")
     metrics["load"] = metrics["load"].astype(str)
@@ -29,13 +36,20 @@ def check(out: Path) -> list[tuple[str, bool, str]]:
     for _, r in steps[steps["composition"] == "all"].iterrows():
         for suffix, label in (("", "raw"), ("_norm", "speed-normalised")):
             med, p90 = r[f"median_abs_err{suffix}_pct"], r[f"p90_abs_err{suffix}_pct"]
-            rows.append((f"step error {r['policy']} ({label})", med <= STEP_MEDIAN_PCT and p90 <= STEP_P90_PCT,
+            ok = med <= STEP_MEDIAN_PCT and p90 <= STEP_P90_PCT
+            rows.append((f"step error {r['policy']} ({label})", ok if (suffix == "_norm") == (judged == "norm") else None,
                          f"median {med:.1f}% (<= {STEP_MEDIAN_PCT:g}), p90 {p90:.1f}% (<= {STEP_P90_PCT:g})"))
     sat = metrics[(metrics["load"] == "saturated") & (metrics["metric"] == "output_tok_per_s")]
     for _, r in sat.iterrows():
         rows.append((f"saturated throughput {r['policy']}", abs(r["rel_err_pct"]) <= THROUGHPUT_PCT,
                      f"sim {r['sim']:.0f} vs real {r['real_median']:.0f} tok/s ({r['rel_err_pct']:+.1f}%, "
                      f"real spread {r['real_spread_pct']:.1f}%)"))
+    raw_tp = out / "raw_throughput.csv"
+    if raw_tp.exists():
+        for policy, g in pd.read_csv(raw_tp).groupby("policy", sort=False):
+            rows.append((f"raw-clock saturated throughput {policy}", None,
+                         f"real runs {g['raw_tok_per_s'].min():.0f}-{g['raw_tok_per_s'].max():.0f} tok/s on the raw "
+                         f"clock vs {g['normalised_tok_per_s'].median():.0f} normalised"))
     below = metrics[(metrics["load"] != "saturated") & metrics["metric"].isin(RANGE_METRICS)]
     for (policy, load), g in below.groupby(["policy", "load"], sort=False):
         outside = [f"{m['metric']} sim {m['sim']:.1f} not in [{m['real_min']:.1f}, {m['real_max']:.1f}]"
@@ -51,22 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="stepfit")
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--raw", action="store_true", help="no --speed-normalise: judge raw step times")
     ap.add_argument("--check-only", action="store_true", help="only check an existing --out folder")
     ap.add_argument("extra", nargs="*", help="more calibration.validate options (after --)")
     args = ap.parse_args(argv)
     if not args.check_only:
         cmd = [sys.executable, "-m", "calibration.validate", "--model", "tiny", "--device", "cpu",
                "--profile", args.profile, "--clock", args.clock, "--num-requests", str(args.num_requests),
-               "--loads", "0.5,0.8", "--repeats", "3", "--out", str(args.out), "--quiet", *args.extra]
+               "--loads", "0.5,0.8", "--repeats", "3", "--out", str(args.out),
+               *([] if args.raw else ["--speed-normalise"]), *args.extra]
         print(" ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
-    rows = check(args.out)
+    rows = check(args.out, "raw" if args.raw else "norm")
     width = max(len(t) for t, _, _ in rows)
     for target, ok, detail in rows:
-        print(f"{'PASS' if ok else 'FAIL'}  {target:<{width}}  {detail}")
+        print(f"{'INFO' if ok is None else 'PASS' if ok else 'FAIL'}  {target:<{width}}  {detail}")
     noise = [line for line in (args.out / "report.md").read_text().splitlines() if "Noise floor" in line]
     print("\n".join(noise))
-    return 0 if all(ok for _, ok, _ in rows) else 1
+    return 0 if all(ok is not False for _, ok, _ in rows) else 1
 
 
 if __name__ == "__main__":

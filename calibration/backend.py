@@ -69,6 +69,8 @@ class StepRecord:
     forward_s: float
     minor_faults: int
     speed_ratio: float
+    normalised_s: float       # measured_s at the baseline speed: measured_s / speed_ratio, or (with
+                              # speed_normalise) each repeat divided by the probes bracketing it
 
 
 def batch_kind(prefill, decode) -> str:
@@ -84,11 +86,20 @@ class RealBackend:
     `clock`: "wall" (default) times steps by the wall clock. "cpu" (CPU device, one torch thread only)
     times them by this thread's CPU time, i.e. what the step costs on a core of its own: on a shared
     machine, time the OS gives to other processes is then not counted as the engine's.
+
+    `speed_normalise`: for a machine whose speed drifts within milliseconds (a shared VM: the identical
+    probe step varies 15-20% over a second). The speed probe is timed right before and after the step's
+    forward pass, which runs `step_repeats` times back to back (idempotent: the same K/V are written to the
+    same slots, the same tokens come out); the step's normalised time is the median over repeats of
+    forward time / mean of the two probes bracketing it x the baseline probe time, plus the scheduling and
+    input preparation time divided by the same speed ratio. The engine then advances by that normalised
+    time, so a real run's metrics are at the baseline speed; the first repeat's raw time is recorded too.
     """
 
     def __init__(self, shape: ModelShape, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, reference_every_s: float = 2.0,
-                 reference_base_s: float | None = None, clock: str = "wall", decode_attention: str | None = None):
+                 reference_base_s: float | None = None, clock: str = "wall", decode_attention: str | None = None,
+                 speed_normalise: bool = False, step_repeats: int = 1):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
         if clock not in CLOCKS:
@@ -104,6 +115,9 @@ class RealBackend:
             raise ValueError(f"decode_attention: expected per_seq or batched, got {decode_attention!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError("device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+        if step_repeats < 1:
+            raise ValueError(f"step_repeats: must be at least 1, got {step_repeats}")
+        self.speed_normalise, self.step_repeats = speed_normalise, step_repeats if speed_normalise else 1
         self.shape, self.device, self.block_size, self.seed = shape, device, block_size, seed
         self.decoder = Decoder(random_weights(shape, device, DTYPES[dtype], seed))
         self.cache = PagedKVCache(shape, num_blocks, block_size, device, DTYPES[dtype])
@@ -140,18 +154,35 @@ class RealBackend:
         self._reconcile(engine)
         rows = self._rows(engine, batch, shape)
         step = self._prepare(rows, engine, batch)
-        next_tokens = self.decoder.forward(step, self.cache).tolist()  # .tolist() syncs the device
+        prep_s = self._now() - t0
+        probes, forwards = [self._probe_once()] if self.speed_normalise else [], []
+        for _ in range(self.step_repeats):
+            t1 = self._now()
+            next_tokens = self.decoder.forward(step, self.cache).tolist()  # .tolist() syncs the device
+            forwards.append(self._now() - t1)
+            if self.speed_normalise:
+                probes.append(self._probe_once())
+        t2 = self._now()
         self._apply(rows, next_tokens)
-        forward_s = self._now() - t0
+        forward_s = prep_s + forwards[0] + self._now() - t2
         self._last_step_end = self._now()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+        measured_s = sched_s + forward_s
+        if self.speed_normalise:
+            bracket = (np.asarray(probes[:-1]) + np.asarray(probes[1:])) / 2
+            ratio = float(np.median(bracket)) / self.reference_base_s
+            normalised_s = ((measured_s - forwards[0]) / ratio
+                            + float(np.median(np.asarray(forwards) / bracket)) * self.reference_base_s)
+        else:
+            ratio = self._speed_ratio
+            normalised_s = measured_s / ratio
         prefill, decode = cost_args["prefill"], cost_args["decode"]
         self.records.append(StepRecord(
             env.now, batch_kind(prefill, decode), len(shape), len(prefill), sum(n for n, _ in prefill),
             len(decode), sum(decode), len(next_tokens), batch.padded_shape is not None,
-            sched_s + forward_s, sched_s, forward_s, faults, self._speed_ratio))
+            measured_s, sched_s, forward_s, faults, ratio, normalised_s))
         self.cost_args.append(cost_args)
-        return sched_s + forward_s
+        return normalised_s if self.speed_normalise else measured_s
 
     def _time_since_clock(self, env) -> float:
         """Wall time since the moment the simulated clock stands at (real-time environments only)."""
@@ -182,6 +213,13 @@ class RealBackend:
         return StepInput(ids, torch.full((n,), c - 1, device=self.device), ctx[:, -1],
                          [SeqGroup(1, c, torch.arange(n, device=self.device)[:, None], ctx)],
                          torch.arange(n, device=self.device))
+
+    def _probe_once(self) -> float:
+        """One timing of the probe step (no warm-up: it runs next to the step it brackets)."""
+        _sync(self.device)
+        t0 = self._now()
+        self.decoder.forward(self._probe_step, self._probe_cache).tolist()
+        return self._now() - t0
 
     def reference_s(self, reps: int = 3) -> float:
         """The machine's speed index: median time of a fixed decode step of this model (4 sequences at
@@ -298,9 +336,10 @@ class RealBackend:
 
     @staticmethod
     def _merge_decodes(groups: dict) -> dict:
-        """All decode groups as one, padded to the longest context (padding reads slot 0, masked out)."""
+        """All decode groups as one masked call, padded to the longest context (padding reads slot 0, masked
+        out). A lone decode goes through the same masked call, so every step with decodes pays one call."""
         decode_keys = [k for k in groups if k[0] == 1]
-        if len(decode_keys) < 2:
+        if not decode_keys:
             return groups
         max_ctx = max(ctx for _, ctx in decode_keys)
         q_rows, c_slots, lengths = [], [], []

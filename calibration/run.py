@@ -1,9 +1,14 @@
 """Capture kernel timings of one model's forward pass on this machine's GPU (or CPU), then fit a profile.
 
-    python -m calibration.run --model llama-3-8b --device cuda --out calib/h200 [--tp 1] [--dtype bf16]
+    python -m calibration.run --model llama-3-8b --device cuda --out calib/h200 [--tp 1] [--dtype bf16] [--steps]
 
 Writes DIR/measurements.csv + DIR/meta.json (calibration.measurements), then DIR/profile.json,
-DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit.
+DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit. With --steps it also runs whole
+engine iterations of the static, continuous and chunked-prefill policies through the real backend
+(calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
+its held-out error. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
+that is the profile to validate there; on CPU the step runs use the thread-CPU clock and speed
+normalisation (see calibration.validate --speed-normalise).
 """
 from __future__ import annotations
 
@@ -132,6 +137,28 @@ def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
     return lines
 
 
+def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False, extra: list[str] = ()) -> Path:
+    """The whole-step calibration (--steps): calibration.validate's stepfit runs, saved as a profile.
+    `extra`: more calibration.validate options (workload size, policies)."""
+    import json
+
+    from calibration import validate
+    argv = ["--model", model_name, "--device", device, "--no-reexec", *(["--quiet"] if quiet else []), *extra]
+    if device == "cpu":
+        argv += ["--clock", "cpu", "--speed-normalise"]
+    vargs = validate.parse_args(argv)
+    backend = validate.make_backend(vargs, validate.build_config(vargs, vargs.policies[0], float("inf")))
+    step_model = validate.calibrate_stepfit(vargs, backend)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "stepfit.json"
+    path.write_text(json.dumps(dict(step_model.to_json(), model=model_name, device=device,
+                                    command="python -m calibration.validate " + " ".join(argv)), indent=1))
+    h = step_model.held_out or {}
+    print(f"wrote {path}: whole-step model, held-out median {h.get('median_ape_pct')}% / "
+          f"p90 {h.get('p90_ape_pct')}% over {h.get('steps')} steps")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.run", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="catalog name or path of a Hugging Face config.json")
@@ -143,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
     ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15 full, 3 small)")
     ap.add_argument("--no-fit", action="store_true")
+    ap.add_argument("--steps", action="store_true", help="also fit a whole-step model on real engine iterations "
+                    "(DIR/stepfit.json; the profile to validate on CPU)")
+    ap.add_argument("--steps-requests", type=int, default=48, help="requests per --steps calibration run")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -151,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
+    if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
+        from calibration.validate import reexec_with_tunables
+        reexec_with_tunables("calibration.run", sys.argv[1:])
     device = torch.device(args.device)
     size = args.grid or ("full" if device.type == "cuda" else "small")
     torch.manual_seed(0)
@@ -168,10 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
+    rc = 0
     if not args.no_fit:
         from calibration import fit
-        return fit.main([str(args.out), "--out", str(args.out / "profile.json")])
-    return 0
+        rc = fit.main([str(args.out), "--out", str(args.out / "profile.json")])
+    if args.steps and rc == 0:
+        calibrate_steps(args.model, args.device, args.out, args.quiet, ["--num-requests", str(args.steps_requests)])
+    return rc
 
 
 if __name__ == "__main__":

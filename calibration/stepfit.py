@@ -3,8 +3,9 @@
 `StepFitCostModel` prices a step as a non-negative sum of physical terms fitted by relative-error least
 squares on measured iterations (calibration.backend records): it is the fallback when no kernel profile
 (calibration.run) exists for a machine, and validate fits it on a separate calibration run so the
-validation itself stays held out. Ignores: anything its seven terms cannot express (cache effects of
+validation itself stays held out. Ignores: anything its terms cannot express (cache effects of
 very long contexts, kernel-selection jumps), which shows up as its error in the fidelity report.
+Profiles saved before a term existed load with that term at 0.
 """
 from __future__ import annotations
 
@@ -26,27 +27,37 @@ TERMS = (
     "per_attn_pair_s",      # causal prefill attention: new x (cached + new/2) query-key pairs
     "per_decode_ctx_s",     # decode attention streams each sequence's whole KV context
     "per_logit_s",          # LM head row + greedy sampling per sampled sequence
+    "per_prefill_call_s",   # one attention call per distinct (new, cached) prefill shape: rows of one shape
+                            # (a padded static batch) attend in one dense call
+    "per_decode_call_s",    # a step with decodes runs them in one batched attention call (paged attention)
+    "per_decode_padded_s",  # that call reads every decode padded to the longest context: decodes x longest
+    "per_gemm_step_s",      # a step of more than one token runs its projections as matrix-matrix kernels; a
+                            # one-token step runs cheaper matrix-vector ones
 )
 
 
 def step_features(prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                   num_logits: int | None = None) -> np.ndarray:
-    """The seven term multipliers of one step, in TERMS order."""
+    """The term multipliers of one step, in TERMS order."""
     pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
     dc = np.asarray(decode, dtype=float)
     new, cached = pf[:, 0], pf[:, 1]
     if num_logits is None:
         num_logits = len(pf) + len(dc)
     return np.array([1.0, len(pf), len(dc), new.sum() + len(dc), float(np.sum(new * (cached + (new + 1) / 2))),
-                     dc.sum(), float(num_logits)])
+                     dc.sum(), float(num_logits), float(len(set(map(tuple, pf.tolist())))), float(len(dc) > 0),
+                     float(len(dc) * dc.max()) if len(dc) else 0.0, float(new.sum() + len(dc) > 1)])
 
 
 @dataclass(frozen=True)
 class StepFitCostModel:
-    """Seconds per step = coefficients . step_features. `source` says which run it was fitted on."""
+    """Seconds per step = coefficients . step_features. `source` says which run it was fitted on;
+    `held_out` its error on steps left out of the fit; `dtype` the dtype the real model ran in."""
     coefficients: tuple[float, ...]
     source: str = "?"
     reference_step_s: float | None = None  # the speed probe (calibration.backend) when fitted
+    held_out: dict | None = None           # {"steps", "median_ape_pct", "p90_ape_pct"}
+    dtype: str | None = None
 
     def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
         if not len(prefill) and not len(decode):
@@ -55,23 +66,33 @@ class StepFitCostModel:
 
     def describe(self) -> dict:
         return {"kind": "stepfit", "source": self.source, "reference_step_s": self.reference_step_s,
-                **dict(zip(TERMS, self.coefficients))}
+                "held_out": self.held_out, **dict(zip(TERMS, self.coefficients))}
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "terms": dict(zip(TERMS, self.coefficients)), "source": self.source,
-                "reference_step_s": self.reference_step_s}
+                "reference_step_s": self.reference_step_s, "held_out": self.held_out, "dtype": self.dtype}
 
 
 def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], source: str = "?",
-                   reference_step_s: float | None = None) -> StepFitCostModel:
+                   reference_step_s: float | None = None, holdout: float = 0.0, seed: int = 0,
+                   dtype: str | None = None) -> StepFitCostModel:
     """Non-negative least squares on relative error (each row divided by its measurement), so short
-    decode steps weigh as much as long prefills."""
+    decode steps weigh as much as long prefills. With `holdout` > 0 that fraction of the steps (drawn at
+    random) is left out of the fit and the model's error on it is recorded in `held_out`."""
     x = np.array([step_features(**a) for a in cost_args])
     y = np.asarray(measured_s, dtype=float)
     if len(y) < len(TERMS):
         raise ValueError(f"need at least {len(TERMS)} measured steps to fit, got {len(y)}")
-    coef, _ = nnls(x / y[:, None], np.ones_like(y))
-    return StepFitCostModel(tuple(float(c) for c in coef), source, reference_step_s)
+    test = np.random.default_rng(seed).random(len(y)) < holdout if holdout > 0 else np.zeros(len(y), bool)
+    if (~test).sum() < len(TERMS):
+        test[:] = False
+    coef, _ = nnls(x[~test] / y[~test, None], np.ones((~test).sum()))
+    held_out = None
+    if test.any():
+        ape = np.abs(x[test] @ coef / y[test] - 1) * 100
+        held_out = {"steps": int(test.sum()), "median_ape_pct": round(float(np.median(ape)), 2),
+                    "p90_ape_pct": round(float(np.percentile(ape, 90)), 2)}
+    return StepFitCostModel(tuple(float(c) for c in coef), source, reference_step_s, held_out, dtype)
 
 
 def read_stepfit(path: str | Path) -> StepFitCostModel | None:
@@ -82,8 +103,8 @@ def read_stepfit(path: str | Path) -> StepFitCostModel | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
-    return StepFitCostModel(tuple(float(data["terms"][t]) for t in TERMS), data.get("source", str(path)),
-                            data.get("reference_step_s"))
+    return StepFitCostModel(tuple(float(data["terms"].get(t, 0.0)) for t in TERMS), data.get("source", str(path)),
+                            data.get("reference_step_s"), data.get("held_out"), data.get("dtype"))
 
 
 def kernel_only_s(cost_model, cost_args: Sequence[dict]) -> np.ndarray:

@@ -42,6 +42,9 @@ from workloads.synthetic import generate
 GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:"
                   "glibc.malloc.top_pad=268435456")
 POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any registered policy may be named
+# the stepfit calibration runs per policy: (seed offset, arrival), None = all queued at t = 0
+CALIBRATION_RUNS = ((1000, None), (2000, {"process": "closed", "concurrency": 1}),
+                    (3000, {"process": "closed", "concurrency": 4}))
 
 
 @dataclass
@@ -139,20 +142,30 @@ def load_profile(args, cfg: PointConfig, backend) -> object:
 
 def calibrate_stepfit(args, backend) -> StepFitCostModel:
     """Separate real runs (other seeds) that the step model is fitted on: per policy, one saturated run
-    (large batches) and one with two closed-loop users (small batches), so both ends are covered."""
+    (large batches) and closed-loop runs with one user (lone decodes) and four (small batches), so the
+    whole range of batch sizes is covered."""
     cost_args, measured, probes = [], [], []
     for policy in args.policies:
-        for offset, arrival in ((1000, None), (2000, {"process": "closed", "concurrency": 2})):
+        for offset, arrival in CALIBRATION_RUNS:
             cfg = build_config(args, policy, float("inf"), arrival)
             res = run_engine(cfg, args.seed + offset, _NullCost(), backend)
             cost_args += res.cost_args
-            measured += res.records["measured_s"].tolist()
+            measured += res.records[_step_column(backend)].tolist()
             probes += [sample[1] for sample in res.speed_samples]
-            _say(args, f"calibration run {policy} {'saturated' if arrival is None else 'closed-loop'}: "
-                       f"{len(res.records)} steps")
-    return fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {args.seed + 1000}/{args.seed + 2000}, "
-                          f"{len(measured)} steps on {args.device}",
-                          reference_step_s=float(np.median(probes)) if probes else backend.reference_base_s)
+            label = "saturated" if arrival is None else f"{arrival['concurrency']} closed-loop user(s)"
+            _say(args, f"calibration run {policy} {label}: {len(res.records)} steps")
+    # normalised steps are at the baseline probe speed; raw ones at the speed the probes saw meanwhile
+    reference = backend.reference_base_s if backend.speed_normalise or not probes else float(np.median(probes))
+    seeds = "/".join(str(args.seed + offset) for offset, _ in CALIBRATION_RUNS)
+    return fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {seeds}, "
+                          f"{len(measured)} {'speed-normalised ' * backend.speed_normalise}"
+                          f"steps on {args.device} ({_device_name(args.device)}), {time.strftime('%Y-%m-%d')}",
+                          reference_step_s=reference, holdout=0.2, seed=args.seed, dtype=args.dtype)
+
+
+def _step_column(backend) -> str:
+    """The step time the engine advanced by: speed-normalised or raw."""
+    return "normalised_s" if backend.speed_normalise else "measured_s"
 
 
 class _NullCost:
@@ -165,20 +178,29 @@ class _NullCost:
         return {"kind": "real"}
 
 
-def validate(args) -> dict:
-    """All runs of the validation; returns what write_report needs."""
+def make_backend(args, cfg0: PointConfig):
+    """The real backend for these options, warmed up, with its baseline speed probe timed."""
     import torch
 
     from calibration.backend import RealBackend
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg0 = build_config(args, args.policies[0], float("inf"))
     backend = RealBackend(cfg0.model, memory_plan(cfg0).num_gpu_blocks, cfg0.engine.block_size, args.device,
                           args.dtype, args.seed, args.reference_every_s, clock=args.clock,
-                          decode_attention=args.decode_attention)
+                          decode_attention=args.decode_attention, speed_normalise=args.speed_normalise,
+                          step_repeats=args.step_repeats)
     backend.warm_up(max_tokens=min(512, cfg0.model.max_model_len // 2))
     backend.reference_base_s = backend.reference_s(reps=9)
+    return backend
+
+
+def validate(args) -> dict:
+    """All runs of the validation; returns what write_report needs."""
+    import torch
+
+    cfg0 = build_config(args, args.policies[0], float("inf"))
+    backend = make_backend(args, cfg0)
     cost_model = load_profile(args, cfg0, backend)
     base = getattr(cost_model, "reference_step_s", None)
     if base:
@@ -207,12 +229,13 @@ def validate(args) -> dict:
     if args.fit_overhead:
         reals = [r for *_, kind, r in runs if kind == "real"]
         cost_args = [a for r in reals for a in r.cost_args]
-        measured = np.array([m for r in reals for m in r.records["measured_s"]])
+        measured = np.array([m for r in reals for m in r.records[_step_column(backend)]])
         overheads = (*fit_overheads(cost_model, cost_args, measured),
                      float(np.median(kernel_only_s(cost_model, cost_args) / measured)))
     return {"runs": runs, "cost_model": cost_model, "overheads": overheads,
             "reference_base_s": backend.reference_base_s, "threads": torch.get_num_threads(),
-            "decode_attention": backend.decode_attention,
+            "decode_attention": backend.decode_attention, "speed_normalise": backend.speed_normalise,
+            "step_repeats": backend.step_repeats,
             "device_name": _device_name(args.device), "args": vars(args)}
 
 
@@ -280,6 +303,11 @@ def parse_args(argv):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference-every-s", type=float, default=0.5, help="how often to time the speed probe")
+    ap.add_argument("--speed-normalise", action="store_true", help="time the speed probe right before and "
+                    "after every step and advance the engine by the step time at the baseline speed (for a "
+                    "machine whose speed drifts within milliseconds; raw times are reported too)")
+    ap.add_argument("--step-repeats", type=int, default=3, help="with --speed-normalise: run each step's "
+                    "forward pass this many times back to back and take the median normalised time")
     ap.add_argument("--fit-overhead", action="store_true", help="refit per-step/per-request overheads")
     ap.add_argument("--no-reexec", action="store_true", help="do not re-execute with GLIBC_TUNABLES")
     ap.add_argument("--quiet", action="store_true")
@@ -296,6 +324,8 @@ def parse_args(argv):
         ap.error("--loads: each load must be a fraction of capacity in (0, 1.5)")
     if args.repeats < 1:
         ap.error("--repeats: must be at least 1")
+    if args.step_repeats < 1:
+        ap.error("--step-repeats: must be at least 1")
     if args.device == "cpu" and args.threads is None:
         args.threads = 1  # one thread: steadier on a shared machine, and what --clock cpu needs
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
@@ -325,6 +355,15 @@ def _profile_dtype(profile: str) -> str | None:
         return None
 
 
+def reexec_with_tunables(module: str, argv: list[str]) -> None:
+    """Re-execute `python -m module argv` once with GLIBC_TUNABLES set (torch on CPU otherwise takes
+    thousands of page faults per step as glibc returns freed memory to the kernel). Returns when already
+    set; does not return otherwise."""
+    if os.environ.get("GLIBC_TUNABLES") != GLIBC_TUNABLES:
+        env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -332,9 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.device == "cpu" and not args.no_reexec and os.environ.get("GLIBC_TUNABLES") != GLIBC_TUNABLES:
-        env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
-        os.execve(sys.executable, [sys.executable, "-m", "calibration.validate", *argv], env)
+    if args.device == "cpu" and not args.no_reexec:
+        reexec_with_tunables("calibration.validate", argv)
     try:
         from calibration.backend import BackendError
     except ImportError as e:

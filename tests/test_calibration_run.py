@@ -80,3 +80,24 @@ def test_cuda_small_grid_runs(tmp_path):
                      "--quiet"]) == 0
     frame, meta = measurements.read(tmp_path)
     assert meta["device_name"] and len(frame) > 0
+
+
+def test_step_calibration_writes_a_held_out_step_model(tmp_path):
+    from calibration.stepfit import TERMS, read_stepfit
+    from calibration.validate import main as validate_main
+    small = ["--num-requests", "6", "--prompt-median", "16", "--prompt-max", "32", "--output-median", "4",
+             "--output-max", "8", "--kv-tokens", "2048", "--max-num-seqs", "4", "--chunk-tokens", "32",
+             "--reference-every-s", "0.05", "--step-repeats", "2"]
+    path = run.calibrate_steps("tiny", "cpu", tmp_path, quiet=True, extra=small)
+    model = read_stepfit(path)
+    assert len(model.coefficients) == len(TERMS) and all(c >= 0 for c in model.coefficients)
+    assert model.held_out["steps"] > 0 and model.held_out["median_ape_pct"] >= 0
+    assert model.dtype == "fp32" and model.reference_step_s > 0
+    meta = json.loads(path.read_text())
+    assert meta["model"] == "tiny" and "--speed-normalise" in meta["command"]
+    # the saved model is a profile calibration.validate accepts (its dtype is taken from the file)
+    out = tmp_path / "fid"
+    assert validate_main(["--model", "tiny", "--profile", str(path), "--policies", "continuous", "--repeats", "1",
+                          "--loads", "0.5", "--out", str(out), "--clock", "cpu", "--speed-normalise", "--no-reexec",
+                          "--quiet", *small]) == 0
+    assert "stepfit" in (out / "report.md").read_text()

@@ -19,6 +19,11 @@ def _shapes(rng, n):
     out = []
     for _ in range(n):
         prefill = [(int(rng.integers(2, 300)), int(rng.integers(0, 200))) for _ in range(rng.integers(0, 3))]
+        if rng.random() < 0.3:  # a padded static batch: rows of one shape share one attention call
+            prefill = [(int(rng.integers(2, 300)), 0)] * int(rng.integers(2, 8))
+        if rng.random() < 0.2:  # a lone decode: the one-token step
+            out.append({"prefill": [], "decode": [int(rng.integers(2, 500))]})
+            continue
         decode = [int(c) for c in rng.integers(2, 500, size=rng.integers(0 if prefill else 1, 20))]
         num_logits = len(decode) + int(rng.integers(0, len(prefill) + 1))  # partial chunks do not sample
         out.append({"prefill": prefill, "decode": decode, "num_logits": num_logits})
@@ -26,7 +31,8 @@ def _shapes(rng, n):
 
 
 def test_step_fit_recovers_known_coefficients():
-    truth = StepFitCostModel((1e-3, 2e-4, 5e-5, 2e-5, 1e-8, 3e-7, 4e-6))
+    truth = StepFitCostModel((1e-3, 2e-4, 5e-5, 2e-5, 1e-8, 3e-7, 4e-6, 3e-4, 1e-4, 2e-7, 4e-4))
+    assert len(truth.coefficients) == len(TERMS)
     args = _shapes(np.random.default_rng(0), 200)
     fitted = fit_step_model(args, [truth.step_time_s(**a) for a in args])
     np.testing.assert_allclose(fitted.coefficients, truth.coefficients, rtol=1e-6, atol=1e-12)
@@ -39,6 +45,13 @@ def test_step_fit_round_trips_through_json(tmp_path):
     assert read_stepfit(path) == model
     (tmp_path / "other.json").write_text('{"format": "batchsim-profile/1"}')
     assert read_stepfit(tmp_path / "other.json") is None
+
+
+def test_old_step_model_files_load_with_new_terms_at_zero(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "batchsim-stepfit/1", "terms": {t: 1e-4 for t in TERMS[:7]}}))
+    model = read_stepfit(path)
+    assert model.coefficients == (1e-4,) * 7 + (0.0,) * (len(TERMS) - 7)
 
 
 def test_overhead_fit_recovers_per_step_and_per_request_terms():
