@@ -2,6 +2,10 @@
 
     python benchmarks/fidelity.py [--out results/fidelity-bench] [--clock cpu] [--raw] [-- extra validate options]
 
+First `python -m calibration.run --model tiny --device cpu --steps` calibrates the profile (kernel tables
+and a whole-step model fitted on separate real runs), then calibration.validate checks that step model on
+new runs (other seeds) of the same model.
+
 Targets: per-step median |error| <= 5% and p90 <= 15% for static, continuous and chunked prefill;
 saturated throughput within 5%; simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range at 50%
 and 80% of capacity. Each is printed PASS/FAIL with its value, next to the machine's noise floor.
@@ -56,13 +60,19 @@ def check(out: Path, judged: str = "norm") -> list[tuple[str, bool | None, str]]
                    for _, m in g.iterrows() if not m["inside_range"]]
         rows.append((f"in real range {policy} @ {load}", not outside,
                      "all six inside" if not outside else "; ".join(outside)))
+        err = g["rel_err_pct"].abs()
+        rows.append((f"error to real median {policy} @ {load}", None,
+                     f"{(err <= 5).sum()} of {len(g)} within 5%, largest {err.max():.1f}% "
+                     f"(real runs' spread up to {g['real_spread_pct'].max():.1f}%)"))
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/fidelity-bench"))
-    ap.add_argument("--profile", default="stepfit")
+    ap.add_argument("--profile", default="calibrate", help="calibrate (default): first run `calibration.run "
+                    "--device cpu --steps` into OUT/calibration and validate its stepfit.json; or any "
+                    "calibration.validate --profile value (stepfit, a profile path)")
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--num-requests", type=int, default=48)
     ap.add_argument("--raw", action="store_true", help="no --speed-normalise: judge raw step times")
@@ -70,8 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("extra", nargs="*", help="more calibration.validate options (after --)")
     args = ap.parse_args(argv)
     if not args.check_only:
+        profile = args.profile
+        if profile == "calibrate":
+            calib = args.out / "calibration"
+            cmd = [sys.executable, "-m", "calibration.run", "--model", "tiny", "--device", "cpu", "--steps",
+                   "--steps-requests", str(args.num_requests), "--out", str(calib)]
+            print(" ".join(cmd[1:]), flush=True)
+            subprocess.run(cmd, check=True)
+            profile = str(calib / "stepfit.json")
         cmd = [sys.executable, "-m", "calibration.validate", "--model", "tiny", "--device", "cpu",
-               "--profile", args.profile, "--clock", args.clock, "--num-requests", str(args.num_requests),
+               "--profile", profile, "--clock", args.clock, "--num-requests", str(args.num_requests),
                "--loads", "0.5,0.8", "--repeats", "3", "--out", str(args.out),
                *([] if args.raw else ["--speed-normalise"]), *args.extra]
         print(" ".join(cmd[1:]), flush=True)

@@ -38,6 +38,18 @@ def test_step_fit_recovers_known_coefficients():
     np.testing.assert_allclose(fitted.coefficients, truth.coefficients, rtol=1e-6, atol=1e-12)
 
 
+def test_step_fit_is_unbiased_in_total_under_multiplicative_noise():
+    # timing noise is multiplicative; a fit on y-scaled rows would come out about 2 var = 3% low here
+    truth = StepFitCostModel((1e-3, 2e-4, 5e-5, 2e-5, 1e-8, 3e-7, 4e-6, 3e-4, 1e-4, 2e-7, 4e-4))
+    args = _shapes(np.random.default_rng(0), 3000)
+    exact = np.array([truth.step_time_s(**a) for a in args])
+    measured = exact * np.random.default_rng(1).lognormal(0.0, 0.12, len(exact))
+    fitted = fit_step_model(args, measured, holdout=0.2)
+    predicted = np.array([fitted.step_time_s(**a) for a in args])
+    assert predicted.sum() / measured.sum() == pytest.approx(1.0, abs=0.005)
+    assert fitted.held_out["steps"] > 400 and 5 < fitted.held_out["median_ape_pct"] < 12
+
+
 def test_step_fit_round_trips_through_json(tmp_path):
     model = StepFitCostModel(tuple(float(i + 1) * 1e-4 for i in range(len(TERMS))), "test", 0.003)
     path = tmp_path / "stepfit.json"
