@@ -152,7 +152,7 @@ def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False
     out.mkdir(parents=True, exist_ok=True)
     path = out / "stepfit.json"
     path.write_text(json.dumps(dict(step_model.to_json(), model=model_name, device=device,
-                                    command="python -m calibration.validate " + " ".join(argv)), indent=1))
+                                    step_run_options=" ".join(argv)), indent=1))  # calibration.validate's
     h = step_model.held_out or {}
     print(f"wrote {path}: whole-step model, held-out median {h.get('median_ape_pct')}% / "
           f"p90 {h.get('p90_ape_pct')}% over {h.get('steps')} steps")

@@ -95,7 +95,8 @@ def speed_table(it: pd.DataFrame, runs) -> dict:
             "minor_faults_per_step_max": int(it["minor_faults"].max()) if len(it) else 0}
 
 
-def plot(it: pd.DataFrame, path: Path) -> None:
+def plot(it: pd.DataFrame, path: Path, measured: str = "measured_s") -> None:
+    """Simulated against measured step time per policy; `measured`: the raw or the normalised column."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -103,19 +104,20 @@ def plot(it: pd.DataFrame, path: Path) -> None:
     policies = list(dict.fromkeys(it["policy"]))
     fig, axes = plt.subplots(1, len(policies), figsize=(4.5 * len(policies), 4.2), squeeze=False)
     colors = {"prefill_only": "tab:red", "decode_only": "tab:blue", "mixed": "tab:green"}
-    lo = float(min(it["measured_s"].min(), it["sim_s"].min())) * 1e3 * 0.8
-    hi = float(max(it["measured_s"].max(), it["sim_s"].max())) * 1e3 * 1.2
+    lo = float(min(it[measured].min(), it["sim_s"].min())) * 1e3 * 0.8
+    hi = float(max(it[measured].max(), it["sim_s"].max())) * 1e3 * 1.2
     for ax, policy in zip(axes[0], policies):
         g = it[it["policy"] == policy]
         for comp, c in colors.items():
             sub = g[g["kind"] == comp]
             if len(sub):
-                ax.scatter(sub["measured_s"] * 1e3, sub["sim_s"] * 1e3, s=6, alpha=0.5, c=c, label=comp)
+                ax.scatter(sub[measured] * 1e3, sub["sim_s"] * 1e3, s=6, alpha=0.5, c=c, label=comp)
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
         ax.plot([lo, hi], [lo * 1.15, hi * 1.15], "k:", lw=0.6)
         ax.plot([lo, hi], [lo / 1.15, hi / 1.15], "k:", lw=0.6)
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), title=policy,
-               xlabel="measured step time (ms)", ylabel="simulated step time (ms)")
+               xlabel=("speed-normalised " if measured == "normalised_s" else "") + "measured step time (ms)",
+               ylabel="simulated step time (ms)")
         ax.legend(fontsize=7, markerscale=2)
     fig.suptitle("simulated vs measured step time (dotted: +-15%)")
     fig.tight_layout()
@@ -139,7 +141,7 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
     steps.to_csv(out / "step_errors.csv", index=False)
     metrics.to_csv(out / "metrics.csv", index=False)
     if len(it):
-        plot(it, out / "step_time.png")
+        plot(it, out / "step_time.png", "normalised_s" if result.get("speed_normalise") else "measured_s")
     a = result["args"]
     desc = cm.describe()
     normalised = bool(result.get("speed_normalise"))

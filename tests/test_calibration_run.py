@@ -94,7 +94,7 @@ def test_step_calibration_writes_a_held_out_step_model(tmp_path):
     assert model.held_out["steps"] > 0 and model.held_out["median_ape_pct"] >= 0
     assert model.dtype == "fp32" and model.reference_step_s > 0
     meta = json.loads(path.read_text())
-    assert meta["model"] == "tiny" and "--speed-normalise" in meta["command"]
+    assert meta["model"] == "tiny" and "--speed-normalise" in meta["step_run_options"]
     # the saved model is a profile calibration.validate accepts (its dtype is taken from the file)
     out = tmp_path / "fid"
     assert validate_main(["--model", "tiny", "--profile", str(path), "--policies", "continuous", "--repeats", "1",
