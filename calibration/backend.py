@@ -149,6 +149,7 @@ class RealBackend:
         env = engine.env
         sched_s = self._time_since_clock(env) if self.clock == "wall" else self._cpu_since_last_step()
         self._maybe_time_reference(env)
+        wall0 = time.monotonic()
         t0 = self._now()
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._reconcile(engine)
@@ -176,6 +177,12 @@ class RealBackend:
         else:
             ratio = self._speed_ratio
             normalised_s = measured_s / ratio
+        if self.speed_normalise and self.clock == "wall" and hasattr(env, "real_start"):
+            # the real-time clock must follow the normalised one: hide the repeats and probes (and the
+            # difference between raw and normalised time) from it, as _maybe_time_reference hides its
+            # probe; otherwise the next step's lateness (sched_s) would count them. (With clock "cpu"
+            # sched_s is CPU time, and a real-time environment just runs behind the wall clock.)
+            env.real_start += sched_s + time.monotonic() - wall0 - normalised_s
         prefill, decode = cost_args["prefill"], cost_args["decode"]
         self.records.append(StepRecord(
             env.now, batch_kind(prefill, decode), len(shape), len(prefill), sum(n for n, _ in prefill),
