@@ -233,12 +233,7 @@ class RealBackend:
         context 64, on a scratch cache), on this backend's clock. It exercises what steps spend their time
         on (operator dispatch, small GEMMs, attention), so ratios between two moments say how much
         faster or slower the machine is running this kind of work."""
-        times = []
-        for _ in range(reps + 1):  # the first is a warm-up
-            _sync(self.device)
-            t0 = self._now()
-            self.decoder.forward(self._probe_step, self._probe_cache).tolist()
-            times.append(self._now() - t0)
+        times = [self._probe_once() for _ in range(reps + 1)]  # the first is a warm-up
         self.last_probe_s = times[1:]  # the repeats themselves: their spread is the step-timing noise floor
         return float(np.median(times[1:]))
 

@@ -24,8 +24,6 @@ def iteration_errors(runs, cost_model) -> pd.DataFrame:
         df.insert(1, "load", load)
         df.insert(2, "repeat", rep)
         df["sim_s"] = [cost_model.step_time_s(**a) for a in res.cost_args]
-        if "normalised_s" not in df:
-            df["normalised_s"] = df["measured_s"] / df["speed_ratio"]
         df["error"] = df["sim_s"] / df["measured_s"] - 1.0
         df["error_normalised"] = df["sim_s"] / df["normalised_s"] - 1.0
         frames.append(df)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.config import ConfigError
+from experiments.config import ConfigError, check_keys
 from policies.routers import ROUTERS
 
 CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom", "verify", "router"}
@@ -35,9 +35,7 @@ class CapacitySpec:
 def parse_capacity(spec) -> CapacitySpec:
     if not isinstance(spec, dict):
         raise ConfigError("capacity: expected a mapping like {target_rps: 50, gpu_price_per_hour: 2.5}")
-    for k in spec:
-        if k not in CAPACITY_KEYS:
-            raise ConfigError(f"capacity.{k}: unknown key; expected one of {', '.join(sorted(CAPACITY_KEYS))}")
+    check_keys("capacity", spec, CAPACITY_KEYS)
     if "target_rps" not in spec:
         raise ConfigError("capacity.target_rps: required (the load to plan for, requests/s)")
     out = {}

@@ -142,14 +142,19 @@ def _pool_router(key: str, name, pool_size: int):
     return router
 
 
+def check_keys(section: str, spec: dict, known) -> None:
+    """Refuse any key of the `section:` mapping that is not in `known`, naming it and the known ones."""
+    for k in spec:
+        if k not in known:
+            raise ConfigError(f"{section}.{k}: unknown key; expected one of {', '.join(sorted(known))}")
+
+
 def parse_disaggregation(spec) -> DisaggSettings | None:
     if spec is None:
         return None
     if not isinstance(spec, dict):
         raise ConfigError("disaggregation: expected a mapping with num_prefill_replicas and num_decode_replicas")
-    for k in spec:
-        if k not in DISAGG_KEYS:
-            raise ConfigError(f"disaggregation.{k}: unknown key; expected one of {', '.join(sorted(DISAGG_KEYS))}")
+    check_keys("disaggregation", spec, DISAGG_KEYS)
     sizes = []
     for k in ("num_prefill_replicas", "num_decode_replicas"):
         n = spec.get(k)
@@ -187,10 +192,8 @@ def parse_slo(spec) -> SloSettings | None:
         return None
     if not isinstance(spec, dict) or not spec:
         raise ConfigError("slo: expected a mapping like {ttft_ms: 400, tpot_ms: 40}")
-    fields = {f.name for f in dataclasses.fields(SloSettings)}
+    check_keys("slo", spec, {f.name for f in dataclasses.fields(SloSettings)})
     for k, v in spec.items():
-        if k not in fields:
-            raise ConfigError(f"slo.{k}: unknown key; expected one of {', '.join(sorted(fields))}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ConfigError(f"slo.{k}: expected a positive number of milliseconds, got {v!r}")
     return SloSettings(**{k: float(v) for k, v in spec.items()})

@@ -19,7 +19,7 @@ from typing import Generator
 import numpy as np
 import pandas as pd
 
-from experiments.config import ConfigError
+from experiments.config import ConfigError, check_keys
 
 OVER_KEYS = ("workload.arrival.concurrency", "workload.arrival.rate_per_s")
 SLO_METRICS = tuple(f"{m}_p{p}_ms" for m in ("ttft", "itl", "tpot", "e2e") for p in (50, 90, 95, 99))
@@ -92,9 +92,7 @@ def parse_search(spec) -> SearchSpec:
     """Validate the `search:` mapping; every error names the offending key."""
     if not isinstance(spec, dict):
         raise ConfigError("search: expected a mapping with over, slo and range")
-    for k in spec:
-        if k not in SEARCH_KEYS:
-            raise ConfigError(f"search.{k}: unknown key; expected one of {', '.join(sorted(SEARCH_KEYS))}")
+    check_keys("search", spec, SEARCH_KEYS)
     for k in ("over", "slo", "range"):
         if k not in spec:
             raise ConfigError(f"search.{k}: required")

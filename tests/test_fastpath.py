@@ -1,6 +1,5 @@
 """The fast path (simcore/fastpath.py) against the SimPy engine: identical per-request rows, iteration rows,
 ITL samples and summaries on random small workloads, for every supported policy and knob combination."""
-import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -10,7 +9,7 @@ import simpy
 from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
-from policies import ChunkedPrefill, Continuous, Static
+from policies import ChunkedPrefill, Continuous
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
@@ -18,19 +17,13 @@ from simcore.fastpath import FastEngine
 from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
 from simcore.request import RequestSpec
+from tests.test_properties import POLICIES as PROPERTY_POLICIES
 from tests.test_properties import random_specs
 
-POLICIES = [
-    Static(max_num_seqs=4),
-    Static(max_num_seqs=8, batch_timeout_s=0.05),
-    Continuous(max_num_seqs=6, max_num_batched_tokens=512),
-    Continuous(max_num_seqs=6, max_num_batched_tokens=512, kv_reservation="max"),
-    Continuous(max_num_seqs=6, max_num_batched_tokens=512, mix_prefill_decode=True),
-    Continuous(max_num_seqs=3, max_num_batched_tokens=512, watermark=0.2),
-    ChunkedPrefill(max_num_seqs=6, max_num_batched_tokens=64),
-    ChunkedPrefill(max_num_seqs=16, max_num_batched_tokens=128, long_prefill_token_threshold=32),
-    ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=4),   # fewer tokens than running requests
-]
+# test_properties' policies, plus a watermark and a token budget below the running count (same order)
+POLICIES = [*PROPERTY_POLICIES[:5], Continuous(max_num_seqs=3, max_num_batched_tokens=512, watermark=0.2),
+            *PROPERTY_POLICIES[5:],
+            ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=4)]   # fewer tokens than running requests
 ROOFLINE = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"))
 
 
