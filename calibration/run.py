@@ -140,19 +140,16 @@ def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
 def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False, extra: list[str] = ()) -> Path:
     """The whole-step calibration (--steps): calibration.validate's stepfit runs, saved as a profile.
     `extra`: more calibration.validate options (workload size, policies)."""
-    import json
-
     from calibration import validate
     argv = ["--model", model_name, "--device", device, "--no-reexec", *(["--quiet"] if quiet else []), *extra]
     if device == "cpu":
         argv += ["--clock", "cpu", "--speed-normalise"]
     vargs = validate.parse_args(argv)
     backend = validate.make_backend(vargs, validate.build_config(vargs, vargs.policies[0], float("inf")))
-    step_model = validate.calibrate_stepfit(vargs, backend)
-    out.mkdir(parents=True, exist_ok=True)
+    step_model = validate.calibrate_stepfit(vargs, backend, out / "stepfit_steps.csv")
     path = out / "stepfit.json"
-    path.write_text(json.dumps(dict(step_model.to_json(), model=model_name, device=device,
-                                    step_run_options=" ".join(argv)), indent=1))  # calibration.validate's
+    validate.save_stepfit(step_model, path, model_name, device, backend,
+                          step_run_options=" ".join(argv))  # calibration.validate's options the steps ran with
     h = step_model.held_out or {}
     print(f"wrote {path}: whole-step model, held-out median {h.get('median_ape_pct')}% / "
           f"p90 {h.get('p90_ape_pct')}% over {h.get('steps')} steps")

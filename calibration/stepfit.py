@@ -83,9 +83,7 @@ def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], sourc
     y = np.asarray(measured_s, dtype=float)
     if len(y) < len(TERMS):
         raise ValueError(f"need at least {len(TERMS)} measured steps to fit, got {len(y)}")
-    test = np.random.default_rng(seed).random(len(y)) < holdout if holdout > 0 else np.zeros(len(y), bool)
-    if (~test).sum() < len(TERMS):
-        test[:] = False
+    test = holdout_mask(len(y), holdout, seed)
     coef = _fit_relative(x[~test], y[~test])
     held_out = None
     if test.any():
@@ -93,6 +91,14 @@ def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], sourc
         held_out = {"steps": int(test.sum()), "median_ape_pct": round(float(np.median(ape)), 2),
                     "p90_ape_pct": round(float(np.percentile(ape, 90)), 2)}
     return StepFitCostModel(tuple(float(c) for c in coef), source, reference_step_s, held_out, dtype)
+
+
+def holdout_mask(n: int, holdout: float, seed: int) -> np.ndarray:
+    """Which of n steps fit_step_model leaves out (a random `holdout` fraction; none when too few stay)."""
+    test = np.random.default_rng(seed).random(n) < holdout if holdout > 0 else np.zeros(n, bool)
+    if (~test).sum() < len(TERMS):
+        test[:] = False
+    return test
 
 
 def _fit_relative(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> np.ndarray:

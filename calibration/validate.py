@@ -3,11 +3,13 @@ identical workload with a cost profile, and report how far apart they are.
 
     python -m calibration.validate --model tiny --device cpu --profile P --out results/fidelity
 
-P: a profile from `calibration.run` (path or shipped name), "roofline", a saved step model (JSON written
-by an earlier validate), or "stepfit" (default): fit a whole-step model on a separate real calibration run
-first. For each policy: a saturated run (everything queued at t = 0) gives the real capacity, then runs at
-`--loads` x capacity, each repeated `--repeats` times. Writes report.md, iterations.csv, metrics.csv,
-speed.csv, step_time.png (and profile_corrected.json with --fit-overhead) under --out.
+P: a profile from `calibration.run` (path or shipped name), "roofline", a saved step model (stepfit.json
+of `calibration.run --steps` or of an earlier validate), or "stepfit" (default): first fit a whole-step
+model on separate real calibration runs (other seeds and arrivals), in this process, and save it as
+stepfit.json with its steps in stepfit_steps.csv. For each policy: a saturated run (everything queued at
+t = 0) gives the real capacity, then runs at `--loads` x capacity; every point is repeated `--repeats`
+times, round robin, so a point's repeats are minutes apart. Writes report.md, iterations.csv,
+metrics.csv, step_errors.csv, step_time.png (and profile_corrected.json with --fit-overhead) under --out.
 On CPU the process re-executes itself once with GLIBC_TUNABLES that stop glibc from returning freed memory
 to the kernel (thousands of page faults per torch step otherwise); --no-reexec skips that.
 """
@@ -26,7 +28,8 @@ import pandas as pd
 import simpy
 import simpy.rt
 
-from calibration.stepfit import StepFitCostModel, fit_overheads, fit_step_model, kernel_only_s, read_stepfit
+from calibration.stepfit import (StepFitCostModel, fit_overheads, fit_step_model, holdout_mask, kernel_only_s,
+                                 read_stepfit)
 from calibration.validate_report import write_report
 from costmodels import load_cost_model
 from costmodels.catalog import CatalogError, get_gpu
@@ -45,6 +48,7 @@ POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any r
 # the stepfit calibration runs per policy: (seed offset, arrival), None = all queued at t = 0
 CALIBRATION_RUNS = ((1000, None), (2000, {"process": "closed", "concurrency": 1}),
                     (3000, {"process": "closed", "concurrency": 4}))
+STEPFIT_HOLDOUT = 0.2  # the fraction of calibration steps left out of the fit to measure its error
 
 
 @dataclass
@@ -130,7 +134,9 @@ def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = No
 def load_profile(args, cfg: PointConfig, backend) -> object:
     """The cost model under test (see the module docstring for the choices)."""
     if args.profile == "stepfit":
-        return calibrate_stepfit(args, backend)
+        model = calibrate_stepfit(args, backend, args.out / "stepfit_steps.csv")
+        save_stepfit(model, args.out / "stepfit.json", args.model, args.device, backend)
+        return model
     saved = read_stepfit(args.profile)
     if saved is not None:
         return saved
@@ -140,27 +146,46 @@ def load_profile(args, cfg: PointConfig, backend) -> object:
         raise ConfigError(f"--profile: {e}") from None
 
 
-def calibrate_stepfit(args, backend) -> StepFitCostModel:
+def calibrate_stepfit(args, backend, steps_csv: Path | None = None) -> StepFitCostModel:
     """Separate real runs (other seeds) that the step model is fitted on: per policy, one saturated run
     (large batches) and closed-loop runs with one user (lone decodes) and four (small batches), so the
-    whole range of batch sizes is covered."""
-    cost_args, measured, probes = [], [], []
+    whole range of batch sizes is covered. `steps_csv`: where to write every calibration step with the
+    fitted model's price and whether it was held out of the fit."""
+    cost_args, frames, probes = [], [], []
     for policy in args.policies:
         for offset, arrival in CALIBRATION_RUNS:
             cfg = build_config(args, policy, float("inf"), arrival)
             res = run_engine(cfg, args.seed + offset, _NullCost(), backend)
-            cost_args += res.cost_args
-            measured += res.records[_step_column(backend)].tolist()
-            probes += [sample[1] for sample in res.speed_samples]
             label = "saturated" if arrival is None else f"{arrival['concurrency']} closed-loop user(s)"
+            cost_args += res.cost_args
+            frames.append(res.records.assign(policy=policy, run=label, seed=args.seed + offset))
+            probes += [sample[1] for sample in res.speed_samples]
             _say(args, f"calibration run {policy} {label}: {len(res.records)} steps")
+    steps = pd.concat(frames, ignore_index=True)
+    measured = steps[_step_column(backend)].to_numpy()
     # normalised steps are at the baseline probe speed; raw ones at the speed the probes saw meanwhile
     reference = backend.reference_base_s if backend.speed_normalise or not probes else float(np.median(probes))
     seeds = "/".join(str(args.seed + offset) for offset, _ in CALIBRATION_RUNS)
-    return fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {seeds}, "
-                          f"{len(measured)} {'speed-normalised ' * backend.speed_normalise}"
-                          f"steps on {args.device} ({_device_name(args.device)}), {time.strftime('%Y-%m-%d')}",
-                          reference_step_s=reference, holdout=0.2, seed=args.seed, dtype=args.dtype)
+    model = fit_step_model(cost_args, measured, source=f"calibration.validate stepfit, seeds {seeds}, "
+                           f"{len(measured)} {'speed-normalised ' * backend.speed_normalise}"
+                           f"steps on {args.device} ({_device_name(args.device)}), {time.strftime('%Y-%m-%d')}",
+                           reference_step_s=reference, holdout=STEPFIT_HOLDOUT, seed=args.seed, dtype=args.dtype)
+    if steps_csv is not None:
+        steps["fitted_on"] = _step_column(backend)
+        steps["sim_s"] = [model.step_time_s(**a) for a in cost_args]
+        steps["error"] = steps["sim_s"] / measured - 1.0
+        steps["held_out"] = holdout_mask(len(steps), STEPFIT_HOLDOUT, args.seed)
+        steps_csv.parent.mkdir(parents=True, exist_ok=True)
+        steps.to_csv(steps_csv, index=False)
+    return model
+
+
+def save_stepfit(model: StepFitCostModel, path: Path, model_name: str, device: str, backend, **extra) -> None:
+    """The fitted step model as a reusable profile (`--profile PATH` of validate), with what it ran on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(model.to_json(), model=model_name, device=device, clock=backend.clock,
+                                    speed_normalise=backend.speed_normalise, step_repeats=backend.step_repeats,
+                                    **extra), indent=1))
 
 
 def _step_column(backend) -> str:
@@ -206,25 +231,37 @@ def validate(args) -> dict:
     if base:
         backend.reference_base_s = float(base)  # normalise to the machine's speed when the profile was taken
     runs = []  # (policy, load, repeat, kind, RunResult)
-    for policy in args.policies:
-        sat_cfg = build_config(args, policy, float("inf"))
-        sim = run_engine(sat_cfg, args.seed, cost_model)
-        runs.append((policy, "saturated", 0, "sim", sim))
-        capacity = []
-        for rep in range(args.repeats):
-            real = run_engine(sat_cfg, args.seed, _NullCost(), backend)
+    total, done = len(args.policies) * args.repeats * (1 + len(args.loads)), 0
+    # A point's repeats are spread over the whole validation (round robin over policies and loads), not run
+    # back to back: its real range then shows how the machine drifts over the validation, not over a minute.
+    sat_cfgs = {policy: build_config(args, policy, float("inf")) for policy in args.policies}
+    capacity = {policy: [] for policy in args.policies}
+    for policy, cfg in sat_cfgs.items():
+        runs.append((policy, "saturated", 0, "sim", run_engine(cfg, args.seed, cost_model)))
+    for rep in range(args.repeats):
+        for policy, cfg in sat_cfgs.items():
+            real = run_engine(cfg, args.seed, _NullCost(), backend)
             runs.append((policy, "saturated", rep, "real", real))
-            capacity.append(real.summary["throughput_rps"])
-            _say(args, f"{policy} saturated run {rep}: {real.summary['output_tok_per_s']:.0f} output tok/s")
+            capacity[policy].append(real.summary["throughput_rps"])
+            done += 1
+            _say(args, f"[{done}/{total}] {policy} saturated run {rep}: "
+                       f"{real.summary['output_tok_per_s']:.0f} output tok/s")
+    points = {}  # (policy, load label) -> (config, rate), the loads as fractions of the median capacity
+    for policy in args.policies:
         for load in args.loads:
-            rate = load * float(np.median(capacity))
+            rate = load * float(np.median(capacity[policy]))
             cfg = build_config(args, policy, rate)
+            points[policy, f"{load:g}"] = cfg, rate
             runs.append((policy, f"{load:g}", 0, "sim", run_engine(cfg, args.seed, cost_model)))
-            for rep in range(args.repeats):
-                real = run_engine(cfg, args.seed, _NullCost(), backend)
-                runs.append((policy, f"{load:g}", rep, "real", real))
-                _say(args, f"{policy} load {load:g} ({rate:.2f} req/s) run {rep}: "
-                           f"p50 TTFT {real.summary['ttft_p50_ms']:.1f} ms")
+    for rep in range(args.repeats):
+        for (policy, load), (cfg, rate) in points.items():
+            real = run_engine(cfg, args.seed, _NullCost(), backend)
+            runs.append((policy, load, rep, "real", real))
+            done += 1
+            _say(args, f"[{done}/{total}] {policy} load {load} ({rate:.2f} req/s) run {rep}: "
+                       f"p50 TTFT {real.summary['ttft_p50_ms']:.1f} ms")
+    loads = ["saturated", *(f"{load:g}" for load in args.loads)]
+    runs.sort(key=lambda r: (args.policies.index(r[0]), loads.index(r[1]), r[3] != "sim", r[2]))
     overheads = None
     if args.fit_overhead:
         reals = [r for *_, kind, r in runs if kind == "real"]
@@ -312,12 +349,13 @@ def parse_args(argv):
     ap.add_argument("--no-reexec", action="store_true", help="do not re-execute with GLIBC_TUNABLES")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    args.policies = [p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",") if p.strip()]
+    args.policies = list(dict.fromkeys(p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",")
+                                       if p.strip()))
     for p in args.policies:
         if p not in ALL_POLICIES:
             ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(ALL_POLICIES)}")
     try:
-        args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+        args.loads = list(dict.fromkeys(float(x) for x in args.loads.split(",") if x.strip()))
     except ValueError:
         ap.error(f"--loads: expected comma-separated fractions, got {args.loads!r}")
     if any(not 0 < x < 1.5 for x in args.loads):

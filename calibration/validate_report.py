@@ -11,6 +11,8 @@ import pandas as pd
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
            "e2e_p50_ms", "e2e_p99_ms", "throughput_rps", "output_tok_per_s")
 COMPOSITIONS = ("prefill_only", "decode_only", "mixed")
+# the metrics whose simulated value should fall inside the real runs' range below saturation (issue 5)
+RANGE_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
 
 
 def iteration_errors(runs, cost_model) -> pd.DataFrame:
@@ -43,7 +45,9 @@ def step_error_table(it: pd.DataFrame) -> pd.DataFrame:
                          "median_abs_err_pct": raw.median(), "p90_abs_err_pct": raw.quantile(0.9),
                          "median_abs_err_norm_pct": norm.median(), "p90_abs_err_norm_pct": norm.quantile(0.9),
                          "bias_pct": sub["error"].median() * 100,
+                         "bias_norm_pct": sub["error_normalised"].median() * 100,
                          "total_time_err_pct": (sub["sim_s"].sum() / sub["measured_s"].sum() - 1) * 100,
+                         "total_time_err_norm_pct": (sub["sim_s"].sum() / sub["normalised_s"].sum() - 1) * 100,
                          "measured_median_ms": sub["measured_s"].median() * 1e3})
     return pd.DataFrame(rows)
 
@@ -64,6 +68,19 @@ def metric_table(runs) -> pd.DataFrame:
                          "sim": sim[m], "rel_err_pct": (sim[m] / med - 1) * 100 if med > 0 else np.nan,
                          "inside_range": bool(lo <= sim[m] <= hi), "num_real_runs": len(vals)})
     return pd.DataFrame(rows)
+
+
+def range_summary(metrics: pd.DataFrame) -> str:
+    """One line: below saturation, how many simulated p50/p99 TTFT/TPOT/E2E values fall inside the real
+    runs' range and how many within 5% of their median."""
+    m = metrics[(metrics["load"] != "saturated") & metrics["metric"].isin(RANGE_METRICS)]
+    if not len(m):
+        return "No load below saturation was run."
+    err = m["rel_err_pct"].abs()
+    return (f"Below saturation, {int(m['inside_range'].sum())} of {len(m)} simulated p50/p99 TTFT, TPOT and E2E "
+            f"values fall inside the real runs' range; {int((err <= 5).sum())} are within 5% of the real median "
+            f"(median |error| {err.median():.1f}%, largest {err.max():.1f}%; the real runs' spread: median "
+            f"{m['real_spread_pct'].median():.1f}%).")
 
 
 def raw_saturated_throughput(runs) -> pd.DataFrame:
@@ -167,11 +184,13 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
         "## Per-step error (simulated vs measured, same batches)", "",
         "Error = simulated / measured - 1 per real iteration; `norm` divides the measured time by the speed "
         "index first (removes machine-speed drift); bias = median signed error; total_time = summed simulated / "
-        "summed measured busy time - 1.", "",
+        "summed measured busy time - 1 (each also against the normalised time: `_norm`).", "",
         _md(steps), "",
         "## Per-policy metrics: real runs' range vs simulated", "",
         "`saturated`: every request queued at t = 0; loads are fractions of the real saturated capacity. "
-        "rel_err is to the real median; inside = the simulated value falls within the real runs' range.", "",
+        "rel_err is to the real median; inside = the simulated value falls within the real runs' range. "
+        "A point's real runs were spread over the validation (round robin over policies and loads).", "",
+        range_summary(metrics), "",
         _md(metrics.drop(columns=["num_real_runs"]), "{:.3g}"), "",
     ]
     raw_tp = raw_saturated_throughput(runs) if normalised else pd.DataFrame()
@@ -189,7 +208,10 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
                   f"Refit: per_step_s = {ps * 1e3:.3f} ms, per_request_s = {pr * 1e6:.1f} us"
                   + (f"; corrected profile written to `{corrected}`." if corrected else
                      " (the cost model has no profile file to correct).")]
-    lines += ["", "Files: iterations.csv (every real step), step_errors.csv, metrics.csv, step_time.png."]
+    files = "iterations.csv (every real step), step_errors.csv, metrics.csv, step_time.png"
+    if (out / "stepfit_steps.csv").exists() and a.get("profile") == "stepfit":
+        files += "; the step model under test: stepfit.json, fitted on the steps in stepfit_steps.csv"
+    lines += ["", f"Files: {files}."]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -95,6 +98,14 @@ def test_step_calibration_writes_a_held_out_step_model(tmp_path):
     assert model.dtype == "fp32" and model.reference_step_s > 0
     meta = json.loads(path.read_text())
     assert meta["model"] == "tiny" and "--speed-normalise" in meta["step_run_options"]
+    assert meta["clock"] == "cpu" and meta["speed_normalise"] is True
+    # every calibration step is kept, with the fitted price and whether it was held out of the fit
+    steps = pd.read_csv(tmp_path / "stepfit_steps.csv")
+    assert set(steps["run"]) == {"saturated", "1 closed-loop user(s)", "4 closed-loop user(s)"}
+    assert steps["held_out"].sum() == model.held_out["steps"]
+    held = steps[steps["held_out"]]
+    assert np.median(np.abs(held["sim_s"] / held["normalised_s"] - 1)) * 100 == pytest.approx(
+        model.held_out["median_ape_pct"], abs=0.01)
     # the saved model is a profile calibration.validate accepts (its dtype is taken from the file)
     out = tmp_path / "fid"
     assert validate_main(["--model", "tiny", "--profile", str(path), "--policies", "continuous", "--repeats", "1",

@@ -1,6 +1,7 @@
 """calibration.validate end to end on a reduced workload (report produced, errors finite), and the fits
 it relies on (step model and overhead refit recover known coefficients)."""
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -91,7 +92,36 @@ def test_reduced_validation_writes_a_finite_report(tmp_path):
     assert np.isfinite(metrics[["real_median", "sim", "rel_err_pct"]]).all().all()
     it = pd.read_csv(out / "iterations.csv")
     assert (it["measured_s"] > 0).all() and np.isfinite(it["sim_s"]).all()
-    assert "Overhead refit" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Overhead refit" in report and "Below saturation, " in report
+    assert np.isfinite(steps[["bias_norm_pct", "total_time_err_norm_pct"]]).all().all()
+
+
+def test_default_stepfit_validation_saves_its_model_and_spreads_repeats(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from calibration.validate import main
+
+    out = tmp_path / "fid"
+    assert main([*(a for a in SMALL if a != "--quiet"), "--policies", "continuous,static", "--repeats", "2",
+                 "--loads", "0.5,0.8", "--out", str(out)]) == 0
+    progress = re.findall(r"^\[(\d+)/12\] (\S+) (saturated|load \S+).* run (\d):", capsys.readouterr().err, re.M)
+    # round robin: saturated runs first (capacity), then every point's first repeat before any second one
+    assert [" ".join(p[1:]) for p in progress] == [
+        "continuous saturated 0", "static saturated 0", "continuous saturated 1", "static saturated 1",
+        "continuous load 0.5 0", "continuous load 0.8 0", "static load 0.5 0", "static load 0.8 0",
+        "continuous load 0.5 1", "continuous load 0.8 1", "static load 0.5 1", "static load 0.8 1"]
+    model = read_stepfit(out / "stepfit.json")  # the step model under test, reusable as --profile
+    assert model is not None and model.held_out["steps"] > 0
+    assert (pd.read_csv(out / "stepfit_steps.csv")["normalised_s"] > 0).all()
+    it = pd.read_csv(out / "iterations.csv")
+    it["load"] = it["load"].astype(str)
+    # round robin: each point's second repeat starts only after every point's first one has run
+    order = it.drop_duplicates(["policy", "load", "repeat"]).reset_index(drop=True)
+    assert list(order[["policy", "load"]].drop_duplicates().itertuples(index=False)) == [
+        ("continuous", "saturated"), ("continuous", "0.5"), ("continuous", "0.8"),
+        ("static", "saturated"), ("static", "0.5"), ("static", "0.8")]  # the report keeps the order
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert (metrics["num_real_runs"] == 2).all()
 
 
 def test_speed_normalised_wall_clock_run_keeps_scheduling_time_small(tmp_path):
