@@ -223,20 +223,11 @@ def make_backend(args, cfg0: PointConfig):
     return backend
 
 
-def validate(args) -> dict:
-    """All runs of the validation; returns what write_report needs."""
-    import torch
-
-    cfg0 = build_config(args, args.policies[0], float("inf"))
-    backend = make_backend(args, cfg0)
-    cost_model = load_profile(args, cfg0, backend)
-    base = getattr(cost_model, "reference_step_s", None)
-    if base:
-        backend.reference_base_s = float(base)  # normalise to the machine's speed when the profile was taken
-    runs = []  # (policy, load, repeat, kind, RunResult)
-    total, done = len(args.policies) * args.repeats * (1 + len(args.loads)), 0
-    # A point's repeats are spread over the whole validation (round robin over policies and loads), not run
-    # back to back: its real range then shows how the machine drifts over the validation, not over a minute.
+def run_points(args, backend, cost_model, runs: list, total: int) -> None:
+    """Every point's simulated run and its real repeats, appended to `runs` as they finish. A point's
+    repeats are spread over the whole validation (round robin over policies and loads), not run back to
+    back: its real range then shows how the machine drifts over the validation, not over a minute."""
+    done = 0
     sat_cfgs = {policy: build_config(args, policy, float("inf")) for policy in args.policies}
     capacity = {policy: [] for policy in args.policies}
     for policy, cfg in sat_cfgs.items():
@@ -263,6 +254,27 @@ def validate(args) -> dict:
             done += 1
             _say(args, f"[{done}/{total}] {policy} load {load} ({rate:.2f} req/s) run {rep}: "
                        f"p50 TTFT {real.summary['ttft_p50_ms']:.1f} ms")
+
+
+def validate(args) -> dict:
+    """All runs of the validation; returns what write_report needs."""
+    import torch
+
+    cfg0 = build_config(args, args.policies[0], float("inf"))
+    backend = make_backend(args, cfg0)
+    cost_model = load_profile(args, cfg0, backend)
+    base = getattr(cost_model, "reference_step_s", None)
+    if base:
+        backend.reference_base_s = float(base)  # normalise to the machine's speed when the profile was taken
+    runs = []  # (policy, load, repeat, kind, RunResult)
+    total = len(args.policies) * args.repeats * (1 + len(args.loads))
+    try:
+        run_points(args, backend, cost_model, runs, total)
+        interrupted = None
+    except KeyboardInterrupt:  # keep what finished: the report covers the points with a real run
+        interrupted = f"{sum(kind == 'real' for *_, kind, _ in runs)} of {total}"
+        _say(args, f"interrupted: reporting the {interrupted} real runs that finished")
+        runs = [r for r in runs if r[3] == "real" or any(x[:2] == r[:2] and x[3] == "real" for x in runs)]
     loads = ["saturated", *(f"{load:g}" for load in args.loads)]
     runs.sort(key=lambda r: (args.policies.index(r[0]), loads.index(r[1]), r[3] != "sim", r[2]))
     overheads = None
@@ -275,7 +287,7 @@ def validate(args) -> dict:
     return {"runs": runs, "cost_model": cost_model, "overheads": overheads,
             "reference_base_s": backend.reference_base_s, "threads": torch.get_num_threads(),
             "decode_attention": backend.decode_attention, "speed_normalise": backend.speed_normalise,
-            "step_repeats": backend.step_repeats,
+            "step_repeats": backend.step_repeats, "interrupted": interrupted,
             "device_name": _device_name(args.device), "args": vars(args)}
 
 
@@ -425,13 +437,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CatalogError, SimulationError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted before the first real validation run finished: nothing to report", file=sys.stderr)
+        return 130
+    if not result["runs"]:
+        print("interrupted before the first real validation run finished: nothing to report", file=sys.stderr)
+        return 130
     args.out.mkdir(parents=True, exist_ok=True)
     corrected = None
     if result["overheads"] is not None:
         corrected = write_corrected_profile(args, result["cost_model"], result["overheads"], args.out)
     report = write_report(result, args.out, corrected, " ".join(["python -m calibration.validate", *argv]))
     print(report.read_text() if not args.quiet else str(report))
-    return 0
+    return 130 if result["interrupted"] else 0
 
 
 if __name__ == "__main__":

@@ -181,6 +181,8 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
         f"p90 {speed['noise_floor_p90_pct']:.1f}%; no per-step error can be expected below it. "
         f"Minor page faults per step: mean {speed['minor_faults_per_step_mean']:.1f}, "
         f"max {speed['minor_faults_per_step_max']}.", "", clock_note, "",
+        *([f"**Interrupted**: {result['interrupted']} real runs finished; the tables cover those only.", ""]
+          if result.get("interrupted") else []),
         "## Per-step error (simulated vs measured, same batches)", "",
         "Error = simulated / measured - 1 per real iteration; `norm` divides the measured time by the speed "
         "index first (removes machine-speed drift); bias = median signed error; total_time = summed simulated / "

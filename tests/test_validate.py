@@ -199,3 +199,26 @@ def test_overhead_refit_replaces_a_profiles_own_overheads():
     per_step_s, per_request_s = fit_overheads(WithOverheads(), args, measured)
     assert per_step_s == pytest.approx(3e-3, rel=1e-6)
     assert per_request_s == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_interrupted_validation_reports_the_runs_that_finished(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from calibration import validate
+
+    real_runs, original = [], validate.run_engine
+
+    def run_engine(cfg, seed, cost_model, backend=None):
+        if backend is not None:
+            if len(real_runs) == 3:
+                raise KeyboardInterrupt  # Ctrl-C during the fourth and last real run
+            real_runs.append(cfg.policy.name)
+        return original(cfg, seed, cost_model, backend)
+
+    monkeypatch.setattr(validate, "run_engine", run_engine)
+    out = tmp_path / "fid"
+    assert validate.main([*SMALL, "--policies", "continuous", "--profile", "roofline", "--repeats", "2",
+                          "--out", str(out)]) == 130
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics.groupby(metrics["load"].astype(str))["num_real_runs"].first().to_dict() == {
+        "saturated": 2, "0.5": 1}
+    assert "**Interrupted**: 3 of 4 real runs finished" in (out / "report.md").read_text()
