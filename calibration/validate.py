@@ -28,8 +28,8 @@ import pandas as pd
 import simpy
 import simpy.rt
 
-from calibration.stepfit import (StepFitCostModel, fit_overheads, fit_step_model, holdout_mask, kernel_only_s,
-                                 read_stepfit)
+from calibration.stepfit import (TERMS, StepFitCostModel, fit_overheads, fit_step_model, holdout_mask,
+                                 kernel_only_s, read_stepfit, step_features)
 from calibration.validate_report import write_report
 from costmodels import load_cost_model
 from costmodels.catalog import CatalogError, get_gpu
@@ -46,11 +46,12 @@ GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_thresh
                   "glibc.malloc.top_pad=268435456")
 POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any registered policy may be named
 # the stepfit calibration runs per policy: (seed offset, arrival), None = all queued at t = 0. Closed loops
-# of 1, 2 and 4 users cover the small batches below saturation (without 2 users, decode steps of two
-# sequences were only interpolated, and came out 5-7% over the measured ones)
+# of 1, 2, 4 and 8 users cover the batch sizes below saturation: a size left out is only interpolated
+# (without 2 users, two-sequence decodes came out 5-7% high; without 8, steps of 8-16 sequences 5-11%)
 CALIBRATION_RUNS = ((1000, None), (2000, {"process": "closed", "concurrency": 1}),
                     (4000, {"process": "closed", "concurrency": 2}),
-                    (3000, {"process": "closed", "concurrency": 4}))
+                    (3000, {"process": "closed", "concurrency": 4}),
+                    (5000, {"process": "closed", "concurrency": 8}))
 STEPFIT_HOLDOUT = 0.2  # the fraction of calibration steps left out of the fit to measure its error
 
 
@@ -151,7 +152,7 @@ def load_profile(args, cfg: PointConfig, backend) -> object:
 
 def calibrate_stepfit(args, backend, steps_csv: Path | None = None) -> StepFitCostModel:
     """Separate real runs (other seeds) that the step model is fitted on: per policy, one saturated run
-    (large batches) and closed-loop runs with one user (lone decodes), two and four (small batches), so the
+    (large batches) and closed-loop runs with one user (lone decodes), two, four and eight, so the
     whole range of batch sizes is covered. `steps_csv`: where to write every calibration step with the
     fitted model's price and whether it was held out of the fit."""
     cost_args, frames, probes = [], [], []
@@ -175,6 +176,7 @@ def calibrate_stepfit(args, backend, steps_csv: Path | None = None) -> StepFitCo
                            reference_step_s=reference, holdout=STEPFIT_HOLDOUT, seed=args.seed, dtype=args.dtype)
     if steps_csv is not None:
         steps["fitted_on"] = _step_column(backend)
+        steps[[f"x_{t}" for t in TERMS]] = np.array([step_features(**a) for a in cost_args])  # refit offline
         steps["sim_s"] = [model.step_time_s(**a) for a in cost_args]
         steps["error"] = steps["sim_s"] / measured - 1.0
         steps["held_out"] = holdout_mask(len(steps), STEPFIT_HOLDOUT, args.seed)
