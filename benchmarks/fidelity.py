@@ -4,7 +4,7 @@
                                   [--clock cpu] [--raw] [-- extra validate options]
 
 calibration.validate first fits the whole-step model on its calibration runs (calibrate_stepfit: per
-policy a saturated run and closed-loop runs with 1, 2, 4 and 8 users, on other seeds), the same runs and fit that
+policy a saturated run and closed-loop runs with 1, 2 and 4 users, on other seeds), the same runs and fit that
 `calibration.run --device cpu --steps` does, then checks it on new runs of the same model: Poisson
 arrivals at 50% and 80% of the measured capacity and saturated runs, each repeated --repeats times round
 robin. `--profile calibrate` runs `calibration.run --steps` in a separate process first and validates its

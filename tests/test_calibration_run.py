@@ -101,7 +101,7 @@ def test_step_calibration_writes_a_held_out_step_model(tmp_path):
     assert meta["clock"] == "cpu" and meta["speed_normalise"] is True
     # every calibration step is kept, with the fitted price and whether it was held out of the fit
     steps = pd.read_csv(tmp_path / "stepfit_steps.csv")
-    assert set(steps["run"]) == {"saturated", *(f"{n} closed-loop user(s)" for n in (1, 2, 4, 8))}
+    assert set(steps["run"]) == {"saturated", *(f"{n} closed-loop user(s)" for n in (1, 2, 4))}
     assert steps["held_out"].sum() == model.held_out["steps"]
     x = steps[[c for c in steps.columns if c.startswith("x_")]].to_numpy()  # the step features: a refit
     assert x.shape[1] == len(TERMS) and np.allclose(x @ np.array(model.coefficients), steps["sim_s"])
