@@ -8,7 +8,7 @@ policy a saturated run and closed-loop runs with 1, 2 and 4 users, on other seed
 `calibration.run --device cpu --steps` does, then checks it on new runs of the same model: Poisson
 arrivals at 50% and 80% of the measured capacity and saturated runs, each repeated --repeats times round
 robin. `--profile calibrate` runs `calibration.run --steps` in a separate process first and validates its
-stepfit.json instead: on a shared VM that adds the drift between two processes (a few %) to the error.
+stepfit.json instead: on a shared VM drift between the two processes can add a few % to the error.
 
 Targets: per-step median |error| <= 5% and p90 <= 15% for static, continuous and chunked prefill;
 saturated throughput within 5%; simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range at 50%
