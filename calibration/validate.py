@@ -175,9 +175,10 @@ def calibrate_stepfit(args, backend, steps_csv: Path | None = None) -> StepFitCo
                            f"steps on {args.device} ({_device_name(args.device)}), {time.strftime('%Y-%m-%d')}",
                            reference_step_s=reference, holdout=STEPFIT_HOLDOUT, seed=args.seed, dtype=args.dtype)
     if steps_csv is not None:
+        x = np.array([step_features(**a) for a in cost_args])
         steps["fitted_on"] = _step_column(backend)
-        steps[[f"x_{t}" for t in TERMS]] = np.array([step_features(**a) for a in cost_args])  # refit offline
-        steps["sim_s"] = [model.step_time_s(**a) for a in cost_args]
+        steps[[f"x_{t}" for t in TERMS]] = x  # the features, so the fit can be redone offline
+        steps["sim_s"] = x @ np.array(model.coefficients)
         steps["error"] = steps["sim_s"] / measured - 1.0
         steps["held_out"] = holdout_mask(len(steps), STEPFIT_HOLDOUT, args.seed)
         steps_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +277,8 @@ def validate(args) -> dict:
     except KeyboardInterrupt:  # keep what finished: the report covers the points with a real run
         interrupted = f"{sum(kind == 'real' for *_, kind, _ in runs)} of {total}"
         _say(args, f"interrupted: reporting the {interrupted} real runs that finished")
-        runs = [r for r in runs if r[3] == "real" or any(x[:2] == r[:2] and x[3] == "real" for x in runs)]
+        with_real = {r[:2] for r in runs if r[3] == "real"}  # (policy, load) points with a real run
+        runs = [r for r in runs if r[:2] in with_real]
     loads = ["saturated", *(f"{load:g}" for load in args.loads)]
     runs.sort(key=lambda r: (args.policies.index(r[0]), loads.index(r[1]), r[3] != "sim", r[2]))
     overheads = None
@@ -439,9 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CatalogError, SimulationError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted before the first real validation run finished: nothing to report", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # during calibration or set-up (validate itself keeps finished runs)
+        result = {"runs": []}
     if not result["runs"]:
         print("interrupted before the first real validation run finished: nothing to report", file=sys.stderr)
         return 130

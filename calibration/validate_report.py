@@ -155,11 +155,11 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
     it.to_csv(out / "iterations.csv", index=False)
     steps.to_csv(out / "step_errors.csv", index=False)
     metrics.to_csv(out / "metrics.csv", index=False)
+    normalised = bool(result.get("speed_normalise"))
     if len(it):
-        plot(it, out / "step_time.png", "normalised_s" if result.get("speed_normalise") else "measured_s")
+        plot(it, out / "step_time.png", "normalised_s" if normalised else "measured_s")
     a = result["args"]
     desc = cm.describe()
-    normalised = bool(result.get("speed_normalise"))
     clock_note = (
         f"Speed-normalised clock: the probe step was timed right before and after every step, each step's "
         f"forward pass ran {result.get('step_repeats')} times back to back, and the engine advanced by the "
@@ -211,7 +211,7 @@ def write_report(result: dict, out: Path, corrected: Path | None, command: str) 
                   + (f"; corrected profile written to `{corrected}`." if corrected else
                      " (the cost model has no profile file to correct).")]
     files = "iterations.csv (every real step), step_errors.csv, metrics.csv, step_time.png"
-    if (out / "stepfit_steps.csv").exists() and a.get("profile") == "stepfit":
+    if a.get("profile") == "stepfit":  # validate fitted the model under test itself and saved it
         files += "; the step model under test: stepfit.json, fitted on the steps in stepfit_steps.csv"
     lines += ["", f"Files: {files}."]
     path = out / "report.md"
