@@ -9,68 +9,12 @@ Profiles saved before a term existed load with that term at 0.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from scipy.optimize import nnls
 
-FORMAT = "batchsim-stepfit/1"
-# Each term has a physical reason:
-TERMS = (
-    "per_step_s",           # fixed per step: scheduler, input preparation, weight reads of every layer
-    "per_prefill_seq_s",    # one varlen attention call (and mask) per prefilling sequence per layer
-    "per_decode_seq_s",     # one attention call per decoding sequence per layer, block-table gathers
-    "per_token_s",          # GEMM FLOPs and activations grow with the tokens in the batch
-    "per_attn_pair_s",      # causal prefill attention: new x (cached + new/2) query-key pairs
-    "per_decode_ctx_s",     # decode attention streams each sequence's whole KV context
-    "per_logit_s",          # LM head row + greedy sampling per sampled sequence
-    "per_prefill_call_s",   # one attention call per distinct (new, cached) prefill shape: rows of one shape
-                            # (a padded static batch) attend in one dense call
-    "per_decode_call_s",    # a step with decodes runs them in one batched attention call (paged attention)
-    "per_decode_padded_s",  # that call reads every decode padded to the longest context: decodes x longest
-    "per_gemm_step_s",      # a step of more than one token runs its projections as matrix-matrix kernels; a
-                            # one-token step runs cheaper matrix-vector ones
-)
-
-
-def step_features(prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
-                  num_logits: int | None = None) -> np.ndarray:
-    """The term multipliers of one step, in TERMS order."""
-    pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
-    dc = np.asarray(decode, dtype=float)
-    new, cached = pf[:, 0], pf[:, 1]
-    if num_logits is None:
-        num_logits = len(pf) + len(dc)
-    return np.array([1.0, len(pf), len(dc), new.sum() + len(dc), float(np.sum(new * (cached + (new + 1) / 2))),
-                     dc.sum(), float(num_logits), float(len(set(map(tuple, pf.tolist())))), float(len(dc) > 0),
-                     float(len(dc) * dc.max()) if len(dc) else 0.0, float(new.sum() + len(dc) > 1)])
-
-
-@dataclass(frozen=True)
-class StepFitCostModel:
-    """Seconds per step = coefficients . step_features. `source` says which run it was fitted on;
-    `held_out` its error on steps left out of the fit; `dtype` the dtype the real model ran in."""
-    coefficients: tuple[float, ...]
-    source: str = "?"
-    reference_step_s: float | None = None  # the speed probe (calibration.backend) when fitted
-    held_out: dict | None = None           # {"steps", "median_ape_pct", "p90_ape_pct"}
-    dtype: str | None = None
-
-    def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
-        if not len(prefill) and not len(decode):
-            return 0.0
-        return float(np.dot(self.coefficients, step_features(prefill, decode, num_logits)))
-
-    def describe(self) -> dict:
-        return {"kind": "stepfit", "source": self.source, "reference_step_s": self.reference_step_s,
-                "held_out": self.held_out, **dict(zip(TERMS, self.coefficients))}
-
-    def to_json(self) -> dict:
-        return {"format": FORMAT, "terms": dict(zip(TERMS, self.coefficients)), "source": self.source,
-                "reference_step_s": self.reference_step_s, "held_out": self.held_out, "dtype": self.dtype}
+from costmodels.stepmodel import FORMAT, TERMS, StepFitCostModel, read_stepfit, step_features  # noqa: F401
 
 
 def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], source: str = "?",
@@ -116,18 +60,6 @@ def _fit_relative(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> np.ndar
             return new
         coef = new
     return coef
-
-
-def read_stepfit(path: str | Path) -> StepFitCostModel | None:
-    """The step model saved at `path`, or None when the file is some other kind of profile."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    return StepFitCostModel(tuple(float(data["terms"].get(t, 0.0)) for t in TERMS), data.get("source", str(path)),
-                            data.get("reference_step_s"), data.get("held_out"), data.get("dtype"))
 
 
 def kernel_only_s(cost_model, cost_args: Sequence[dict]) -> np.ndarray:

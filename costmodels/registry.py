@@ -7,6 +7,8 @@ from pathlib import Path
 from costmodels.catalog import GPU, CatalogError, ModelShape
 from costmodels.profile import profile_cost_model, read_profile
 from costmodels.roofline import RooflineCostModel
+from costmodels.stepmodel import FORMAT as STEPFIT_FORMAT
+from costmodels.stepmodel import stepfit_from_json
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -37,8 +39,38 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
         if not path.exists():
             raise CatalogError(f"{profile}: no such profile file or shipped profile "
                                f"(shipped: {', '.join(shipped_profiles()) or 'none'})")
+    stepfit = _stepfit_or_none(path, model, dtype)
+    if stepfit is not None:
+        return stepfit
     data = read_profile(path)  # a profile named explicitly is used as given; describe() says where it was measured
     return profile_cost_model(data, model, gpu, tp, dtype, source=str(path))
+
+
+def _stepfit_or_none(path: Path, model: ModelShape, dtype: str):
+    """A whole-step model (calibration.run --steps, calibration.validate, calibration.fit_engine) saved at
+    `path`, checked against the simulated model and dtype; None when the file is another kind of profile."""
+    import json
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # read_profile names the problem
+    if not isinstance(data, dict) or data.get("format") != STEPFIT_FORMAT:
+        return None
+    try:
+        step_model = stepfit_from_json(data, str(path))
+    except ValueError as e:
+        raise CatalogError(str(e)) from None
+    if step_model.dtype and step_model.dtype != dtype:
+        raise CatalogError(f"{path}: step model was fitted on {step_model.dtype}, the simulation asks {dtype} "
+                           f"(set dtype: {step_model.dtype})")
+    shape = data.get("model_shape")
+    if isinstance(shape, dict):
+        mine = {k: getattr(model, k) for k in shape if hasattr(model, k) and k != "name"}
+        diff = [k for k, v in mine.items() if shape[k] != v]
+        if diff:
+            raise CatalogError(f"{path}: step model was fitted on another model shape "
+                               f"({', '.join(f'{k} {shape[k]} != {mine[k]}' for k in diff)})")
+    return step_model
 
 
 def cost_model(model: str = "llama-3-8b", hardware: str = "h100-sxm", tp: int = 1, dtype: str = "bf16",

@@ -19,9 +19,9 @@ from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import (cluster_summary, goodput_stats, iterations_frame, meets_slo, replicas_frame,
-                             requests_frame, summarize)
-from workloads.synthetic import describe_workload, generate
+from simcore.metrics import (client_view, cluster_summary, goodput_stats, iterations_frame, meets_slo,
+                             replicas_frame, requests_frame, summarize)
+from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
 @dataclass
@@ -50,7 +50,7 @@ class _TimedGaps(list):
         self.end_s.append(self.env.now)
 
 
-def _cost_model(cfg: PointConfig):
+def point_cost_model(cfg: PointConfig):
     """`profile: "constant:per_step_s=0.01,per_token_s=1e-5"` injects the constant-cost stub (answers known
     by hand, used by the search tests); anything else goes to the cost-model registry."""
     if cfg.profile is not None and cfg.profile.split(":")[0] == "constant":
@@ -101,12 +101,18 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
     }
 
 
-def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
-    """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`."""
+def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=None) -> SimResult:
+    """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`.
+    `specs` (RequestSpecs sorted by arrival) replays exactly those requests instead of drawing the
+    workload's, and `cost_model` (a cost-model value) replaces the configured one: calibration.compare and
+    calibration.fit_engine replay a real run's requests this way."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
-    cost_model = _cost_model(cfg)
-    gen = generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size)
+    cost_model = point_cost_model(cfg) if cost_model is None else cost_model
+    latency_s = float(getattr(cost_model, "request_latency_s", 0.0) or 0.0)
+    cfg = with_request_latency(cfg, latency_s)
+    gen = (generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size) if specs is None
+           else GeneratedRequests(tuple(specs), 0, 0))
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     limits = EngineLimits(
         num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
@@ -115,7 +121,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
-        return _fast_result(cfg, plan, cost_model, gen, limits, seed)
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -150,7 +156,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
         raise SimulationError(f"{cfg.policy.name}: {stuck} requests never finished (engine stalled at "
                               f"t={env.now:.3f}s with {sum(len(e.waiting) for e in engines)} waiting, "
                               f"{sum(len(e.running) for e in engines)} running)")
-    requests = requests_frame(log)
+    requests = client_view(requests_frame(log), latency_s)
     iterations = iterations_frame(log)
     summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks * num_replicas)
     replicas = None
@@ -176,6 +182,19 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
 
 
+def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:
+    """A cost model's fixed per-request latency (API server and input processing before the scheduler,
+    output processing and streaming after it) sits in a closed loop's cycle: a user's next request reaches
+    the engine that much later. Open-loop arrivals are unchanged (every request is shifted alike)."""
+    w = cfg.workload
+    if latency_s <= 0 or not w.arrival.is_closed:
+        return cfg
+    if hasattr(w, "think_time_s"):  # a trace replayed by closed-loop users
+        return dataclasses.replace(cfg, workload=dataclasses.replace(w, think_time_s=w.think_time_s + latency_s))
+    arrival = dataclasses.replace(w.arrival, think_time_s=w.arrival.think_time_s + latency_s)
+    return dataclasses.replace(cfg, workload=dataclasses.replace(w, arrival=arrival))
+
+
 def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None:
     """`num_gpus`, and with `slo:` a per-request `meets_slo` column and the goodput keys (in place)."""
     summary["num_gpus"] = cfg.num_gpus
@@ -184,9 +203,11 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
         summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
 
 
-def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int) -> SimResult:
+def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
+                 latency_s: float = 0.0) -> SimResult:
     """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
     requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    requests = client_view(requests, latency_s)
     summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,

@@ -37,6 +37,18 @@ def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
+    """The request table as the client sees it when a fixed `latency_s` per request lies outside the engine
+    (a cost model's `request_latency_s`): tokens arrive that much later; TTFT and E2E grow by it, TPOT
+    and ITL do not. `arrival_s` stays the time the request reached the engine."""
+    if not latency_s:
+        return requests
+    out = requests.copy()
+    out["first_token_s"] = out["first_token_s"] + latency_s
+    out["finish_s"] = out["finish_s"] + latency_s
+    return _with_latencies(out)
+
+
 def iterations_frame(log: EngineLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
 
