@@ -157,12 +157,12 @@ def fit_by_replay(runs: list[RealRun], cfgs: list, source: str, dtype: str, maxi
     return dataclasses.replace(model, held_out={"replay_fit_rmse_log": round(float(np.sqrt(res.fun)), 4)})
 
 
-def fit(runs: list[RealRun], cfgs: list, source: str, dtype: str) -> StepFitCostModel:
+def fit(runs: list[RealRun], cfgs: list, source: str, dtype: str, replay_iterations: int = 200) -> StepFitCostModel:
     if all(r.steps is not None for r in runs):
         return fit_on_steps(runs, source, dtype)
     if any(r.steps is not None for r in runs):
         raise FitError("mix of runs with and without engine steps; fit them separately")
-    return fit_by_replay(runs, cfgs, source, dtype)
+    return fit_by_replay(runs, cfgs, source, dtype, replay_iterations)
 
 
 def _summarise_errors(rows: list[dict]) -> dict:
@@ -187,6 +187,8 @@ def parse_args(argv):
     ap.add_argument("--holdout", nargs="*", default=None, help="point labels (substrings) to leave out of the fit")
     ap.add_argument("--max-step-error-pct", type=float, default=10.0)
     ap.add_argument("--max-metric-error-pct", type=float, default=15.0)
+    ap.add_argument("--replay-iterations", type=int, default=200,
+                    help="Nelder-Mead iterations of a fit by replay (runs without engine steps)")
     ap.add_argument("--keep-bad-fit", action="store_true", help="write the profile even when the thresholds fail")
     return ap.parse_args(argv)
 
@@ -226,14 +228,16 @@ def main(argv: list[str] | None = None) -> int:
                      for p in labels]
         else:
             folds = []
-        rows = []
+        rows, fitted = [], {}
         for k, (train, test) in enumerate(folds):
-            m = fit([runs[i] for i in train], [cfgs[i] for i in train], source, dtype)
+            m = fitted[tuple(train)] = fit([runs[i] for i in train], [cfgs[i] for i in train], source, dtype,
+                                           args.replay_iterations)
             rows += [dict(compare_run(runs[i], cfgs[i], m), fold=k) for i in test]
             _say(f"fold {k + 1}/{len(folds)}: fitted on {len(train)} run(s), judged on "
                  f"{', '.join(sorted({runs[i].point for i in test}))}")
         final_idx = folds[0][0] if args.holdout else list(range(len(runs)))
-        model = fit([runs[i] for i in final_idx], [cfgs[i] for i in final_idx], source, dtype)
+        model = fitted.get(tuple(final_idx)) or fit([runs[i] for i in final_idx], [cfgs[i] for i in final_idx],
+                                                    source, dtype, args.replay_iterations)
         held = _summarise_errors(rows) if rows else {"runs": 0, "note": "one point only: nothing held out"}
         held["scheme"] = ("--holdout " + " ".join(args.holdout)) if args.holdout else (
             "leave-one-point-out" if folds else "none")

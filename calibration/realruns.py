@@ -271,6 +271,8 @@ def replay_config(run: RealRun, point: dict | None):
         raise RealRunError(f"{run.name}: no engine configuration recorded with this run; give --config POINT.yaml")
     raw = json.loads(json.dumps({k: v for k, v in raw.items() if k not in ("grid", "seeds", "search", "capacity")}))
     n = len(run.requests)
+    if isinstance(raw.get("engine"), dict) and raw["engine"].get("fast_path") == "off":
+        raw["engine"]["fast_path"] = "auto"  # the same results (experiments/fast.py), much faster replays
     raw["workload"] = {"num_requests": n, "arrival": {"process": "poisson", "rate_per_s": math.inf},
                        "prompt_tokens": {"dist": "fixed", "value": 1}, "output_tokens": {"dist": "fixed", "value": 1}}
     try:

@@ -63,9 +63,24 @@ class StepFitCostModel:
     provenance: dict | None = None         # what it was fitted on: runs, engine, device, command
 
     def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
+        """coefficients . step_features, in plain Python: a step has a handful of sequences, and numpy's
+        per-call overhead would dominate the simulator's time (tests check both agree)."""
         if not len(prefill) and not len(decode):
             return 0.0
-        return float(np.dot(self.coefficients, step_features(prefill, decode, num_logits)))
+        c = self.coefficients
+        new = pairs = 0.0
+        shapes = set()
+        for n, k in prefill:
+            new += n
+            pairs += n * (k + (n + 1) / 2)
+            shapes.add((n, k))
+        nd = len(decode)
+        ctx = float(sum(decode)) if nd else 0.0
+        tokens = new + nd
+        logits = len(prefill) + nd if num_logits is None else num_logits
+        return (c[0] + c[1] * len(prefill) + c[2] * nd + c[3] * tokens + c[4] * pairs + c[5] * ctx
+                + c[6] * logits + c[7] * len(shapes) + c[8] * (nd > 0) + (c[9] * nd * max(decode) if nd else 0.0)
+                + c[10] * (tokens > 1))
 
     def describe(self) -> dict:
         return {"kind": "stepfit", "source": self.source, "reference_step_s": self.reference_step_s,
