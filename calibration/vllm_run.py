@@ -93,6 +93,7 @@ def model_config_json(model: str) -> dict:
 
 
 def write_model_dir(model: str, out: Path) -> Path:
+    """OUT/model/config.json: the model vLLM builds, kept with the runs (the simulator reads the same file)."""
     d = out / "model"
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(model_config_json(model), indent=1))
@@ -134,6 +135,11 @@ def check_point(cfg: PointConfig, device: str) -> None:
                            f"not {cfg.engine.block_size}")
     if cfg.engine.preemption_mode != "recompute":
         raise VllmRunError("engine.preemption_mode: vLLM V1 only recomputes")
+    blocks = memory_plan(cfg).num_gpu_blocks
+    if (blocks - 1) * cfg.engine.block_size < cfg.model.max_model_len:  # vLLM keeps one block as its null block
+        raise VllmRunError(f"engine.num_gpu_blocks: vLLM needs room for one max_model_len request: ({blocks} - 1 null "
+                           f"block) x {cfg.engine.block_size} < {cfg.model.max_model_len}; raise num_gpu_blocks to "
+                           f"{-(-cfg.model.max_model_len // cfg.engine.block_size) + 1} or lower engine.max_model_len")
     if cfg.dtype not in DTYPES:
         raise VllmRunError(f"dtype: vLLM runs {', '.join(DTYPES)}, not {cfg.dtype}")
 
@@ -479,12 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if out.exists() and not out.is_dir():
             raise VllmRunError(f"--out {out}: exists and is not a folder")
-        vllm, AsyncEngineArgs, AsyncLLM = _import_vllm()
         args.device = _device(args)
         args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+        model_config_json(args.model)  # a bad --model fails here, before anything is written
         out.mkdir(parents=True, exist_ok=True)
         args.model_dir = write_model_dir(args.model, out.resolve())
         points = load_points(args)
+        vllm, AsyncEngineArgs, AsyncLLM = _import_vllm()
         groups: dict[str, list[Point]] = {}
         for p in points:
             blocks = memory_plan(p.config).num_gpu_blocks
