@@ -141,7 +141,8 @@ def _read_vllm_run(d: Path) -> RealRun:
             steps = it
     meta = {k: summary.get(k) for k in ("device", "vllm_version", "num_gpu_blocks", "repeat") if k in summary}
     meta["num_gpu_blocks"] = summary.get("num_gpu_blocks") or (config or {}).get("engine", {}).get("num_gpu_blocks", 1)
-    return RealRun(str(d), "vllm_run", requests, gaps, steps, config, summary.get("point", d.name), meta)
+    label = f"{d.parent.parent.name}/{summary.get('point', d.name)}"  # e.g. "sat/p000-seed0": unique per folder
+    return RealRun(str(d), "vllm_run", requests, gaps, steps, config, label, meta)
 
 
 def _read_vllm_bench(p: Path, data: dict) -> RealRun:

@@ -341,7 +341,7 @@ def parse_args(argv):
     ap.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: fp32 on CPU, bf16 on CUDA")
     ap.add_argument("--num-gpu-blocks", type=int, help="KV blocks (vLLM num_gpu_blocks_override)")
     ap.add_argument("--warmup-requests", type=int, default=8)
-    ap.add_argument("--verbose", action="store_true", help="keep vLLM's own INFO logging")
+XX
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             groups.setdefault(json.dumps(kw, sort_keys=True), []).append(p)
         _check_builds(AsyncEngineArgs, groups, args.model)
         if not args.verbose:
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if args.device == "cpu":
             kv_bytes = max(memory_plan(p.config).kv_capacity_tokens * p.config.model.kv_bytes_per_token(
                 4 if p.config.dtype == "fp32" else 2) for p in points)

@@ -1,0 +1,145 @@
+"""Fidelity against real vLLM V1 on this machine: calibrate the way the README tells a user to, then judge
+the simulator on runs the fit never saw (other loads, other lengths, other seeds).
+
+    python benchmarks/vllm_fidelity.py --out results/vllm-fidelity [--models tiny,wide8] [--repeats 3]
+
+Per model shape (`tiny`: 4 layers, hidden 256, the shape this work was developed on; `wide8`: 8 layers,
+hidden 512, not tuned on):
+1. calibration: `calibration.vllm_run` of a saturated run and closed loops of 1, 2 and 4 users (seed 100,
+   calibration lengths), then `calibration.fit_engine` on them -> profile.json (with its own
+   leave-one-point-out report);
+2. capacity: `--repeats` saturated runs (everything sent at t = 0; seed 0, validation lengths);
+3. below saturation: Poisson arrivals at 50% and 80% of the measured capacity, `--repeats` runs each,
+   round robin (seed 0, validation lengths: longer prompts and outputs than the calibration's);
+4. `calibration.compare` of 2 and 3 with the profile.
+Targets (issue 13): per-step time median <= 5%, p90 <= 15%; saturated throughput within 5%; below
+saturation every simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range and within 5% of their
+median. Writes report.md and the folders of every step under --out; prints progress.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.report import md_table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {
+    "tiny": "tiny",
+    "wide8": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1376, "num_hidden_layers": 8, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
+}
+ENGINE = {"policy": "chunked_prefill", "max_num_seqs": 32, "max_num_batched_tokens": 256, "num_gpu_blocks": 160,
+          "block_size": 32, "max_model_len": 2048}
+CALIB_LENGTHS = {"prompt_tokens": {"dist": "lognormal", "median": 128, "sigma": 0.8, "max": 768},
+                 "output_tokens": {"dist": "lognormal", "median": 32, "sigma": 0.8, "max": 160}}
+VALID_LENGTHS = {"prompt_tokens": {"dist": "lognormal", "median": 192, "sigma": 0.8, "max": 1024},
+                 "output_tokens": {"dist": "lognormal", "median": 48, "sigma": 0.8, "max": 192}}
+JUDGED = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(*args: str) -> None:
+    cmd = [sys.executable, "-m", *args]
+    say("$ python -m " + " ".join(args))
+    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("(") and "WARNING" not in ln]
+    for ln in lines[-8:]:
+        print("    " + ln, flush=True)
+    if r.returncode not in (0, 3):  # 3: fit_engine refused a bad fit (reported, written as .refused.json)
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(args)}")
+
+
+def sweep(path: Path, n: int, seed: int, lengths: dict, arrivals: list[dict]) -> Path:
+    path.write_text(yaml.safe_dump({"seeds": [seed], "dtype": "fp32", "engine": ENGINE,
+                                    "workload": {"num_requests": n, "arrival": arrivals[0], **lengths},
+                                    "grid": {"workload.arrival": arrivals}}, sort_keys=False))
+    return path
+
+
+def one_shape(name: str, model, out: Path, args) -> dict:
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, dict):
+        (d / "config.json").write_text(json.dumps(model))
+        model = str(d / "config.json")
+    n = args.num_requests
+    common = ["--model", model, "--device", "cpu"]
+    calib = sweep(d / "calib.yaml", n, 100, CALIB_LENGTHS,
+                  [{"process": "poisson", "rate_per_s": float("inf")}] +
+                  [{"process": "closed", "concurrency": c} for c in (1, 2, 4)])
+    run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"))
+    profile = d / "profile.json"
+    run("calibration.fit_engine", str(d / "calib"), "--out", str(profile))
+    if not profile.exists():
+        profile = d / "profile.refused.json"
+    sat = sweep(d / "sat.yaml", n, 0, VALID_LENGTHS, [{"process": "poisson", "rate_per_s": float("inf")}])
+    run("calibration.vllm_run", *common, "--config", str(sat), "--out", str(d / "sat"), "--repeats", str(args.repeats))
+    capacity = float(pd.read_csv(d / "sat" / "results.csv")["throughput_rps"].median())
+    say(f"{name}: measured capacity {capacity:.2f} req/s")
+    val = sweep(d / "val.yaml", n, 0, VALID_LENGTHS,
+                [{"process": "poisson", "rate_per_s": round(f * capacity, 3)} for f in (0.5, 0.8)])
+    run("calibration.vllm_run", *common, "--config", str(val), "--out", str(d / "val"), "--repeats", str(args.repeats))
+    run("calibration.compare", str(d / "sat"), str(d / "val"), "--profile", str(profile), "--out", str(d / "compare"))
+    return judge(name, d, profile, capacity)
+
+
+def judge(name: str, d: Path, profile: Path, capacity: float) -> dict:
+    m = pd.read_csv(d / "compare" / "compare.csv")
+    steps = pd.read_csv(d / "compare" / "compare_steps.csv")
+    sat = m[m["point"].str.startswith("sat/") & (m["metric"] == "throughput_rps")]
+    below = m[m["point"].str.startswith("val/") & m["metric"].isin(JUDGED)]
+    w = steps["steps"]
+    fit = json.loads(profile.read_text())
+    return {"shape": name, "capacity_rps": round(capacity, 3),
+            "step_median_pct": round(float((steps["median_ape_pct"] * w).sum() / w.sum()), 2),
+            "step_p90_pct": round(float((steps["p90_ape_pct"] * w).sum() / w.sum()), 2),
+            "sat_throughput_err_pct": round(float(sat["err_to_median_pct"].iloc[0]), 2),
+            "below_in_range": f"{int(below['in_range'].sum())}/{len(below)}",
+            "below_within_5pct": f"{int((below['err_to_median_pct'].abs() <= 5).sum())}/{len(below)}",
+            "below_median_abs_err_pct": round(float(below["err_to_median_pct"].abs().median()), 2),
+            "real_spread_median_pct": round(float(below["real_spread_pct"].median()), 2),
+            "fit_cv_step_median_pct": fit["held_out"].get("step_median_ape_pct"),
+            "request_latency_ms": round(fit.get("request_latency_s", 0) * 1e3, 3),
+            "profile": profile.name}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/vllm-fidelity")
+    ap.add_argument("--models", default="tiny,wide8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-requests", type=int, default=48)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    t0 = time.time()
+    for name in args.models.split(","):
+        rows.append(one_shape(name, SHAPES[name], out, args))
+        say(f"{name}: {rows[-1]}")
+    df = pd.DataFrame(rows)
+    text = ("# Fidelity against real vLLM V1 (CPU)\n\n" + md_table(df) +
+            f"\n\nWall time {time.time() - t0:.0f} s. Command: python benchmarks/vllm_fidelity.py "
+            + " ".join(sys.argv[1:]) + "\n")
+    (out / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
