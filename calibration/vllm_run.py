@@ -341,7 +341,7 @@ def parse_args(argv):
     ap.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: fp32 on CPU, bf16 on CUDA")
     ap.add_argument("--num-gpu-blocks", type=int, help="KV blocks (vLLM num_gpu_blocks_override)")
     ap.add_argument("--warmup-requests", type=int, default=8)
-XX
+    ap.add_argument("--verbose", action="store_true", help="keep vLLM's own INFO and WARNING logging")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")

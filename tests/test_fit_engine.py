@@ -23,8 +23,8 @@ def calib(tmp_path_factory):
 
 def test_reads_vllm_run_folder_with_steps_and_config(calib):
     runs = read_runs(calib)
-    assert sorted(r.point for r in runs) == ["closed1", "closed4", "rate10", "sat"]
-    sat = next(r for r in runs if r.point == "sat")
+    assert sorted(r.point for r in runs) == [f"{calib.name}/{p}" for p in ("closed1", "closed4", "rate10", "sat")]
+    sat = next(r for r in runs if r.point.endswith("/sat"))
     assert sat.steps is not None and len(sat.steps) > 10
     assert sat.config["engine"]["max_num_batched_tokens"] == 256
     assert (sat.requests["status"] == "finished").all()
@@ -147,7 +147,7 @@ def test_generic_csv_and_missing_config(tmp_path, capsys):
 
 
 def test_replay_uses_the_runs_send_times(calib):
-    run = next(r for r in read_runs(calib) if r.point == "closed1")
+    run = next(r for r in read_runs(calib) if r.point.endswith("/closed1"))
     res = replay(run, replay_config(run, None), cost_model=true_model())
     assert res.requests["arrival_s"].tolist() == pytest.approx(sorted(run.requests["arrival_s"]))
 
