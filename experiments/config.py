@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu, get_model, with_max_model_len
+from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelShape, get_gpu, get_model,
+                                with_max_model_len)
 from policies import POLICIES
 from policies.routers import ROUTERS
 from workloads.errors import WorkloadError
@@ -149,6 +150,47 @@ def check_keys(section: str, spec: dict, known) -> None:
             raise ConfigError(f"{section}.{k}: unknown key; expected one of {', '.join(sorted(known))}")
 
 
+def check_tree(value, key: str = "", inf_ok: bool = False) -> None:
+    """Refuse what no key of a sweep may hold, wherever it is: a mapping key that is not a string (YAML reads
+    `on:`, `1:` or `true:` as a boolean or a number), NaN, and infinity except in an arrival rate
+    (`rate_per_s: .inf` sends everything at t = 0). Each error names the dotted key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                where = f"{key}." if key else ""
+                raise ConfigError(f"{where}{k!r}: a key must be a string, got {type(k).__name__} {k!r} "
+                                  "(YAML reads on/off/yes/no/true/false and numbers as such; quote it)")
+            check_tree(v, f"{key}.{k}" if key else k, k.endswith("rate_per_s"))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_tree(v, f"{key}[{i}]", inf_ok)
+    elif isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not inf_ok)):
+        raise ConfigError(f"{key}: {value!r} is not allowed here (expected a finite number)")
+
+
+_HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+             "num_kv_heads": "num_key_value_heads", "max_model_len": "max_position_embeddings"}
+
+
+def check_model(model: ModelShape, source: str) -> None:
+    """A model shape from a config.json must have positive integer sizes that divide as attention needs."""
+    for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+              "max_model_len"):
+        v = getattr(model, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model: {source}: {_HF_NAMES.get(k, k)}: expected a positive integer, got {v!r}")
+    for k in ("gated_mlp", "tie_embeddings"):
+        if not isinstance(getattr(model, k), bool):
+            raise ConfigError(f"model: {source}: {'tie_word_embeddings' if k == 'tie_embeddings' else k}: "
+                              f"expected true or false, got {getattr(model, k)!r}")
+    if model.num_heads % model.num_kv_heads:
+        raise ConfigError(f"model: {source}: num_key_value_heads ({model.num_kv_heads}) must divide "
+                          f"num_attention_heads ({model.num_heads})")
+    if model.hidden_size < model.num_heads:
+        raise ConfigError(f"model: {source}: hidden_size ({model.hidden_size}) is smaller than "
+                          f"num_attention_heads ({model.num_heads})")
+
+
 def parse_disaggregation(spec) -> DisaggSettings | None:
     if spec is None:
         return None
@@ -267,14 +309,24 @@ def resolve_point(raw: dict) -> PointConfig:
     """Turn one point's mapping (a base config with grid values applied) into a PointConfig."""
     if not isinstance(raw, dict):
         raise ConfigError("the sweep file must be a YAML mapping")
+    check_tree(raw)
     for k in raw:
         if k not in TOP_KEYS:
             raise ConfigError(f"{k}: unknown top-level key; expected one of {', '.join(sorted(TOP_KEYS))}")
+    for k in ("model", "hardware"):
+        if not isinstance(raw.get(k, ""), str):
+            raise ConfigError(f"{k}: expected a name{' or a config.json path' if k == 'model' else ''}, "
+                              f"got {raw[k]!r}")
     try:
-        model = get_model(str(raw.get("model", "llama-3-8b")))
-        gpu = get_gpu(str(raw.get("hardware", "h100-sxm")))
+        model = get_model(raw.get("model", "llama-3-8b"))
     except CatalogError as e:
-        raise ConfigError(f"{'model' if 'model' in str(e) else 'hardware'}: {e}") from None
+        raise ConfigError(f"model: {e}") from None
+    if model.name not in MODELS or MODELS[model.name] is not model:
+        check_model(model, raw["model"])
+    try:
+        gpu = get_gpu(raw.get("hardware", "h100-sxm"))
+    except CatalogError as e:
+        raise ConfigError(f"hardware: {e}") from None
     tp = raw.get("tensor_parallel_size", 1)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tensor_parallel_size: expected a positive integer, got {tp!r}")
@@ -289,6 +341,8 @@ def resolve_point(raw: dict) -> PointConfig:
     engine = raw.get("engine", {}) or {}
     if not isinstance(engine, dict):
         raise ConfigError("engine: expected a mapping")
+    if isinstance(engine.get("fast_path"), bool):  # YAML reads `fast_path: on` as true: a switch, so accept it
+        engine = {**engine, "fast_path": "on" if engine["fast_path"] else "off"}
     for k in engine:
         if k != "policy" and k not in ENGINE_KEYS and k not in POLICY_KEYS:
             raise ConfigError(f"engine.{k}: unknown key; engine keys are policy, "
@@ -362,14 +416,20 @@ def expand(sweep: dict) -> list[Point]:
     """Cartesian product of `grid` over `seeds`; every point resolved (so any error shows up front)."""
     if not isinstance(sweep, dict):
         raise ConfigError("the sweep file must be a YAML mapping")
+    check_tree(sweep)
     grid = sweep.get("grid") or {}
     if not isinstance(grid, dict):
         raise ConfigError("grid: expected a mapping of dotted keys to lists of values")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"grid.{k}: expected a non-empty list of values")
-        if k.split(".")[0] in ("grid", "seeds", "name", "description"):
+        if not all(k.split(".")):
+            raise ConfigError(f"grid.{k}: expected a dotted key like workload.arrival.rate_per_s")
+        if k.split(".")[0] in ("grid", "seeds", "name", "description", "search", "capacity"):
             raise ConfigError(f"grid.{k}: cannot be swept")
+        if k.split(".")[0] not in TOP_KEYS:
+            raise ConfigError(f"grid.{k}: {k.split('.')[0]} is not a top-level key; expected one of "
+                              f"{', '.join(sorted(TOP_KEYS - {'grid', 'seeds', 'name', 'description'}))}")
     seeds = sweep.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
@@ -393,16 +453,34 @@ def expand(sweep: dict) -> list[Point]:
     return points
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base loader says so
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_sweep_file(path: str | Path) -> dict:
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such sweep file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the sweep file ({getattr(e, 'strerror', None) or e.__class__.__name__})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Iterator
 
@@ -51,5 +52,28 @@ def open_executor(jobs: int | None = None, dask_address: str | None = None,
     if jobs == 1:
         yield InlineExecutor(), 1
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+    try:
         yield pool, jobs
+    except BaseException:  # Ctrl-C or an error: stop now, without waiting for the running tasks
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C (sent to the whole terminal process group) to the parent, which stops them; a
+    worker that took it would only report the interrupt as its task's result and carry on with the next."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued tasks and terminate the workers running the others, within a fraction of a second
+    (`shutdown(wait=True)` would let every running and queued task finish first)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # the pool's own worker processes
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        if w.is_alive():
+            w.terminate()
+    for w in workers:
+        w.join(timeout=1.0)

@@ -19,8 +19,8 @@ from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import (cluster_summary, goodput_stats, iterations_frame, meets_slo, replicas_frame,
-                             requests_frame, summarize)
+from simcore.metrics import (cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats, meets_slo,
+                             rejected_reasons, replicas_frame, requests_frame, summarize)
 from workloads.synthetic import describe_workload, generate
 
 
@@ -163,10 +163,7 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, plan.num_gpu_blocks, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
-    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
-                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
-                    "cost_model": cost_model.describe().get("kind", "?")})
-    add_goodput(cfg, requests, summary)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
         cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
@@ -174,6 +171,18 @@ def simulate(config: PointConfig | dict, seed: int = 0) -> SimResult:
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict) -> None:
+    """The summary keys both engines share beyond the metrics (in place): memory, clipping, offered vs
+    achieved load and stability, reject reasons, goodput, and the `flags` words (simcore/metrics.py)."""
+    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
+                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
+                    "cost_model": cost_model.describe().get("kind", "?")})
+    summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
+    summary["rejected_reasons"] = rejected_reasons(requests)
+    add_goodput(cfg, requests, summary)
+    summary["flags"] = flag_words(summary)
 
 
 def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None:
@@ -188,9 +197,6 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
     requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
     summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
-    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
-                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
-                    "cost_model": cost_model.describe().get("kind", "?")})
-    add_goodput(cfg, requests, summary)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
                      *itl[2:])

@@ -27,10 +27,11 @@ import yaml
 from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
+from simcore.metrics import untrusted_notes
 
-SUMMARY_COLUMNS = ["throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-                   "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "num_preemptions", "mean_running",
-                   "kv_usage_max"]
+SUMMARY_COLUMNS = ["offered_rate_per_s", "throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms",
+                   "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+                   "num_preemptions", "mean_running", "kv_usage_max", "num_rejected", "unstable"]
 
 
 @dataclass
@@ -182,3 +183,15 @@ def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:
     df = results[[c for c in cols if c in results.columns]].copy()
     rename = {c: c.replace("workload.", "").replace("engine.", "").replace("arrival.", "") for c in df.columns}
     return df.rename(columns=rename).to_string(index=False, float_format=lambda v: f"{v:,.1f}")
+
+
+def untrusted_lines(results: pd.DataFrame, grid_keys: list[str] | None = None) -> list[str]:
+    """One line per results row that cannot be taken at face value: rejected or clipped requests, an
+    unstable (past-saturation) run; see `simcore.metrics.untrusted_notes`."""
+    lines = []
+    for _, r in results.iterrows():
+        notes = untrusted_notes(r)
+        if notes:
+            where = ", ".join(f"{k.split('.')[-1]}={r[k]}" for k in (grid_keys or []) if k in r and k != "engine.policy")
+            lines.append(f"  {r['point']} ({r['policy']}{', ' + where if where else ''}): " + "; ".join(notes))
+    return lines

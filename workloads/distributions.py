@@ -75,6 +75,10 @@ def parse_length_dist(spec, key: str) -> LengthDist:
         params[k] = float(v)
     if name == "uniform" and params["min"] > params["max"]:
         raise WorkloadError(f"{key}: min {params['min']:g} > max {params['max']:g}")
+    centre = {"lognormal": "median"}.get(name)  # most draws would be redrawn: not the stated median
+    if centre and "max" in params and params["max"] < params[centre]:
+        raise WorkloadError(f"{key}.max: {params['max']:g} is below the {centre} {params[centre]:g}, so the lengths "
+                            f"would not follow the stated {centre}; raise max or lower the {centre}")
     lo = params.get("min", params.get("value", 1))
     if "max" in params and params["max"] < max(1, lo if name == "pareto" else 1):
         raise WorkloadError(f"{key}.max: {params['max']:g} leaves no valid length")
