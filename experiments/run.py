@@ -84,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
             skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
                     + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
-            notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
-            if notes:
-                text += "\n\nWARNING: results that cannot be taken at face value:\n" + "\n".join(notes)
             if not args.no_plots:
                 from experiments.report_sweep import sweep_report
                 sweep_report(sweep, out, result.results)
                 text += f"; plots and summary.md in {out}"
+            notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
+            if notes:
+                text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "
+                         "value:\n" + "\n".join(notes))
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

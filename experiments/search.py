@@ -57,11 +57,12 @@ class SearchSpec:
 
     @property
     def rule_text(self) -> str:
+        rejected = " (a seed that rejected any request fails)"
         if self.confidence == "all":
-            return "a load passes only if every seed meets every SLO"
+            return "a load passes only if every seed meets every SLO" + rejected
         if self.confidence == "majority":
-            return "a load passes if a strict majority of seeds meet every SLO"
-        return f"a load passes if at least {self.confidence:.0%} of seeds meet every SLO"
+            return "a load passes if a strict majority of seeds meet every SLO" + rejected
+        return f"a load passes if at least {self.confidence:.0%} of seeds meet every SLO" + rejected
 
     def seeds_pass(self, per_seed: list[bool]) -> bool:
         n, k = len(per_seed), sum(per_seed)
@@ -72,7 +73,10 @@ class SearchSpec:
         return k >= self.confidence * n - 1e-9
 
     def meets_slo(self, metrics: dict) -> bool:
-        """NaN (no such samples, e.g. ITL with one-token outputs) counts as a miss: nothing was shown."""
+        """NaN (no such samples, e.g. ITL with one-token outputs) counts as a miss: nothing was shown. A run
+        that rejected any request misses too: its latencies describe only the survivors."""
+        if metrics.get("run_num_rejected", 0):
+            return False
         return all(metrics.get(m, math.nan) <= limit for m, limit in self.slo_ms)
 
 

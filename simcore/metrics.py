@@ -283,13 +283,15 @@ def untrusted_notes(row) -> list[str]:
                      f"the {fin} that finished (survivor bias)")
     if get("unstable", False):
         offered, achieved = float(get("offered_rate_per_s", math.nan)), float(get("achieved_rate_per_s", math.nan))
+        frac = f"{float(get('waiting_at_end_frac')):.0%}"
         if math.isinf(offered):
-            head = "every request was sent at t = 0 (rate .inf, a saturation test)"
+            notes.append(f"every request was sent at t = 0 (rate .inf, a saturation test, {achieved:,.2f} req/s "
+                         f"achieved); {frac} of them were unfinished at that moment, so latencies measure the time "
+                         "spent in that queue")
         else:
-            head = f"UNSTABLE: {offered:,.2f} req/s offered, {achieved:,.2f} achieved"
-        notes.append(f"{head}; {float(get('waiting_at_end_frac')):.0%} of the requests were still unfinished when "
-                     "the last one arrived and that backlog was growing, so latencies grow with the run's length "
-                     "instead of settling")
+            notes.append(f"UNSTABLE: {offered:,.2f} req/s offered, {achieved:,.2f} achieved; {frac} of the requests "
+                         "were still unfinished when the last one arrived and that backlog was growing, so latencies "
+                         "grow with the run's length instead of settling")
     if int(get("num_clipped_prompts")):
         notes.append(f"{int(get('num_clipped_prompts'))} prompts were cut to max_model_len - 1 (long_prompts: clip)")
     if int(get("num_clipped_outputs")):
