@@ -147,13 +147,13 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
                         finish(*f.result())
-    finally:
+    finally:  # also on Ctrl-C: results.csv lists every point saved so far
         if bar is not None:
             bar.set_postfix_str(f"{result.num_skipped} skipped as finished" if result.num_skipped else "")
             bar.close()
+        if out is not None:
+            _write_results(out, points, rows)
     result.results = _frame(points, rows)
-    if out is not None:
-        _write_results(out, points, rows)
     return result
 
 
