@@ -18,7 +18,8 @@ from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelSha
                                 with_max_model_len)
 from policies import POLICIES
 from policies.routers import ROUTERS
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, finite_number
+from workloads.errors import check_keys as shared_check_keys
 from workloads.synthetic import Workload, parse_workload
 
 
@@ -85,9 +86,7 @@ def parse_cluster(spec) -> ClusterSettings | None:
         return None
     if not isinstance(spec, dict):
         raise ConfigError("cluster: expected a mapping with num_replicas and router")
-    n = spec.get("num_replicas", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"cluster.num_replicas: expected a positive integer, got {n!r}")
+    n = number("cluster.num_replicas", spec.get("num_replicas", 1), minimum=1, integer=True)
     name = spec.get("router", "round_robin")
     if name not in ROUTERS:
         raise ConfigError(f"cluster.router: unknown router {name!r}; known: {', '.join(ROUTERS)}")
@@ -143,11 +142,14 @@ def _pool_router(key: str, name, pool_size: int):
     return router
 
 
-def check_keys(section: str, spec: dict, known) -> None:
+def check_keys(section: str, spec, known) -> None:
     """Refuse any key of the `section:` mapping that is not in `known`, naming it and the known ones."""
-    for k in spec:
-        if k not in known:
-            raise ConfigError(f"{section}.{k}: unknown key; expected one of {', '.join(sorted(known))}")
+    shared_check_keys(section, spec, known, ConfigError)
+
+
+def number(key: str, v, **kw):
+    """`workloads.errors.finite_number` raising ConfigError: the one number check of the sweep file."""
+    return finite_number(key, v, error=ConfigError, **kw)
 
 
 def check_tree(value, key: str = "", inf_ok: bool = False) -> None:
@@ -197,18 +199,10 @@ def parse_disaggregation(spec) -> DisaggSettings | None:
     if not isinstance(spec, dict):
         raise ConfigError("disaggregation: expected a mapping with num_prefill_replicas and num_decode_replicas")
     check_keys("disaggregation", spec, DISAGG_KEYS)
-    sizes = []
-    for k in ("num_prefill_replicas", "num_decode_replicas"):
-        n = spec.get(k)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"disaggregation.{k}: expected a positive integer, got {n!r}")
-        sizes.append(n)
-    knobs = {}
-    for k in ("link_bandwidth_gb_per_s", "link_latency_s"):
-        if k in spec:
-            knobs[k] = _check_type(f"disaggregation.{k}", spec[k], 0.0)
-    if knobs.get("link_bandwidth_gb_per_s", 1.0) <= 0:
-        raise ConfigError("disaggregation.link_bandwidth_gb_per_s: must be positive")
+    sizes = [number(f"disaggregation.{k}", spec.get(k), minimum=1, integer=True)
+             for k in ("num_prefill_replicas", "num_decode_replicas")]
+    knobs = {k: number(f"disaggregation.{k}", spec[k], strict=k == "link_bandwidth_gb_per_s")
+             for k in ("link_bandwidth_gb_per_s", "link_latency_s") if k in spec}
     first = spec.get("first_token_from", "prefill")
     if first not in ("prefill", "decode"):
         raise ConfigError(f"disaggregation.first_token_from: expected prefill or decode, got {first!r}")
@@ -235,10 +229,7 @@ def parse_slo(spec) -> SloSettings | None:
     if not isinstance(spec, dict) or not spec:
         raise ConfigError("slo: expected a mapping like {ttft_ms: 400, tpot_ms: 40}")
     check_keys("slo", spec, {f.name for f in dataclasses.fields(SloSettings)})
-    for k, v in spec.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"slo.{k}: expected a positive number of milliseconds, got {v!r}")
-    return SloSettings(**{k: float(v) for k, v in spec.items()})
+    return SloSettings(**{k: number(f"slo.{k}", v, strict=True) for k, v in spec.items()})
 
 
 def _check_type(key: str, value, default, allow_none: bool = False):
@@ -249,13 +240,9 @@ def _check_type(key: str, value, default, allow_none: bool = False):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
         return value
     if isinstance(default, int) or (default is None and key.endswith(("num_gpu_blocks", "max_model_len"))):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
-        return value
+        return number(key, value, integer=True)
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key}: expected a non-negative number, got {value!r}")
-        return float(value)
+        return number(key, value)
     if isinstance(default, str):
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -327,9 +314,7 @@ def resolve_point(raw: dict) -> PointConfig:
         gpu = get_gpu(raw.get("hardware", "h100-sxm"))
     except CatalogError as e:
         raise ConfigError(f"hardware: {e}") from None
-    tp = raw.get("tensor_parallel_size", 1)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"tensor_parallel_size: expected a positive integer, got {tp!r}")
+    tp = number("tensor_parallel_size", raw.get("tensor_parallel_size", 1), minimum=1, integer=True)
     if model.num_heads % tp:
         raise ConfigError(f"tensor_parallel_size: {tp} does not divide {model.num_heads} attention heads")
     dtype = raw.get("dtype", "bf16")

@@ -9,7 +9,7 @@ import numpy as np
 
 from simcore.request import RequestSpec
 from workloads.distributions import LengthDist, parse_length_dist
-from workloads.errors import WorkloadError, finite_number
+from workloads.errors import WorkloadError, check_keys, finite_number
 from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
                               parse_shared_prefix, prefix_block_ids, sample_mix, session_layout)
 from workloads.traces import TraceWorkload, parse_trace_workload, trace_specs
@@ -111,9 +111,7 @@ def parse_priority(spec, key: str = "workload.priority") -> PriorityMix:
     """`{classes: [0, 1], weights: [0.2, 0.8]}`; weights may be omitted (equal shares)."""
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping with classes and weights")
-    for k in spec:
-        if k not in ("classes", "weights"):
-            raise WorkloadError(f"{key}.{k}: unknown key; expected classes, weights")
+    check_keys(key, spec, {"classes", "weights"})
     classes = spec.get("classes")
     if (not isinstance(classes, list) or not classes
             or not all(isinstance(c, int) and not isinstance(c, bool) for c in classes)):
@@ -140,15 +138,11 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     required = {"num_requests", "arrival"} | ({"prompt_tokens", "output_tokens"} if "mix" not in spec else set())
     allowed = required | {"shared_prefix", "sessions", "mix", "long_prompts"} | (
         {"prompt_tokens"} if "sessions" in spec else set())
-    for k in spec:
-        if k not in allowed | {"priority"}:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed | {'priority'}))}")
+    check_keys(key, spec, allowed | {"priority"})
     for k in sorted(required):
         if k not in spec:
             raise WorkloadError(f"{key}.{k}: required")
-    n = spec["num_requests"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise WorkloadError(f"{key}.num_requests: must be a positive integer, got {n!r}")
+    n = finite_number(f"{key}.num_requests", spec["num_requests"], minimum=1, integer=True)
     check_num_requests(f"{key}.num_requests", n)
     arrival = parse_arrival(spec["arrival"], f"{key}.arrival")
     long_prompts = parse_long_prompts(spec.get("long_prompts", "reject"), f"{key}.long_prompts")

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from simcore.request import RequestSpec
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, check_keys, finite_number
 
 FORMATS = ("azure", "mooncake", "burstgpt", "csv", "jsonl")
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids each name 512 prompt tokens (FAST'25 release README)
@@ -319,9 +319,7 @@ _TRACE_KEYS = {f.name for f in dataclasses.fields(TraceWorkload)}
 def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping with path and format")
-    for k in spec:
-        if k not in _TRACE_KEYS:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(_TRACE_KEYS))}")
+    check_keys(key, spec, _TRACE_KEYS)
     for k in ("path", "format"):
         if not isinstance(spec.get(k), str) or not spec[k]:
             raise WorkloadError(f"{key}.{k}: required (a string)")
@@ -333,18 +331,10 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
         out["long_prompts"] = parse_long_prompts(spec["long_prompts"], f"{key}.long_prompts")
     for k in ("time_scale", "start_s", "end_s", "think_time_s"):
         if spec.get(k) is not None:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0 or \
-                    (v == 0 and k == "time_scale"):
-                raise WorkloadError(f"{key}.{k}: must be a {'positive' if k == 'time_scale' else 'non-negative'} "
-                                    f"number, got {v!r}")
-            out[k] = float(v)
+            out[k] = finite_number(f"{key}.{k}", spec[k], strict=k == "time_scale")
     for k in ("num_requests", "concurrency", "max_new_tokens", "prefix_block_tokens"):
         if spec.get(k) is not None:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise WorkloadError(f"{key}.{k}: must be a positive integer, got {v!r}")
-            out[k] = v
+            out[k] = finite_number(f"{key}.{k}", spec[k], minimum=1, integer=True)
     if out.get("end_s") is not None and out["end_s"] <= out.get("start_s", 0.0):
         raise WorkloadError(f"{key}.end_s: must be after start_s")
     if "think_time_s" in out and "concurrency" not in out:
