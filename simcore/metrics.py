@@ -279,7 +279,8 @@ def untrusted_notes(row) -> list[str]:
     if n and rej == n:
         notes.append(f"all {n} requests were rejected ({reasons}): nothing was served, every latency is empty")
     elif rej:
-        notes.append(f"{rej} of {n} requests were rejected ({reasons}): latencies and throughput describe only "
+        notes.append(f"{rej} of {n} requests {'were' if rej > 1 else 'was'} rejected ({reasons}): latencies and "
+                     f"throughput describe only "
                      f"the {fin} that finished (survivor bias)")
     if get("unstable", False):
         offered, achieved = float(get("offered_rate_per_s", math.nan)), float(get("achieved_rate_per_s", math.nan))
@@ -293,17 +294,29 @@ def untrusted_notes(row) -> list[str]:
                          "were still unfinished when the last one arrived and that backlog was growing, so latencies "
                          "grow with the run's length instead of settling")
     if int(get("num_clipped_prompts")):
-        notes.append(f"{int(get('num_clipped_prompts'))} prompts were cut to max_model_len - 1 (long_prompts: clip)")
-    if int(get("num_clipped_outputs")):
-        notes.append(f"{int(get('num_clipped_outputs'))} outputs were cut to fit max_model_len")
+        k = int(get("num_clipped_prompts"))
+        notes.append(f"{k} prompt{'s were' if k > 1 else ' was'} cut to max_model_len - 1 (long_prompts: clip)")
+    if _many_outputs_clipped(row, get):
+        k = int(get("num_clipped_outputs"))
+        notes.append(f"{k} of {n} outputs were cut where prompt + output reached max_model_len")
     return notes
+
+
+CLIPPED_OUTPUTS_FRAC = 0.01  # outputs cut at the context limit change the length distribution beyond this share
+
+
+def _many_outputs_clipped(row, get) -> bool:
+    """Outputs cut at max_model_len (generation stops at the context limit, as a server does) are always
+    counted in `num_clipped_outputs`; they are a warning only above 1% of the requests."""
+    n = int(get("num_requests"))
+    return bool(n and int(get("num_clipped_outputs")) > CLIPPED_OUTPUTS_FRAC * n)
 
 
 def flag_words(row) -> str:
     """The `flags` column: short words for what `untrusted_notes` explains ('' when the run is clean)."""
-    get = lambda k: row.get(k) or 0  # noqa: E731
+    get = lambda k, d=0: row.get(k) or d  # noqa: E731
     words = [w for w, on in (("all_rejected", get("num_requests") and get("num_rejected") == get("num_requests")),
                              ("rejected", 0 < get("num_rejected") < get("num_requests")),
                              ("unstable", get("unstable")),
-                             ("clipped", get("num_clipped_prompts") or get("num_clipped_outputs"))) if on]
+                             ("clipped", get("num_clipped_prompts") or _many_outputs_clipped(row, get))) if on]
     return " ".join(words)
