@@ -10,6 +10,7 @@ from pathlib import Path
 
 from costmodels.catalog import CatalogError
 from experiments.config import ConfigError, expand, load_sweep_file
+from experiments.simulate import check_runnable
 from experiments.sweep import run_sweep, summary_table, untrusted_lines
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
@@ -47,16 +48,19 @@ def check_out_dir(out: Path) -> None:
 
 
 def validate(sweep: dict) -> None:
-    """Resolve the whole sweep file (points, and the search and capacity blocks) without running anything."""
+    """Resolve the whole sweep file (points, and the search and capacity blocks) and check each point's
+    memory plan and cost model, without running anything."""
     if "search" in sweep:
         from experiments.capacity import parse_capacity
         from experiments.search import parse_search
         from experiments.search_run import grid_points
-        grid_points(sweep, parse_search(sweep.get("search")))
+        points = grid_points(sweep, parse_search(sweep.get("search")))[0]
         if "capacity" in sweep:
             parse_capacity(sweep["capacity"])
     else:
-        expand(sweep)
+        points = expand(sweep)
+    for cfg in {id(p.config): p.config for p in points}.values():
+        check_runnable(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

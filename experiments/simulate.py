@@ -84,6 +84,13 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
         raise SimulationError(f"engine: {e}") from None
 
 
+def check_runnable(cfg: PointConfig) -> None:
+    """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
+    that cannot be loaded."""
+    memory_plan(cfg)
+    _cost_model(cfg)
+
+
 def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> dict:
     w = cfg.workload
     return {

@@ -221,8 +221,10 @@ def test_at_least_sixty_cases():
     assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
 
 
-def test_nothing_written_before_the_sweep_is_valid(bad_files, capsys):
-    argv, _ = run_case({"engine.block_size": 0}, bad_files)
+@pytest.mark.parametrize("patch", [{"engine.block_size": 0}, {"engine.gpu_memory_utilization": 0.05},
+                                   {"profile": "{tmp}/absent-profile.json"}, {"profile": "constant:per_step_s=x"}])
+def test_nothing_written_before_the_sweep_is_valid(patch, bad_files, capsys):
+    argv, _ = run_case(patch, bad_files)
     assert main(argv) == 2
     assert not (bad_files / "out").exists()  # a refused sweep leaves no half-made output folder
 
