@@ -41,8 +41,12 @@ class SweepResult:
     num_skipped: int = 0
 
 
+RESULTS_VERSION = 2  # bump when a point's results change meaning (2: long prompts rejected, load flags)
+
+
 def point_hash(point: Point) -> str:
-    blob = json.dumps({"raw": point.raw, "seed": point.seed}, sort_keys=True, default=str)
+    blob = json.dumps({"raw": point.raw, "seed": point.seed, "version": RESULTS_VERSION}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
