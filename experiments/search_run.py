@@ -224,19 +224,19 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
             row[k.replace("run_", "")] = float(np.mean([r[k] for r in at.values()])) if at else math.nan
         for m, _ in spec.slo_ms:  # the worst seed at the answer: the figure the rule vouches for
             row[f"{m}_at_max"] = float(np.max([r[m] for r in at.values()])) if at else math.nan
-        row["unstable_at_max"] = bool(any(r.get("run_unstable") for r in at.values()))
-        failed_by_rejection = sorted(v for (gi, v), rs in results.items() if gi == p.index
-                                     and any(r.get("run_num_rejected", 0) for r in rs.values()))
-        row["loads_with_rejections"] = " ".join(f"{v:g}" for v in failed_by_rejection)
-        if failed_by_rejection:
-            row["note"] += ("; " if row["note"] else "") + (
-                f"requests were rejected at {row['loads_with_rejections']} (counted as failing)")
-        if row["unstable_at_max"]:
-            row["note"] += ("; " if row["note"] else "") + "the run at the answer was unstable (backlog growing)"
         if o.status == "infeasible":  # say by how much the lowest load misses
             low = results[(p.index, spec.lo)].values()
             row["note"] += " (worst seed at the lowest load: " + ", ".join(
                 f"{pretty_metric(m)} {np.max([r[m] for r in low]):,.0f} ms" for m, _ in spec.slo_ms) + ")"
+        row["unstable_at_max"] = bool(any(r.get("run_unstable") for r in at.values()))
+        rejecting = sorted(v for (gi, v), rs in results.items() if gi == p.index
+                           and any(r.get("run_num_rejected", 0) for r in rs.values()))
+        row["loads_with_rejections"] = " ".join(f"{v:g}" for v in rejecting)
+        if rejecting:
+            row["note"] += ("; " if row["note"] else "") + (
+                f"requests were rejected at {row['loads_with_rejections']}, so those loads fail")
+        if row["unstable_at_max"]:
+            row["note"] += ("; " if row["note"] else "") + "the run at the answer was unstable (backlog growing)"
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from experiments.report import answer_sentence
 from experiments.report_sweep import trust_section
 from experiments.run import main
 from experiments.search import SearchSpec
@@ -125,3 +126,6 @@ def test_a_load_with_rejected_requests_never_passes():
     row = res.searches.iloc[0]
     assert row["status"] == "infeasible" and "rejected" in row["note"]  # the SLO alone would pass everything
     assert (res.points["run_num_rejected"] > 0).all() and not res.points["load_passes"].any()
+    assert row["loads_with_rejections"].split()[0] == "1"
+    words = answer_sentence(next(res.searches.itertuples()), res.spec, "chunked")
+    assert "Requests were rejected at 1" in words and "worst seed at the lowest load" in words
