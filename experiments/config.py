@@ -375,6 +375,9 @@ def resolve_point(raw: dict) -> PointConfig:
 
 # ---- sweeps ----
 
+MAX_POINTS = 100_000  # every point is resolved and kept up front; beyond this a sweep file is a mistake
+
+
 @dataclass(frozen=True)
 class Point:
     index: int
@@ -420,6 +423,12 @@ def expand(sweep: dict) -> list[Point]:
         seeds = [seeds]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"seeds: expected a list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds: a seed is repeated in {seeds} (its points would overwrite each other)")
+    num_points = math.prod(len(v) for v in grid.values()) * len(seeds)
+    if num_points > MAX_POINTS:
+        raise ConfigError(f"grid: {num_points:,} points (grid combinations x seeds); a sweep runs at most "
+                          f"{MAX_POINTS:,}: split it or sweep fewer values")
     base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds", "search", "capacity")}
     points = []
     keys = list(grid)

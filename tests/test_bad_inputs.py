@@ -116,6 +116,10 @@ CASES = [
     ("grid-unknown-section", {"grid": {"bogus.x": [1]}}, "grid.bogus.x"),
     ("grid-nan-value", {"grid": {"workload.arrival.rate_per_s": [1, NAN]}}, "grid.workload.arrival.rate_per_s[1]"),
     ("grid-bad-value", {"grid": {"engine.block_size": [16, 0]}}, "engine.block_size"),
+    ("grid-too-many-points", {"grid": {"engine.block_size": list(range(1, 101)), "engine.max_num_seqs":
+                                       list(range(1, 101)), "workload.arrival.rate_per_s": list(range(1, 12))}},
+     "grid: 110,000 points"),
+    ("seeds-repeated", {"seeds": [0, 1, 0]}, "seeds"),
     # cluster, disaggregation, slo, search, capacity
     ("cluster-zero-replicas", {"cluster": {"num_replicas": 0}}, "cluster.num_replicas"),
     ("cluster-unknown-router", {"cluster": {"num_replicas": 2, "router": "random"}}, "cluster.router"),
@@ -134,6 +138,7 @@ CASES = [
     ("trace-missing", {"workload": {"trace": {**TRACE, "path": "{tmp}/nope.csv"}}}, "nope.csv"),
     ("trace-format", {"workload": {"trace": {**TRACE, "format": "parquet"}}}, "workload.trace.format"),
     ("trace-bad-value", {"workload": {"trace": {**TRACE, "path": "{tmp}/bad_trace.csv"}}}, "bad_trace.csv: line 3"),
+    ("trace-inf-length", {"workload": {"trace": {**TRACE, "path": "{tmp}/inf_trace.csv"}}}, "inf_trace.csv: line 2"),
     ("trace-time-scale-zero", {"workload": {"trace": {**TRACE, "time_scale": 0}}}, "workload.trace.time_scale"),
     ("trace-time-scale-nan", {"workload": {"trace": {**TRACE, "time_scale": NAN}}}, "workload.trace.time_scale"),
     ("trace-long-prompts", {"workload": {"trace": {**TRACE, "long_prompts": "drop"}}}, "workload.trace.long_prompts"),
@@ -161,6 +166,7 @@ def bad_files(tmp_path: Path) -> Path:
     (tmp_path / "invalid" / "config.json").write_text("{not json")
     (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,16,4\n0.5,16,4\n")
     (tmp_path / "bad_trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,16,4\n0.5,lots,4\n")
+    (tmp_path / "inf_trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,inf,4\n0.5,16,4\n")
     (tmp_path / "afile").write_text("not a folder")
     return tmp_path
 

@@ -116,7 +116,7 @@ def _int_column(df: pd.DataFrame, col: str, path: str, line_of, minimum: int = 1
               f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce")
-    bad = num.isna() | (num < minimum) | (num != np.floor(num))
+    bad = num.isna() | ~np.isfinite(num) | (num < minimum) | (num != np.floor(num)) | (num >= 2**31)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         _fail(path, line_of(i), col, f"expected an integer >= {minimum}, got {_show(raw.iloc[i])}")
