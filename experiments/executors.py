@@ -68,12 +68,24 @@ def _ignore_sigint() -> None:
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued tasks and terminate the workers running the others, within a fraction of a second
-    (`shutdown(wait=True)` would let every running and queued task finish first)."""
-    workers = list((getattr(pool, "_processes", None) or {}).values())  # the pool's own worker processes
+    """Cancel the queued tasks and kill the workers running the others, within a fraction of a second
+    (`shutdown(wait=True)` would let every running and queued task finish first).
+
+    Uses the pool's private parts (CPython 3.9-3.13 keep them stable): its worker processes, the parent's
+    end of the result pipe and the manager thread. A worker killed while sending a result leaves half a
+    message in that pipe, and the manager thread would wait for the rest forever (and the interpreter for
+    it, at exit). Once every worker is dead, closing the parent's writer turns that wait into end-of-file,
+    which the manager treats as a broken pool and exits."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)  # shutdown() drops these three
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for w in workers:
         if w.is_alive():
-            w.terminate()
+            w.kill()
     for w in workers:
         w.join(timeout=1.0)
+    if writer is not None and not any(w.is_alive() for w in workers):
+        writer.close()
+    if manager is not None:
+        manager.join(timeout=1.0)
