@@ -115,6 +115,10 @@ def model_from_hf_config(path: Path) -> ModelShape:
         raise CatalogError(f"{path}: no such model config file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: not a valid JSON config ({e})") from None
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read the model config ({e.strerror})") from None
+    if not isinstance(cfg, dict):
+        raise CatalogError(f"{path}: expected a JSON object of model settings, got a JSON {type(cfg).__name__}")
     try:
         if "ffn_dim" in cfg:  # OPT family: fc1/fc2 without a gate
             h, heads = cfg["hidden_size"], cfg["num_attention_heads"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.config import ConfigError, check_keys
+from experiments.config import ConfigError, check_keys, number
 from policies.routers import ROUTERS
 
 CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom", "verify", "router"}
@@ -38,15 +38,9 @@ def parse_capacity(spec) -> CapacitySpec:
     check_keys("capacity", spec, CAPACITY_KEYS)
     if "target_rps" not in spec:
         raise ConfigError("capacity.target_rps: required (the load to plan for, requests/s)")
-    out = {}
-    for k in ("target_rps", "gpu_price_per_hour"):
-        if k in spec:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"capacity.{k}: expected a positive number, got {v!r}")
-            out[k] = float(v)
-    h = spec.get("headroom", 0.2)
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
+    out = {k: number(f"capacity.{k}", spec[k], strict=True) for k in ("target_rps", "gpu_price_per_hour") if k in spec}
+    h = number("capacity.headroom", spec.get("headroom", 0.2))
+    if h >= 1:
         raise ConfigError(f"capacity.headroom: expected a fraction in [0, 1), got {h!r}")
     v = spec.get("verify", True)
     if not isinstance(v, bool):

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu, get_model, with_max_model_len
+from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelShape, get_gpu, get_model,
+                                with_max_model_len)
 from policies import POLICIES
 from policies.routers import ROUTERS
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, finite_number
+from workloads.errors import check_keys as shared_check_keys
 from workloads.synthetic import Workload, parse_workload
 
 
@@ -84,9 +86,7 @@ def parse_cluster(spec) -> ClusterSettings | None:
         return None
     if not isinstance(spec, dict):
         raise ConfigError("cluster: expected a mapping with num_replicas and router")
-    n = spec.get("num_replicas", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"cluster.num_replicas: expected a positive integer, got {n!r}")
+    n = number("cluster.num_replicas", spec.get("num_replicas", 1), minimum=1, integer=True)
     name = spec.get("router", "round_robin")
     if name not in ROUTERS:
         raise ConfigError(f"cluster.router: unknown router {name!r}; known: {', '.join(ROUTERS)}")
@@ -142,11 +142,55 @@ def _pool_router(key: str, name, pool_size: int):
     return router
 
 
-def check_keys(section: str, spec: dict, known) -> None:
+def check_keys(section: str, spec, known) -> None:
     """Refuse any key of the `section:` mapping that is not in `known`, naming it and the known ones."""
-    for k in spec:
-        if k not in known:
-            raise ConfigError(f"{section}.{k}: unknown key; expected one of {', '.join(sorted(known))}")
+    shared_check_keys(section, spec, known, ConfigError)
+
+
+def number(key: str, v, **kw):
+    """`workloads.errors.finite_number` raising ConfigError: the one number check of the sweep file."""
+    return finite_number(key, v, error=ConfigError, **kw)
+
+
+def check_tree(value, key: str = "", inf_ok: bool = False) -> None:
+    """Refuse what no key of a sweep may hold, wherever it is: a mapping key that is not a string (YAML reads
+    `on:`, `1:` or `true:` as a boolean or a number), NaN, and infinity except in an arrival rate
+    (`rate_per_s: .inf` sends everything at t = 0). Each error names the dotted key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                where = f"{key}." if key else ""
+                raise ConfigError(f"{where}{k!r}: a key must be a string, got {type(k).__name__} {k!r} "
+                                  "(YAML reads on/off/yes/no/true/false and numbers as such; quote it)")
+            check_tree(v, f"{key}.{k}" if key else k, k.endswith("rate_per_s"))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_tree(v, f"{key}[{i}]", inf_ok)
+    elif isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not inf_ok)):
+        raise ConfigError(f"{key}: {value!r} is not allowed here (expected a finite number)")
+
+
+_HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+             "num_kv_heads": "num_key_value_heads", "max_model_len": "max_position_embeddings"}
+
+
+def check_model(model: ModelShape, source: str) -> None:
+    """A model shape from a config.json must have positive integer sizes that divide as attention needs."""
+    for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+              "max_model_len"):
+        v = getattr(model, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model: {source}: {_HF_NAMES.get(k, k)}: expected a positive integer, got {v!r}")
+    for k in ("gated_mlp", "tie_embeddings"):
+        if not isinstance(getattr(model, k), bool):
+            raise ConfigError(f"model: {source}: {'tie_word_embeddings' if k == 'tie_embeddings' else k}: "
+                              f"expected true or false, got {getattr(model, k)!r}")
+    if model.num_heads % model.num_kv_heads:
+        raise ConfigError(f"model: {source}: num_key_value_heads ({model.num_kv_heads}) must divide "
+                          f"num_attention_heads ({model.num_heads})")
+    if model.hidden_size < model.num_heads:
+        raise ConfigError(f"model: {source}: hidden_size ({model.hidden_size}) is smaller than "
+                          f"num_attention_heads ({model.num_heads})")
 
 
 def parse_disaggregation(spec) -> DisaggSettings | None:
@@ -155,18 +199,10 @@ def parse_disaggregation(spec) -> DisaggSettings | None:
     if not isinstance(spec, dict):
         raise ConfigError("disaggregation: expected a mapping with num_prefill_replicas and num_decode_replicas")
     check_keys("disaggregation", spec, DISAGG_KEYS)
-    sizes = []
-    for k in ("num_prefill_replicas", "num_decode_replicas"):
-        n = spec.get(k)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"disaggregation.{k}: expected a positive integer, got {n!r}")
-        sizes.append(n)
-    knobs = {}
-    for k in ("link_bandwidth_gb_per_s", "link_latency_s"):
-        if k in spec:
-            knobs[k] = _check_type(f"disaggregation.{k}", spec[k], 0.0)
-    if knobs.get("link_bandwidth_gb_per_s", 1.0) <= 0:
-        raise ConfigError("disaggregation.link_bandwidth_gb_per_s: must be positive")
+    sizes = [number(f"disaggregation.{k}", spec.get(k), minimum=1, integer=True)
+             for k in ("num_prefill_replicas", "num_decode_replicas")]
+    knobs = {k: number(f"disaggregation.{k}", spec[k], strict=k == "link_bandwidth_gb_per_s")
+             for k in ("link_bandwidth_gb_per_s", "link_latency_s") if k in spec}
     first = spec.get("first_token_from", "prefill")
     if first not in ("prefill", "decode"):
         raise ConfigError(f"disaggregation.first_token_from: expected prefill or decode, got {first!r}")
@@ -193,10 +229,7 @@ def parse_slo(spec) -> SloSettings | None:
     if not isinstance(spec, dict) or not spec:
         raise ConfigError("slo: expected a mapping like {ttft_ms: 400, tpot_ms: 40}")
     check_keys("slo", spec, {f.name for f in dataclasses.fields(SloSettings)})
-    for k, v in spec.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"slo.{k}: expected a positive number of milliseconds, got {v!r}")
-    return SloSettings(**{k: float(v) for k, v in spec.items()})
+    return SloSettings(**{k: number(f"slo.{k}", v, strict=True) for k, v in spec.items()})
 
 
 def _check_type(key: str, value, default, allow_none: bool = False):
@@ -207,13 +240,9 @@ def _check_type(key: str, value, default, allow_none: bool = False):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
         return value
     if isinstance(default, int) or (default is None and key.endswith(("num_gpu_blocks", "max_model_len"))):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
-        return value
+        return number(key, value, integer=True)
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{key}: expected a non-negative number, got {value!r}")
-        return float(value)
+        return number(key, value)
     if isinstance(default, str):
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -267,17 +296,25 @@ def resolve_point(raw: dict) -> PointConfig:
     """Turn one point's mapping (a base config with grid values applied) into a PointConfig."""
     if not isinstance(raw, dict):
         raise ConfigError("the sweep file must be a YAML mapping")
+    check_tree(raw)
     for k in raw:
         if k not in TOP_KEYS:
             raise ConfigError(f"{k}: unknown top-level key; expected one of {', '.join(sorted(TOP_KEYS))}")
+    for k in ("model", "hardware"):
+        if not isinstance(raw.get(k, ""), str):
+            raise ConfigError(f"{k}: expected a name{' or a config.json path' if k == 'model' else ''}, "
+                              f"got {raw[k]!r}")
     try:
-        model = get_model(str(raw.get("model", "llama-3-8b")))
-        gpu = get_gpu(str(raw.get("hardware", "h100-sxm")))
+        model = get_model(raw.get("model", "llama-3-8b"))
     except CatalogError as e:
-        raise ConfigError(f"{'model' if 'model' in str(e) else 'hardware'}: {e}") from None
-    tp = raw.get("tensor_parallel_size", 1)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"tensor_parallel_size: expected a positive integer, got {tp!r}")
+        raise ConfigError(f"model: {e}") from None
+    if model.name not in MODELS or MODELS[model.name] is not model:
+        check_model(model, raw["model"])
+    try:
+        gpu = get_gpu(raw.get("hardware", "h100-sxm"))
+    except CatalogError as e:
+        raise ConfigError(f"hardware: {e}") from None
+    tp = number("tensor_parallel_size", raw.get("tensor_parallel_size", 1), minimum=1, integer=True)
     if model.num_heads % tp:
         raise ConfigError(f"tensor_parallel_size: {tp} does not divide {model.num_heads} attention heads")
     dtype = raw.get("dtype", "bf16")
@@ -289,6 +326,8 @@ def resolve_point(raw: dict) -> PointConfig:
     engine = raw.get("engine", {}) or {}
     if not isinstance(engine, dict):
         raise ConfigError("engine: expected a mapping")
+    if isinstance(engine.get("fast_path"), bool):  # YAML reads `fast_path: on` as true: a switch, so accept it
+        engine = {**engine, "fast_path": "on" if engine["fast_path"] else "off"}
     for k in engine:
         if k != "policy" and k not in ENGINE_KEYS and k not in POLICY_KEYS:
             raise ConfigError(f"engine.{k}: unknown key; engine keys are policy, "
@@ -336,6 +375,9 @@ def resolve_point(raw: dict) -> PointConfig:
 
 # ---- sweeps ----
 
+MAX_POINTS = 100_000  # every point is resolved and kept up front; beyond this a sweep file is a mistake
+
+
 @dataclass(frozen=True)
 class Point:
     index: int
@@ -362,19 +404,31 @@ def expand(sweep: dict) -> list[Point]:
     """Cartesian product of `grid` over `seeds`; every point resolved (so any error shows up front)."""
     if not isinstance(sweep, dict):
         raise ConfigError("the sweep file must be a YAML mapping")
+    check_tree(sweep)
     grid = sweep.get("grid") or {}
     if not isinstance(grid, dict):
         raise ConfigError("grid: expected a mapping of dotted keys to lists of values")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"grid.{k}: expected a non-empty list of values")
-        if k.split(".")[0] in ("grid", "seeds", "name", "description"):
+        if not all(k.split(".")):
+            raise ConfigError(f"grid.{k}: expected a dotted key like workload.arrival.rate_per_s")
+        if k.split(".")[0] in ("grid", "seeds", "name", "description", "search", "capacity"):
             raise ConfigError(f"grid.{k}: cannot be swept")
+        if k.split(".")[0] not in TOP_KEYS:
+            raise ConfigError(f"grid.{k}: {k.split('.')[0]} is not a top-level key; expected one of "
+                              f"{', '.join(sorted(TOP_KEYS - {'grid', 'seeds', 'name', 'description'}))}")
     seeds = sweep.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"seeds: expected a list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds: a seed is repeated in {seeds} (its points would overwrite each other)")
+    num_points = math.prod(len(v) for v in grid.values()) * len(seeds)
+    if num_points > MAX_POINTS:
+        raise ConfigError(f"grid: {num_points:,} points (grid combinations x seeds); a sweep runs at most "
+                          f"{MAX_POINTS:,}: split it or sweep fewer values")
     base = {k: v for k, v in sweep.items() if k not in ("grid", "seeds", "search", "capacity")}
     points = []
     keys = list(grid)
@@ -393,16 +447,34 @@ def expand(sweep: dict) -> list[Point]:
     return points
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base loader says so
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_sweep_file(path: str | Path) -> dict:
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such sweep file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the sweep file ({getattr(e, 'strerror', None) or e.__class__.__name__})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""

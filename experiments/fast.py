@@ -86,7 +86,7 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame
     (gap values, counts) weighted samples, then every gap and when it ended, in time order, expanded on
     use (`Repeated`; within one iteration the order of equal-time gaps differs from the SimPy log's)."""
     arrival = cfg.workload.arrival
-    closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
+    closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
     engine = FastEngine(
         cfg.policy, cost_model, limits,
         request_id=np.fromiter((s.request_id for s in specs), np.int64, len(specs)),

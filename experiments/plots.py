@@ -136,7 +136,8 @@ def latency_cdfs(runs: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, sub
         ax.set_ylabel("fraction of samples at or below")
         ax.axhline(0.99, color="grey", ls=":", lw=1)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a run that served nothing has no curve
+            ax.legend(fontsize=7)
     axes[0].set_title("time to first token (per request)", fontsize=9)
     axes[1].set_title("gaps between tokens (pooled over requests)", fontsize=9)
     return _save(fig, path, f"Latency distributions (CDF)\n{subtitle}")

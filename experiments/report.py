@@ -175,10 +175,13 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
 def answer_sentence(row, spec, label: str) -> str:
     unit = spec.unit
     fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
+    rejected = getattr(row, "loads_with_rejections", "")
+    rejected = (f" Requests were rejected at {rejected} {unit}, so those loads fail whatever their latency."
+                if isinstance(rejected, str) and rejected else "")
     if row.status == "infeasible":
-        how = row.note.partition("(")[2].rstrip(")")
+        how = row.note.partition("(")[2].partition(")")[0]
         return (f"**{label}**: even the lowest load tried, {fmt(spec.lo)} {unit}, misses {spec.slo_text}"
-                + (f" ({how})" if how else "") + ".")
+                + (f" ({how})" if how else "") + "." + rejected)
     slo_vals = ", ".join(f"{pretty_metric(m)} {getattr(row, f'{m}_at_max'):,.0f} ms" for m, _ in spec.slo_ms)
     if row.max_value == 1 and spec.is_integer:
         unit = "concurrent user"
@@ -194,7 +197,9 @@ def answer_sentence(row, spec, label: str) -> str:
         s += f". **Warning: non-monotone** - the SLO is met again at {row.non_monotone} above the first failure"
     if row.status == "max_evaluations":
         s += " (stopped at max_evaluations before the tolerance)"
-    return s + "."
+    if getattr(row, "unstable_at_max", False) is True:
+        s += "; the run at that load was unstable (its backlog kept growing), so a longer run would do worse"
+    return s + "." + rejected
 
 
 def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path) -> str:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import plots
+from simcore.metrics import untrusted_notes
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
                                 md_table)
 
@@ -88,9 +89,30 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
                                         f"{k.split('.')[-1]}={r[k]}" for k in by_used) + f": {r['ratio']:.2f}x"
                               for _, r in ratio.iterrows())
             lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
-    cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "throughput_rps",
-            "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "mean_running",
-            "kv_usage_max", "num_preemptions"]
+    cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "offered_rate_per_s",
+            "throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms",
+            "mean_running", "kv_usage_max", "num_preemptions", "num_rejected", "unstable"]
+    lines += trust_section(results, [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)])
     lines += ["## Results", "", md_table(results[[c for c in cols if c in results.columns]]), "",
               "## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]
     return "\n".join(lines)
+
+
+def trust_section(results: pd.DataFrame, load_keys: list[str] = ()) -> list[str]:
+    """summary.md's words on rows that cannot be taken at face value (simcore.metrics.untrusted_notes);
+    `load_keys`: swept load columns, named next to each row's label."""
+    lines = ["## Can these results be trusted?", ""]
+    flagged = [(r, untrusted_notes(r)) for _, r in results.iterrows()]
+    flagged = [(r, n) for r, n in flagged if n]
+    if not flagged:
+        return lines + ["Every run served the load it was offered (no backlog growing through the run), and no "
+                        "request was rejected or clipped.", ""]
+    lines += [f"**{len(flagged)} of {len(results)} runs cannot be taken at face value:**", ""]
+    def name(r) -> str:
+        loads = ", ".join(f"{k.split('.')[-1]} {r[k]:g}" if isinstance(r[k], float) else f"{k.split('.')[-1]} {r[k]}"
+                          for k in load_keys if k in r)
+        return f"**{r.get('label', r['policy'])}{', ' + loads if loads else ''}** (`{r['point']}`)"
+    lines += [f"- {name(r)}: " + "; ".join(n) + "." for r, n in flagged]
+    return lines + ["", "`offered_rate_per_s` is the rate requests were sent at, `throughput_rps` "
+                    "(= `achieved_rate_per_s`) the rate they finished at; `unstable` marks a backlog that kept "
+                    "growing (past saturation), `num_rejected` / `rejected_reasons` requests the engine refused.", ""]

@@ -4,23 +4,70 @@ summary, and write plots and summary.md into the output folder."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from costmodels.catalog import CatalogError
-from experiments.config import ConfigError, load_sweep_file
-from experiments.sweep import run_sweep, summary_table
+from experiments.config import ConfigError, expand, load_sweep_file
+from experiments.simulate import check_runnable
+from experiments.sweep import run_sweep, summary_table, untrusted_lines
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
 
 USER_ERRORS = (ConfigError, CatalogError, WorkloadError, SimulationError)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad command-line arguments: one line (the usage is a --help away), exit 2, as every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of worker processes, got {text!r}")
+    return n
+
+
+def check_out_dir(out: Path) -> None:
+    """The output folder must be a folder we can write (created if missing): one line if not."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: the folder is not writable")
+
+
+def validate(sweep: dict) -> None:
+    """Resolve the whole sweep file (points, and the search and capacity blocks) and check each point's
+    memory plan and cost model, without running anything."""
+    if "search" in sweep:
+        from experiments.capacity import parse_capacity
+        from experiments.search import parse_search
+        from experiments.search_run import grid_points
+        points = grid_points(sweep, parse_search(sweep.get("search")))[0]
+        if "capacity" in sweep:
+            parse_capacity(sweep["capacity"])
+    else:
+        points = expand(sweep)
+    for cfg in {id(p.config): p.config for p in points}.values():
+        check_runnable(cfg)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__)
+    ap = _Parser(prog="python -m experiments.run", description=__doc__)
     ap.add_argument("sweep", help="sweep YAML file")
     ap.add_argument("--out", help="output folder (default: results/<name>); rerunning into it resumes")
-    ap.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: all cores)")
+    ap.add_argument("--jobs", type=_jobs, default=None, help="parallel worker processes (default: all cores)")
     ap.add_argument("--dask", metavar="ADDRESS", help="run on a Dask distributed scheduler (e.g. tcp://host:8786)")
     ap.add_argument("--no-plots", action="store_true", help="skip plots and summary.md")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -28,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep_file(args.sweep)
         out = Path(args.out) if args.out else Path("results") / str(sweep.get("name") or Path(args.sweep).stem)
+        validate(sweep)  # every point resolved (any bad key named) before the output folder is touched
+        check_out_dir(out)
         if "search" in sweep:
             from experiments.plan import run_and_report
             text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots)
@@ -43,8 +92,16 @@ def main(argv: list[str] | None = None) -> int:
                 from experiments.report_sweep import sweep_report
                 sweep_report(sweep, out, result.results)
                 text += f"; plots and summary.md in {out}"
+            notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
+            if notes:
+                text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "
+                         "value:\n" + "\n".join(notes))
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the disk, not the simulator: full, unwritable, removed under us
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: finished points are saved; rerun the same command to resume", file=sys.stderr)
@@ -54,4 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    if rc == 130:  # interrupted: what finished is on disk and the workers are gone; skip the slow teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)

@@ -19,7 +19,7 @@ from typing import Generator
 import numpy as np
 import pandas as pd
 
-from experiments.config import ConfigError, check_keys
+from experiments.config import ConfigError, check_keys, number
 
 OVER_KEYS = ("workload.arrival.concurrency", "workload.arrival.rate_per_s")
 SLO_METRICS = tuple(f"{m}_p{p}_ms" for m in ("ttft", "itl", "tpot", "e2e") for p in (50, 90, 95, 99))
@@ -57,11 +57,12 @@ class SearchSpec:
 
     @property
     def rule_text(self) -> str:
+        rejected = " (a seed that rejected any request fails)"
         if self.confidence == "all":
-            return "a load passes only if every seed meets every SLO"
+            return "a load passes only if every seed meets every SLO" + rejected
         if self.confidence == "majority":
-            return "a load passes if a strict majority of seeds meet every SLO"
-        return f"a load passes if at least {self.confidence:.0%} of seeds meet every SLO"
+            return "a load passes if a strict majority of seeds meet every SLO" + rejected
+        return f"a load passes if at least {self.confidence:.0%} of seeds meet every SLO" + rejected
 
     def seeds_pass(self, per_seed: list[bool]) -> bool:
         n, k = len(per_seed), sum(per_seed)
@@ -72,7 +73,10 @@ class SearchSpec:
         return k >= self.confidence * n - 1e-9
 
     def meets_slo(self, metrics: dict) -> bool:
-        """NaN (no such samples, e.g. ITL with one-token outputs) counts as a miss: nothing was shown."""
+        """NaN (no such samples, e.g. ITL with one-token outputs) counts as a miss: nothing was shown. A run
+        that rejected any request misses too: its latencies describe only the survivors."""
+        if metrics.get("run_num_rejected", 0):
+            return False
         return all(metrics.get(m, math.nan) <= limit for m, limit in self.slo_ms)
 
 
@@ -80,12 +84,6 @@ def pretty_metric(metric: str) -> str:
     """'ttft_p99_ms' -> 'p99 TTFT'."""
     name, pct, _ = metric.split("_")
     return f"{pct} {name.upper()}"
-
-
-def _number(key: str, v, positive: bool = True) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise ConfigError(f"{key}: expected a {'positive' if positive else 'non-negative'} finite number, got {v!r}")
-    return float(v)
 
 
 def parse_search(spec) -> SearchSpec:
@@ -105,11 +103,11 @@ def parse_search(spec) -> SearchSpec:
     for m, v in slo.items():
         if m not in SLO_METRICS:
             raise ConfigError(f"search.slo.{m}: unknown metric; expected one of {', '.join(SLO_METRICS)}")
-        _number(f"search.slo.{m}", v)
+        number(f"search.slo.{m}", v, strict=True)
     rng = spec["range"]
     if not isinstance(rng, list) or len(rng) != 2:
         raise ConfigError(f"search.range: expected [low, high], got {rng!r}")
-    lo, hi = (_number("search.range", v) for v in rng)
+    lo, hi = (number("search.range", v, strict=True) for v in rng)
     integer = over.endswith("concurrency")
     if integer and (lo != int(lo) or hi != int(hi)):
         raise ConfigError(f"search.range: concurrency is a whole number of users, got {rng!r}")
@@ -118,7 +116,7 @@ def parse_search(spec) -> SearchSpec:
     kw = {}
     for k, positive in (("tolerance", True), ("rel_tolerance", False), ("growth", True)):
         if k in spec:
-            kw[k] = _number(f"search.{k}", spec[k], positive)
+            kw[k] = number(f"search.{k}", spec[k], strict=positive)
     if not integer and "tolerance" not in spec:
         kw.setdefault("tolerance", 0.0)
         kw.setdefault("rel_tolerance", 0.02)  # rates: 2% of the answer
@@ -134,10 +132,7 @@ def parse_search(spec) -> SearchSpec:
         raise ConfigError(f"search.confidence: expected all, majority or a fraction in (0, 1], got {conf!r}")
     for k, least in (("verify_above", 0), ("min_requests_per_user", 1), ("max_evaluations", 2)):
         if k in spec:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                raise ConfigError(f"search.{k}: expected an integer >= {least}, got {v!r}")
-            kw[k] = v
+            kw[k] = number(f"search.{k}", spec[k], minimum=least, integer=True)
     warmup = spec.get("warmup", "auto")
     if warmup not in ("auto", "none"):
         raise ConfigError(f"search.warmup: expected auto or none, got {warmup!r}")

@@ -32,11 +32,13 @@ from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_
 from experiments.simulate import SimResult, simulate
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
+from workloads.synthetic import OPEN_LOOP_PROCESSES
 
-METRICS_VERSION = 1  # bump when steady_state_metrics changes meaning, so saved evaluations are redone
+METRICS_VERSION = 2  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
 GANTT_USERS = 16
-RUN_COLUMNS = ("num_requests", "num_rejected", "num_preemptions", "mean_running", "mean_waiting", "kv_usage_max",
-               "ttft_p99_ms", "throughput_rps", "output_tok_per_s")
+RUN_COLUMNS = ("num_requests", "num_rejected", "rejected_reasons", "num_clipped_prompts", "num_preemptions",
+               "mean_running", "mean_waiting", "kv_usage_max", "ttft_p99_ms", "throughput_rps", "output_tok_per_s",
+               "offered_rate_per_s", "achieved_rate_per_s", "waiting_at_end_frac", "unstable", "flags")
 
 
 @dataclass
@@ -96,8 +98,9 @@ def grid_points(sweep: dict, spec: SearchSpec) -> tuple[list[Point], list[int]]:
     process = ((sweep.get("workload") or {}).get("arrival") or {}).get("process")
     if spec.is_integer and process != "closed":
         raise ConfigError(f"search.over: {spec.over} needs workload.arrival.process closed, got {process!r}")
-    if not spec.is_integer and process not in ("poisson", "gamma"):
-        raise ConfigError(f"search.over: {spec.over} needs workload.arrival.process poisson or gamma, got {process!r}")
+    if not spec.is_integer and process not in OPEN_LOOP_PROCESSES:
+        raise ConfigError(f"search.over: {spec.over} needs workload.arrival.process "
+                          f"{', '.join(OPEN_LOOP_PROCESSES)}, got {process!r}")
     base = copy.deepcopy(sweep)
     set_dotted(base, spec.over, int(spec.lo) if spec.is_integer else spec.lo)
     expanded = expand(base)
@@ -225,6 +228,15 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
             low = results[(p.index, spec.lo)].values()
             row["note"] += " (worst seed at the lowest load: " + ", ".join(
                 f"{pretty_metric(m)} {np.max([r[m] for r in low]):,.0f} ms" for m, _ in spec.slo_ms) + ")"
+        row["unstable_at_max"] = bool(any(r.get("run_unstable") for r in at.values()))
+        rejecting = sorted(v for (gi, v), rs in results.items() if gi == p.index
+                           and any(r.get("run_num_rejected", 0) for r in rs.values()))
+        row["loads_with_rejections"] = " ".join(f"{v:g}" for v in rejecting)
+        if rejecting:
+            row["note"] += ("; " if row["note"] else "") + (
+                f"requests were rejected at {row['loads_with_rejections']}, so those loads fail")
+        if row["unstable_at_max"]:
+            row["note"] += ("; " if row["note"] else "") + "the run at the answer was unstable (backlog growing)"
         rows.append(row)
     return pd.DataFrame(rows)
 

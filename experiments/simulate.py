@@ -19,8 +19,8 @@ from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import (client_view, cluster_summary, goodput_stats, iterations_frame, meets_slo,
-                             replicas_frame, requests_frame, summarize)
+from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
+                             meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -82,6 +82,13 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
             num_gpu_blocks=cfg.engine.num_gpu_blocks)
     except ValueError as e:
         raise SimulationError(f"engine: {e}") from None
+
+
+def check_runnable(cfg: PointConfig) -> None:
+    """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
+    that cannot be loaded."""
+    memory_plan(cfg)
+    point_cost_model(cfg)
 
 
 def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> dict:
@@ -169,10 +176,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, plan.num_gpu_blocks, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
-    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
-                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
-                    "cost_model": cost_model.describe().get("kind", "?")})
-    add_goodput(cfg, requests, summary)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
         cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
@@ -195,6 +199,18 @@ def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:
     return dataclasses.replace(cfg, workload=dataclasses.replace(w, arrival=arrival))
 
 
+def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict) -> None:
+    """The summary keys both engines share beyond the metrics (in place): memory, clipping, offered vs
+    achieved load and stability, reject reasons, goodput, and the `flags` words (simcore/metrics.py)."""
+    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
+                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
+                    "cost_model": cost_model.describe().get("kind", "?")})
+    summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
+    summary["rejected_reasons"] = rejected_reasons(requests)
+    add_goodput(cfg, requests, summary)
+    summary["flags"] = flag_words(summary)
+
+
 def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None:
     """`num_gpus`, and with `slo:` a per-request `meets_slo` column and the goodput keys (in place)."""
     summary["num_gpus"] = cfg.num_gpus
@@ -209,9 +225,6 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
     requests = client_view(requests, latency_s)
     summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
-    summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
-                    "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
-                    "cost_model": cost_model.describe().get("kind", "?")})
-    add_goodput(cfg, requests, summary)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
                      *itl[2:])

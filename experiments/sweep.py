@@ -27,10 +27,11 @@ import yaml
 from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
+from simcore.metrics import untrusted_notes
 
-SUMMARY_COLUMNS = ["throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-                   "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "num_preemptions", "mean_running",
-                   "kv_usage_max"]
+SUMMARY_COLUMNS = ["offered_rate_per_s", "throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms",
+                   "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+                   "num_preemptions", "mean_running", "kv_usage_max", "num_rejected", "unstable"]
 
 
 @dataclass
@@ -40,8 +41,12 @@ class SweepResult:
     num_skipped: int = 0
 
 
+RESULTS_VERSION = 2  # bump when a point's results change meaning (2: long prompts rejected, load flags)
+
+
 def point_hash(point: Point) -> str:
-    blob = json.dumps({"raw": point.raw, "seed": point.seed}, sort_keys=True, default=str)
+    blob = json.dumps({"raw": point.raw, "seed": point.seed, "version": RESULTS_VERSION}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -146,13 +151,13 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
                         finish(*f.result())
-    finally:
+    finally:  # also on Ctrl-C: results.csv lists every point saved so far
         if bar is not None:
             bar.set_postfix_str(f"{result.num_skipped} skipped as finished" if result.num_skipped else "")
             bar.close()
+        if out is not None:
+            _write_results(out, points, rows)
     result.results = _frame(points, rows)
-    if out is not None:
-        _write_results(out, points, rows)
     return result
 
 
@@ -182,3 +187,15 @@ def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:
     df = results[[c for c in cols if c in results.columns]].copy()
     rename = {c: c.replace("workload.", "").replace("engine.", "").replace("arrival.", "") for c in df.columns}
     return df.rename(columns=rename).to_string(index=False, float_format=lambda v: f"{v:,.1f}")
+
+
+def untrusted_lines(results: pd.DataFrame, grid_keys: list[str] | None = None) -> list[str]:
+    """One line per results row that cannot be taken at face value: rejected or clipped requests, an
+    unstable (past-saturation) run; see `simcore.metrics.untrusted_notes`."""
+    lines = []
+    for _, r in results.iterrows():
+        notes = untrusted_notes(r)
+        if notes:
+            where = ", ".join(f"{k.split('.')[-1]}={r[k]}" for k in (grid_keys or []) if k in r and k != "engine.policy")
+            lines.append(f"  {r['point']} ({r['policy']}{', ' + where if where else ''}): " + "; ".join(notes))
+    return lines

@@ -24,11 +24,13 @@ class ClosedLoopUsers:
     def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec], concurrency: int,
                  submit: Callable[[RequestSpec], None], think_time_s: float = 0.0):
         self.env, self.submit, self.think_time_s = env, submit, think_time_s
+        specs = list(specs)
         self._pending = iter(specs)
         self.concurrency = concurrency
+        self._num_specs = len(specs)
 
     def start(self) -> None:
-        for user in range(self.concurrency):
+        for user in range(min(self.concurrency, self._num_specs)):  # users beyond the requests never send
             self._send(user)
 
     def on_done(self, req: Request) -> None:

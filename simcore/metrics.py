@@ -10,6 +10,8 @@ Request concurrency, running sequences, iteration batch, token budget and queue 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -224,3 +226,109 @@ def goodput_stats(good: pd.Series, duration_s: float, num_gpus: int) -> dict:
     n = int(good.sum())
     return {"slo_attainment": n / len(good) if len(good) else float("nan"),
             "goodput_rps": n / duration_s, "goodput_rps_per_gpu": n / duration_s / num_gpus}
+
+
+# ---- whether a run's numbers can be taken at face value ----
+
+UNSTABLE_GROWTH_FRAC = 0.05  # backlog growth over the second half of the sends (share of all requests)
+UNSTABLE_GROWTH_MIN = 5      # ... and at least this many requests, so a short run's noise is not a trend
+
+
+def _unfinished_at(requests: pd.DataFrame, t: float) -> int:
+    """Requests arrived by `t` and neither finished nor rejected by `t`: the backlog at `t` (queued, or
+    admitted and still computing)."""
+    arrived = requests["arrival_s"].to_numpy(float) <= t
+    done = requests["finish_s"].to_numpy(float) <= t  # NaN compares False
+    return int((arrived & ~done).sum())
+
+
+def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> dict:
+    """Offered against achieved load, and whether the backlog kept growing (the run is past saturation).
+
+    `offered_rate_per_s`: requests sent per second over the send window, first to last arrival (inf when
+    all arrive at once; NaN for closed-loop users, whose sends follow the finishes). `achieved_rate_per_s`:
+    finished requests per second of the whole run (= throughput_rps). `waiting_at_end`: requests that had
+    arrived but not finished when the last one arrived (queued, or admitted and still running);
+    `waiting_at_end_frac` that as a share of all requests. Open loop is `unstable` when this backlog grew
+    over the second half of the send window by at least 5% of all requests (and at least 5 requests), to
+    more than 1.5x its size at the midpoint: arrivals outpace the engine and latencies grow with the run's
+    length instead of settling. With every request at t = 0, a backlog of 5% of them suffices. A closed loop
+    cannot hold more than its users and is never flagged."""
+    n = len(requests)
+    arrivals = requests["arrival_s"].to_numpy(float)
+    finished = int((requests["status"] == "finished").sum())
+    out = {"offered_rate_per_s": math.nan, "achieved_rate_per_s": finished / duration_s if duration_s > 0 else math.nan,
+           "waiting_at_end": 0, "waiting_at_end_frac": 0.0, "unstable": False}
+    if not n:
+        return out
+    t0, t1 = float(arrivals.min()), float(arrivals.max())
+    end = _unfinished_at(requests, t1)
+    out.update(waiting_at_end=end, waiting_at_end_frac=end / n)
+    if closed_loop:
+        return out
+    span = t1 - t0
+    out["offered_rate_per_s"] = (n - 1) / span if span > 0 else (math.inf if n > 1 else math.nan)
+    mid = _unfinished_at(requests, t0 + span / 2) if span > 0 else 0
+    grew = end - mid >= max(UNSTABLE_GROWTH_MIN, UNSTABLE_GROWTH_FRAC * n) and end > 1.5 * mid
+    out["unstable"] = bool(grew)
+    return out
+
+
+def rejected_reasons(requests: pd.DataFrame) -> str:
+    """'reason=count' for each reject reason, most frequent first ('' when none was rejected)."""
+    r = requests.loc[requests["status"] == "rejected", "reject_reason"]
+    return " ".join(f"{k}={v}" for k, v in r.value_counts().items())
+
+
+def untrusted_notes(row) -> list[str]:
+    """What makes a results row misleading if read alone, in words (empty when nothing does). `row` is a
+    results row (a mapping with the summary keys); missing keys count as nothing to report."""
+    get = lambda k, d=0: d if k not in row or row[k] is None or (isinstance(row[k], float) and math.isnan(row[k])) \
+        else row[k]  # noqa: E731
+    notes = []
+    n, rej, fin = int(get("num_requests")), int(get("num_rejected")), int(get("num_finished"))
+    reasons = get("rejected_reasons", "") or "no reason recorded"
+    if n and rej == n:
+        notes.append(f"all {n} requests were rejected ({reasons}): nothing was served, every latency is empty")
+    elif rej:
+        notes.append(f"{rej} of {n} requests {'were' if rej > 1 else 'was'} rejected ({reasons}): latencies and "
+                     f"throughput describe only "
+                     f"the {fin} that finished (survivor bias)")
+    if get("unstable", False):
+        offered, achieved = float(get("offered_rate_per_s", math.nan)), float(get("achieved_rate_per_s", math.nan))
+        frac = f"{float(get('waiting_at_end_frac')):.0%}"
+        if math.isinf(offered):
+            notes.append(f"every request was sent at t = 0 (rate .inf, a saturation test, {achieved:,.2f} req/s "
+                         f"achieved); {frac} of them were unfinished at that moment, so latencies measure the time "
+                         "spent in that queue")
+        else:
+            notes.append(f"UNSTABLE: {offered:,.2f} req/s offered, {achieved:,.2f} achieved; {frac} of the requests "
+                         "were still unfinished when the last one arrived and that backlog was growing, so latencies "
+                         "grow with the run's length instead of settling")
+    if int(get("num_clipped_prompts")):
+        k = int(get("num_clipped_prompts"))
+        notes.append(f"{k} prompt{'s were' if k > 1 else ' was'} cut to max_model_len - 1 (long_prompts: clip)")
+    if _many_outputs_clipped(row, get):
+        k = int(get("num_clipped_outputs"))
+        notes.append(f"{k} of {n} outputs were cut where prompt + output reached max_model_len")
+    return notes
+
+
+CLIPPED_OUTPUTS_FRAC = 0.01  # outputs cut at the context limit change the length distribution beyond this share
+
+
+def _many_outputs_clipped(row, get) -> bool:
+    """Outputs cut at max_model_len (generation stops at the context limit, as a server does) are always
+    counted in `num_clipped_outputs`; they are a warning only above 1% of the requests."""
+    n = int(get("num_requests"))
+    return bool(n and int(get("num_clipped_outputs")) > CLIPPED_OUTPUTS_FRAC * n)
+
+
+def flag_words(row) -> str:
+    """The `flags` column: short words for what `untrusted_notes` explains ('' when the run is clean)."""
+    get = lambda k, d=0: row.get(k) or d  # noqa: E731
+    words = [w for w, on in (("all_rejected", get("num_requests") and get("num_rejected") == get("num_requests")),
+                             ("rejected", 0 < get("num_rejected") < get("num_requests")),
+                             ("unstable", get("unstable")),
+                             ("clipped", get("num_clipped_prompts") or _many_outputs_clipped(row, get))) if on]
+    return " ".join(words)

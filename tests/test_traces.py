@@ -110,7 +110,7 @@ def test_missing_file_and_bad_keys(tmp_path):
         parse_workload({"trace": {"path": "x", "format": "azure", "speed": 2}})
     with pytest.raises(WorkloadError, match="workload.num_requests: not used with a trace"):
         parse_workload({"trace": {"path": "x", "format": "azure"}, "num_requests": 3})
-    with pytest.raises(WorkloadError, match="time_scale: must be a positive"):
+    with pytest.raises(WorkloadError, match="time_scale: expected a number > 0"):
         parse_workload({"trace": {"path": "x", "format": "azure", "time_scale": 0}})
 
 

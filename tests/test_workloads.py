@@ -52,5 +52,5 @@ def test_clipping_to_model_limits_is_counted():
 def test_bad_distribution_keys():
     with pytest.raises(WorkloadError, match=r"workload.prompt_tokens.mean: unknown key for dist lognormal"):
         parse_length_dist({"dist": "lognormal", "median": 5, "sigma": 1, "mean": 3}, "workload.prompt_tokens")
-    with pytest.raises(WorkloadError, match=r"k.sigma: must be a positive number"):
+    with pytest.raises(WorkloadError, match=r"k.sigma: expected a number > 0"):
         parse_length_dist({"dist": "lognormal", "median": 5, "sigma": -1}, "k")

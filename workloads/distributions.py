@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, finite_number
 
 _PARAMS = {
     "fixed": ({"value"}, set()),
@@ -67,14 +67,13 @@ def parse_length_dist(spec, key: str) -> LengthDist:
                             f"expected {', '.join(sorted(required | optional))}")
     if missing := required - given:
         raise WorkloadError(f"{key}.{sorted(missing)[0]}: required for dist {name}")
-    params = {}
-    for k in sorted(given):
-        v = spec[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
-            raise WorkloadError(f"{key}.{k}: must be a positive number, got {v!r}")
-        params[k] = float(v)
+    params = {k: finite_number(f"{key}.{k}", spec[k], strict=True) for k in sorted(given)}
     if name == "uniform" and params["min"] > params["max"]:
         raise WorkloadError(f"{key}: min {params['min']:g} > max {params['max']:g}")
+    centre = {"lognormal": "median"}.get(name)  # most draws would be redrawn: not the stated median
+    if centre and "max" in params and params["max"] < params[centre]:
+        raise WorkloadError(f"{key}.max: {params['max']:g} is below the {centre} {params[centre]:g}, so the lengths "
+                            f"would not follow the stated {centre}; raise max or lower the {centre}")
     lo = params.get("min", params.get("value", 1))
     if "max" in params and params["max"] < max(1, lo if name == "pareto" else 1):
         raise WorkloadError(f"{key}.max: {params['max']:g} leaves no valid length")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workloads.distributions import LengthDist, parse_length_dist
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, check_keys, finite_number
 
 GROUP_SPACE = 2**32  # ids: system prompt g, block k -> -(g * 2**32 + k + 1); session s -> -(2**62 + ...)
 
@@ -42,32 +42,18 @@ class RequestClass:
     output_tokens: LengthDist
 
 
-def _pos_int(spec: dict, k: str, key: str, minimum: int = 1) -> int:
-    v = spec.get(k)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise WorkloadError(f"{key}.{k}: must be an integer >= {minimum}, got {v!r}")
-    return v
-
-
-def _check_keys(spec, allowed: set, key: str) -> None:
-    if not isinstance(spec, dict):
-        raise WorkloadError(f"{key}: expected a mapping with {', '.join(sorted(allowed))}")
-    for k in spec:
-        if k not in allowed:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed))}")
+def _pos_int(spec: dict, k: str, key: str) -> int:
+    return finite_number(f"{key}.{k}", spec.get(k), minimum=1, integer=True)
 
 
 def parse_shared_prefix(spec, key: str = "workload.shared_prefix") -> SharedPrefix:
-    _check_keys(spec, {"num_groups", "prefix_tokens"}, key)
+    check_keys(key, spec, {"num_groups", "prefix_tokens"})
     return SharedPrefix(_pos_int(spec, "num_groups", key), _pos_int(spec, "prefix_tokens", key))
 
 
 def parse_sessions(spec, key: str = "workload.sessions") -> Sessions:
-    _check_keys(spec, {"num_turns", "think_time_s"}, key)
-    t = spec.get("think_time_s", 0.0)
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
-        raise WorkloadError(f"{key}.think_time_s: must be a non-negative number, got {t!r}")
-    return Sessions(_pos_int(spec, "num_turns", key), float(t))
+    check_keys(key, spec, {"num_turns", "think_time_s"})
+    return Sessions(_pos_int(spec, "num_turns", key), finite_number(f"{key}.think_time_s", spec.get("think_time_s", 0.0)))
 
 
 def parse_mix(spec, key: str = "workload.mix") -> tuple[RequestClass, ...]:
@@ -76,10 +62,8 @@ def parse_mix(spec, key: str = "workload.mix") -> tuple[RequestClass, ...]:
     out = []
     for i, c in enumerate(spec):
         k = f"{key}[{i}]"
-        _check_keys(c, {"name", "weight", "prompt_tokens", "output_tokens"}, k)
-        w = c.get("weight", 1.0)
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w) or w <= 0:
-            raise WorkloadError(f"{k}.weight: must be a positive number, got {w!r}")
+        check_keys(k, c, {"name", "weight", "prompt_tokens", "output_tokens"})
+        w = finite_number(f"{k}.weight", c.get("weight", 1.0), strict=True)
         for need in ("prompt_tokens", "output_tokens"):
             if need not in c:
                 raise WorkloadError(f"{k}.{need}: required")

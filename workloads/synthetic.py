@@ -9,18 +9,21 @@ import numpy as np
 
 from simcore.request import RequestSpec
 from workloads.distributions import LengthDist, parse_length_dist
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, check_keys, finite_number
 from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
                               parse_shared_prefix, prefix_block_ids, sample_mix, session_layout)
 from workloads.traces import TraceWorkload, parse_trace_workload, trace_specs
 
-PROCESSES = ("poisson", "gamma", "closed")
+PROCESSES = ("poisson", "gamma", "constant", "closed")
+OPEN_LOOP_PROCESSES = ("poisson", "gamma", "constant")
+LONG_PROMPTS = ("reject", "clip")  # a prompt longer than max_model_len - 1: rejected (as vLLM) or cut
 
 
 @dataclass(frozen=True)
 class Arrival:
-    """`poisson`/`gamma`: open loop at `rate_per_s` (inf: everything at t = 0), gamma inter-arrivals with
-    coefficient of variation `cv` (cv = 1 is Poisson, > 1 bursty). `closed`: `concurrency` users, each
+    """`poisson`/`gamma`/`constant`: open loop at `rate_per_s` (inf: everything at t = 0), gamma inter-arrivals
+    with coefficient of variation `cv` (cv = 1 is Poisson, > 1 bursty), constant: evenly spaced sends 1 /
+    rate apart from t = 0 (inference-perf's and GuideLLM's constant mode). `closed`: `concurrency` users, each
     sending its next request `think_time_s` after its previous one finishes."""
     process: str
     rate_per_s: float | None = None
@@ -53,47 +56,62 @@ class Workload:
     shared_prefix: SharedPrefix | None = None
     sessions: Sessions | None = None
     mix: tuple[RequestClass, ...] | None = None
+    long_prompts: str = "reject"  # LONG_PROMPTS: the engine rejects a prompt >= max_model_len, or it is cut
 
 
 @dataclass(frozen=True)
 class GeneratedRequests:
     specs: tuple[RequestSpec, ...]   # arrival_s is 0 for closed-loop traffic (set when a user sends it)
-    num_clipped_prompts: int         # prompts cut to max_model_len - 1
+    num_clipped_prompts: int         # prompts cut to max_model_len - 1 (only with long_prompts: clip)
     num_clipped_outputs: int         # outputs cut so prompt + output <= max_model_len
 
 
-_ARRIVAL_KEYS = {"poisson": {"rate_per_s"}, "gamma": {"rate_per_s", "cv"}, "closed": {"concurrency", "think_time_s"}}
+def clip_to_model(prompts: np.ndarray, outputs: np.ndarray, max_model_len: int, long_prompts: str):
+    """Fit lengths to the model's hard limit. A prompt of max_model_len tokens or more is left as it is
+    (the engine rejects it, as vLLM does) unless `long_prompts` is "clip", which cuts it to max_model_len - 1.
+    An output is cut so prompt + output <= max_model_len (generation stops at the context limit). Returns
+    (prompts, outputs, clipped prompt mask, clipped output mask)."""
+    long = prompts > max_model_len - 1
+    if long_prompts == "clip":
+        prompts = np.minimum(prompts, max_model_len - 1)
+    fits = prompts <= max_model_len - 1
+    room = np.maximum(1, max_model_len - prompts)
+    clipped_o = fits & (outputs > room)
+    outputs = np.where(fits, np.minimum(outputs, room), outputs)
+    return prompts, outputs, long & (long_prompts == "clip"), clipped_o
+
+
+_ARRIVAL_KEYS = {"poisson": {"rate_per_s"}, "gamma": {"rate_per_s", "cv"}, "constant": {"rate_per_s"},
+                 "closed": {"concurrency", "think_time_s"}}
 
 
 def parse_arrival(spec, key: str = "workload.arrival") -> Arrival:
-    if not isinstance(spec, dict) or spec.get("process") not in PROCESSES:
-        raise WorkloadError(f"{key}.process: must be one of {', '.join(PROCESSES)}")
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{key}: expected a mapping like {{process: poisson, rate_per_s: 4}}")
+    if spec.get("process") not in PROCESSES:
+        raise WorkloadError(f"{key}.process: expected one of {', '.join(PROCESSES)}, got {spec.get('process')!r}")
     process = spec["process"]
     allowed = _ARRIVAL_KEYS[process]
-    for k, v in spec.items():
-        if k == "process":
-            continue
-        if k not in allowed:
+    for k in spec:
+        if k != "process" and k not in allowed:
             raise WorkloadError(f"{key}.{k}: not a key of process {process}; expected {', '.join(sorted(allowed))}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and k != "think_time_s"):
-            raise WorkloadError(f"{key}.{k}: must be a positive number, got {v!r}")
     if process == "closed":
-        c = spec.get("concurrency")
-        if c is None or int(c) != c:
-            raise WorkloadError(f"{key}.concurrency: closed-loop traffic needs an integer number of users")
-        return Arrival("closed", concurrency=int(c), think_time_s=float(spec.get("think_time_s", 0.0)))
+        if "concurrency" not in spec:
+            raise WorkloadError(f"{key}.concurrency: required for process closed (the number of users)")
+        c = finite_number(f"{key}.concurrency", spec["concurrency"], minimum=1, integer=True)
+        think = finite_number(f"{key}.think_time_s", spec.get("think_time_s", 0.0))
+        return Arrival("closed", concurrency=c, think_time_s=think)
     if "rate_per_s" not in spec:
         raise WorkloadError(f"{key}.rate_per_s: required for process {process}")
-    return Arrival(process, rate_per_s=float(spec["rate_per_s"]), cv=float(spec.get("cv", 1.0)))
+    rate = finite_number(f"{key}.rate_per_s", spec["rate_per_s"], strict=True, allow_inf=True)
+    return Arrival(process, rate_per_s=rate, cv=finite_number(f"{key}.cv", spec.get("cv", 1.0), strict=True))
 
 
 def parse_priority(spec, key: str = "workload.priority") -> PriorityMix:
     """`{classes: [0, 1], weights: [0.2, 0.8]}`; weights may be omitted (equal shares)."""
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping with classes and weights")
-    for k in spec:
-        if k not in ("classes", "weights"):
-            raise WorkloadError(f"{key}.{k}: unknown key; expected classes, weights")
+    check_keys(key, spec, {"classes", "weights"})
     classes = spec.get("classes")
     if (not isinstance(classes, list) or not classes
             or not all(isinstance(c, int) and not isinstance(c, bool) for c in classes)):
@@ -118,27 +136,51 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
             raise WorkloadError(f"{key}.{extra[0]}: not used with a trace (put replay options under {key}.trace)")
         return parse_trace_workload(spec["trace"], f"{key}.trace")
     required = {"num_requests", "arrival"} | ({"prompt_tokens", "output_tokens"} if "mix" not in spec else set())
-    allowed = required | {"shared_prefix", "sessions", "mix"} | ({"prompt_tokens"} if "sessions" in spec else set())
-    for k in spec:
-        if k not in allowed | {"priority"}:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(allowed | {'priority'}))}")
+    allowed = required | {"shared_prefix", "sessions", "mix", "long_prompts"} | (
+        {"prompt_tokens"} if "sessions" in spec else set())
+    check_keys(key, spec, allowed | {"priority"})
     for k in sorted(required):
         if k not in spec:
             raise WorkloadError(f"{key}.{k}: required")
-    n = spec["num_requests"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise WorkloadError(f"{key}.num_requests: must be a positive integer, got {n!r}")
+    n = finite_number(f"{key}.num_requests", spec["num_requests"], minimum=1, integer=True)
+    check_num_requests(f"{key}.num_requests", n)
     arrival = parse_arrival(spec["arrival"], f"{key}.arrival")
+    long_prompts = parse_long_prompts(spec.get("long_prompts", "reject"), f"{key}.long_prompts")
     sessions = parse_sessions(spec["sessions"], f"{key}.sessions") if "sessions" in spec else None
     if sessions is not None and arrival.is_closed:
-        raise WorkloadError(f"{key}.sessions: needs an open-loop arrival process (poisson or gamma)")
+        raise WorkloadError(f"{key}.sessions: needs an open-loop arrival process ({', '.join(OPEN_LOOP_PROCESSES)})")
     if sessions is not None and "mix" in spec:
         raise WorkloadError(f"{key}.sessions: cannot be combined with {key}.mix")
     priority = parse_priority(spec["priority"], f"{key}.priority") if spec.get("priority") is not None else None
     dist = lambda k: parse_length_dist(spec[k], f"{key}.{k}") if k in spec else None  # noqa: E731
     return Workload(n, arrival, dist("prompt_tokens"), dist("output_tokens"), priority,
                     parse_shared_prefix(spec["shared_prefix"], f"{key}.shared_prefix") if "shared_prefix" in spec else None,
-                    sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None)
+                    sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None, long_prompts)
+
+
+def parse_long_prompts(v, key: str) -> str:
+    if v not in LONG_PROMPTS:
+        raise WorkloadError(f"{key}: expected reject (the engine refuses a prompt >= max_model_len, as vLLM) or "
+                            f"clip (cut it to max_model_len - 1), got {v!r}")
+    return v
+
+
+# Peak memory per simulated request, measured on the fast path (benchmarks.speed: 1.77 GB for 1M requests)
+# and rounded up; the SimPy engine needs more, so this bound only refuses runs that cannot fit at all.
+BYTES_PER_REQUEST = 2048
+
+
+def check_num_requests(key: str, n: int) -> None:
+    """Refuse a run whose requests cannot fit this machine's memory (they are generated up front)."""
+    import os
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
+        return
+    if n * BYTES_PER_REQUEST > total:
+        raise WorkloadError(f"{key}: {n:,} requests need about {n * BYTES_PER_REQUEST / 1e9:,.0f} GB of memory "
+                            f"(~{BYTES_PER_REQUEST} bytes each) and this machine has {total / 1e9:,.0f} GB; "
+                            f"use at most {total // BYTES_PER_REQUEST:,}")
 
 
 def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -147,6 +189,8 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
     if np.isinf(arrival.rate_per_s):
         return np.zeros(n)
     mean_gap = 1.0 / arrival.rate_per_s
+    if arrival.process == "constant":  # evenly spaced, the first at t = 0 (GuideLLM, inference-perf)
+        return np.arange(n) * mean_gap
     if arrival.process == "poisson" or arrival.cv == 1.0:
         gaps = rng.exponential(mean_gap, size=n)
     else:  # gamma with shape k = 1/cv^2 keeps the mean and sets the CV (vllm bench --burstiness = k)
@@ -182,11 +226,8 @@ def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
     groups = group_rng.integers(sp.num_groups, size=n) if sp is not None else None
     if sp is not None:
         prompts = prompts + sp.prefix_tokens
-    # Clip only to the model's hard limits, and count it.
-    clipped_p = prompts > max_model_len - 1
-    prompts = np.minimum(prompts, max_model_len - 1)
-    clipped_o = outputs > max_model_len - prompts
-    outputs = np.minimum(outputs, max_model_len - prompts)
+    # Fit only the model's hard limits, and count it (too-long prompts are rejected unless asked to clip).
+    prompts, outputs, clipped_p, clipped_o = clip_to_model(prompts, outputs, max_model_len, workload.long_prompts)
     mix = workload.priority
     priorities = (priority_rng.choice(np.asarray(mix.classes), size=n, p=np.asarray(mix.weights))
                   if mix is not None else np.zeros(n, dtype=np.int64))
@@ -199,7 +240,7 @@ def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
             ids = prefix_block_ids(p, block_size, None if groups is None else int(groups[j]),
                                    sp.prefix_tokens if sp is not None else 0,
                                    None if session is None else int(session[j]))
-        specs.append(RequestSpec(i, float(times[j]), p, o, None if m < 0 else max(o, min(m, max_model_len - p)),
+        specs.append(RequestSpec(i, float(times[j]), p, o, None if m < 0 else max(o, min(m, max(1, max_model_len - p))),
                                  prefix_block_ids=ids, priority=int(priorities[j])))
     return GeneratedRequests(tuple(specs), int(clipped_p.sum()), int(clipped_o.sum()))
 
@@ -218,4 +259,6 @@ def describe_workload(w: Workload | TraceWorkload) -> dict:
     if w.mix is not None:
         out["mix"] = [{"name": c.name, "weight": c.weight, "prompt_tokens": dist(c.prompt_tokens),
                        "output_tokens": dist(c.output_tokens)} for c in w.mix]
+    if w.long_prompts != "reject":
+        out["long_prompts"] = w.long_prompts
     return {k: v for k, v in out.items() if v is not None}

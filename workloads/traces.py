@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from simcore.request import RequestSpec
-from workloads.errors import WorkloadError
+from workloads.errors import WorkloadError, check_keys, finite_number
 
 FORMATS = ("azure", "mooncake", "burstgpt", "csv", "jsonl")
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids each name 512 prompt tokens (FAST'25 release README)
@@ -116,7 +116,7 @@ def _int_column(df: pd.DataFrame, col: str, path: str, line_of, minimum: int = 1
               f"missing column {col!r} (has {', '.join(map(str, df.columns))})")
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce")
-    bad = num.isna() | (num < minimum) | (num != np.floor(num))
+    bad = num.isna() | ~np.isfinite(num) | (num < minimum) | (num != np.floor(num)) | (num >= 2**31)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         _fail(path, line_of(i), col, f"expected an integer >= {minimum}, got {_show(raw.iloc[i])}")
@@ -259,6 +259,10 @@ def load_trace(path: str, fmt: str, prefix_block_tokens: int = MOONCAKE_BLOCK_TO
         mtime_ns = os.stat(path).st_mtime_ns
     except OSError:
         raise WorkloadError(f"{path}: no such trace file") from None
+    if os.path.isdir(path):
+        raise WorkloadError(f"{path}: is a folder, not a trace file")
+    if not os.access(path, os.R_OK):
+        raise WorkloadError(f"{path}: cannot read the trace file (permission denied)")
     return _load_cached(os.path.abspath(path), fmt, mtime_ns, prefix_block_tokens)
 
 
@@ -295,6 +299,7 @@ class TraceWorkload:
     think_time_s: float = 0.0
     max_new_tokens: int | None = None
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    long_prompts: str = "reject"  # or "clip" (workloads/synthetic.py LONG_PROMPTS)
 
     @property
     def arrival(self):
@@ -314,29 +319,22 @@ _TRACE_KEYS = {f.name for f in dataclasses.fields(TraceWorkload)}
 def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{key}: expected a mapping with path and format")
-    for k in spec:
-        if k not in _TRACE_KEYS:
-            raise WorkloadError(f"{key}.{k}: unknown key; expected {', '.join(sorted(_TRACE_KEYS))}")
+    check_keys(key, spec, _TRACE_KEYS)
     for k in ("path", "format"):
         if not isinstance(spec.get(k), str) or not spec[k]:
             raise WorkloadError(f"{key}.{k}: required (a string)")
     if spec["format"] not in FORMATS:
         raise WorkloadError(f"{key}.format: expected one of {', '.join(FORMATS)}, got {spec['format']!r}")
     out = {"path": spec["path"], "format": spec["format"]}
+    if "long_prompts" in spec:
+        from workloads.synthetic import parse_long_prompts
+        out["long_prompts"] = parse_long_prompts(spec["long_prompts"], f"{key}.long_prompts")
     for k in ("time_scale", "start_s", "end_s", "think_time_s"):
         if spec.get(k) is not None:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0 or \
-                    (v == 0 and k == "time_scale"):
-                raise WorkloadError(f"{key}.{k}: must be a {'positive' if k == 'time_scale' else 'non-negative'} "
-                                    f"number, got {v!r}")
-            out[k] = float(v)
+            out[k] = finite_number(f"{key}.{k}", spec[k], strict=k == "time_scale")
     for k in ("num_requests", "concurrency", "max_new_tokens", "prefix_block_tokens"):
         if spec.get(k) is not None:
-            v = spec[k]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise WorkloadError(f"{key}.{k}: must be a positive integer, got {v!r}")
-            out[k] = v
+            out[k] = finite_number(f"{key}.{k}", spec[k], minimum=1, integer=True)
     if out.get("end_s") is not None and out["end_s"] <= out.get("start_s", 0.0):
         raise WorkloadError(f"{key}.end_s: must be after start_s")
     if "think_time_s" in out and "concurrency" not in out:
@@ -345,16 +343,16 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
 
 
 def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = 16):
-    """The trace's requests as RequestSpecs (ids = row order after selection), clipped only to the model's
-    hard limits (and counted), with prefix ids mapped to `block_size`-token engine blocks."""
+    """The trace's requests as RequestSpecs (ids = row order after selection), fitted only to the model's
+    hard limits (and counted; a too-long prompt is left for the engine to reject unless long_prompts: clip), with prefix ids mapped to `block_size`-token engine blocks."""
     from workloads.prefix import prefix_block_ids
-    from workloads.synthetic import GeneratedRequests
+    from workloads.synthetic import GeneratedRequests, clip_to_model
     tr = w.load()
     if not len(tr):
         raise WorkloadError(f"{w.path}: no request in the selected window")
     times = np.zeros(len(tr)) if w.concurrency is not None else tr.arrival_s / w.time_scale
-    prompts = np.minimum(tr.prompt_tokens, max_model_len - 1)
-    outputs = np.minimum(tr.output_tokens, max_model_len - prompts)
+    prompts, outputs, clipped_p, clipped_o = clip_to_model(tr.prompt_tokens, tr.output_tokens, max_model_len,
+                                                           w.long_prompts)
     if tr.max_new_tokens is not None:
         max_new = tr.max_new_tokens
     elif w.max_new_tokens is not None:
@@ -369,8 +367,7 @@ def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = 16):
         elif tr.prefix_groups is not None and tr.prefix_groups[i, 0] >= 0:  # a shared system prompt
             g, shared = tr.prefix_groups[i]
             ids = prefix_block_ids(int(prompts[i]), block_size, int(g), int(shared), None)
-        mn = None if max_new is None else int(min(max_new[i], max_model_len - prompts[i]))
+        mn = None if max_new is None else int(min(max_new[i], max(1, max_model_len - prompts[i])))
         specs.append(RequestSpec(i, float(times[i]), int(prompts[i]), int(outputs[i]),
                                  None if mn is None else max(mn, int(outputs[i])), prefix_block_ids=ids))
-    return GeneratedRequests(tuple(specs), int((tr.prompt_tokens > max_model_len - 1).sum()),
-                             int((tr.output_tokens > outputs).sum()))
+    return GeneratedRequests(tuple(specs), int(clipped_p.sum()), int(clipped_o.sum()))
