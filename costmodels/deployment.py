@@ -127,3 +127,28 @@ def activation_reserve_bytes(model: ModelShape, d: Deployment, max_num_batched_t
     per_token = dt * (4 * model.hidden_size + mlp)
     logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size // tp * 4 * 2
     return max_num_batched_tokens * per_token + logits + 1.5 * 1024**3
+
+
+DEPLOYMENT_KEYS = ("dtype", "quantization", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size",
+                   "data_parallel_size", "enable_expert_parallel", "expert_load_imbalance")
+
+
+def parse_deployment(raw: dict, model: ModelShape, dtypes) -> Deployment:
+    """The sweep file's top-level precision and parallelism keys (vLLM's names) as a checked Deployment;
+    `dtypes`: the accepted `dtype` values. A bad value is a one-line CatalogError naming its key."""
+    dtype = raw.get("dtype", "bf16")
+    if dtype not in dtypes:
+        raise CatalogError(f"dtype: expected one of {', '.join(dtypes)}, got {dtype!r}")
+    ep = raw.get("enable_expert_parallel", False)
+    if not isinstance(ep, bool):
+        raise CatalogError(f"enable_expert_parallel: expected true or false, got {ep!r}")
+    for key in ("quantization", "kv_cache_dtype"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise CatalogError(f"{key}: expected a string, got {raw[key]!r}")
+    d = Deployment(dtype=dtype, quantization=raw.get("quantization"), kv_cache_dtype=raw.get("kv_cache_dtype", "auto"),
+                   tensor_parallel_size=raw.get("tensor_parallel_size", 1),
+                   pipeline_parallel_size=raw.get("pipeline_parallel_size", 1),
+                   data_parallel_size=raw.get("data_parallel_size", 1), enable_expert_parallel=ep,
+                   expert_load_imbalance=raw.get("expert_load_imbalance", 1.0))
+    check(model, d)
+    return d

@@ -164,6 +164,15 @@ class RooflineCostModel:
         m, e, d = self.model, self.eff, self.deployment
         h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
         t = self._gemm_s(num_tokens, experts, h, self.dt) + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms)
+        t += self._routed_experts_s(num_tokens)
+        if d.ep > 1:
+            t += self._alltoall_s(num_tokens)
+        return t
+
+    def _routed_experts_s(self, num_tokens: int) -> float:
+        """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank."""
+        m, e, d = self.model, self.eff, self.deployment
+        h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
         tokens_global = num_tokens * d.data_parallel_size   # DP ranks step together with equal batches
         if d.ep > 1:   # each rank holds experts / ep whole experts and gets its share of the routed tokens
             local_experts, width = experts / d.ep, m.moe_intermediate_size
@@ -174,12 +183,14 @@ class RooflineCostModel:
         active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
         flops = 2.0 * routed * 3 * h * width
         bytes_ = active * 3 * h * width * self.wb + routed * (2 * h + 3 * width) * self.dt
-        t += max(flops / (self.peak_flops * e.gemm_compute),
-                 bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + 2 * e.kernel_launch_s
-        if d.ep > 1:   # dispatch and combine: each token's hidden state to and from its top-k experts' ranks
-            sent = tokens_global / d.ep * top_k * h * self.dt * (d.ep - 1) / d.ep
-            t += 2 * (sent / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.alltoall_latency_s)
-        return t
+        return max(flops / (self.peak_flops * e.gemm_compute),
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + 2 * e.kernel_launch_s
+
+    def _alltoall_s(self, num_tokens: int) -> float:
+        """EP dispatch and combine: each token's hidden state to and from its top-k experts' ranks."""
+        m, e, d = self.model, self.eff, self.deployment
+        sent = num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size * self.dt * (d.ep - 1) / d.ep
+        return 2 * (sent / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.alltoall_latency_s)
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:

@@ -1,0 +1,282 @@
+"""A cost model built on demand from NVIDIA's measured kernel tables in the installed `aiconfigurator-core`
+package (pip install -e '.[aic]'): the roofline prior's terms, with GEMMs, attention, routed experts and
+TP all-reduces replaced by the tables' own timings for the model's shapes, GPU, framework and version.
+
+Each family is a LogGrid over the table's own knots (log latency, multilinear in log sizes; cells the
+table lacks are extrapolated along the family's physical exponent). Its held-out error comes from
+rebuilding the grid without every fifth interior knot of each axis and predicting the rows at those
+knots. Families the tables lack for this model (MLA attention, EP all-to-all, elementwise, sampling,
+overheads) stay the roofline prior's, and `describe()["family_sources"]` says which is which. Built grids
+are cached as JSON under ~/.cache/batchsim/aic (or $BATCHSIM_CACHE).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from costmodels.catalog import GPU, CatalogError, ModelShape
+from costmodels.deployment import Deployment
+from costmodels.profile import LogGrid, prefill_coords
+from costmodels.roofline import RooflineCostModel
+
+GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
+            "l40s": "l40s", "l4": "l4"}
+GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
+MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
+KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+FORMAT = "batchsim-aic-grids/1"
+
+
+def tables_root() -> Path | None:
+    """systems/data of the installed aiconfigurator-core package, or None without the extra."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
+
+
+def _choices(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+
+
+def table_dir(root: Path, gpu: str, family: str, framework: str, version: str | None) -> Path:
+    """ROOT/<gpu>/<family>/<framework>/<version>; a GPU, framework or version the tables lack is a
+    one-line CatalogError listing what is there. version None: the newest with this family."""
+    if gpu not in _choices(root):
+        raise CatalogError(f"aic: no kernel tables for GPU {gpu!r}; available: {', '.join(_choices(root))}")
+    fams = root / gpu / family
+    if framework not in _choices(fams):
+        raise CatalogError(f"aic: no {family} tables for framework {framework!r} on {gpu}; "
+                           f"available: {', '.join(_choices(fams)) or 'none'}")
+    versions = _choices(fams / framework)
+    if version is None:
+        versions = [v for v in versions if any((fams / framework / v).glob("*.parquet"))]
+        return fams / framework / max(versions, key=_version_key)
+    if version not in versions:
+        raise CatalogError(f"aic: no {family} tables for {framework} {version!r} on {gpu}; "
+                           f"available: {', '.join(versions)}")
+    return fams / framework / version
+
+
+def _version_key(v: str):
+    return tuple(int(x) if x.isdigit() else -1 for x in v.replace("rc", ".").replace("post", ".").split("."))
+
+
+def _read(path: Path, columns=None):
+    import pandas as pd   # pyarrow comes with the extra
+    return pd.read_parquet(path, columns=columns)
+
+
+def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> LogGrid:
+    """A LogGrid on the rows' distinct values per axis; empty cells are extrapolated from the nearest
+    filled cell below along each axis with that axis's slope, then floored from above."""
+    knots = [np.unique(points[:, i]) for i in range(points.shape[1])]
+    values = np.full([len(k) for k in knots], np.nan)
+    index = tuple(np.searchsorted(k, points[:, i]) for i, k in enumerate(knots))
+    values[index] = np.log(latency_s)
+    logk = [np.log(k) for k in knots]
+    for axis in reversed(range(len(knots))):
+        v = np.moveaxis(values, axis, -1)
+        for j in range(1, v.shape[-1]):
+            gap = np.isnan(v[..., j]) & ~np.isnan(v[..., j - 1])
+            v[..., j][gap] = v[..., j - 1][gap] + slopes[axis] * (logk[axis][j] - logk[axis][j - 1])
+        for j in range(v.shape[-1] - 2, -1, -1):
+            gap = np.isnan(v[..., j]) & ~np.isnan(v[..., j + 1])
+            v[..., j][gap] = v[..., j + 1][gap]
+    if np.isnan(values).any():
+        values = np.where(np.isnan(values), np.nanmax(values), values)
+    return LogGrid(tuple(axes), tuple(logk), values, tuple(float(s) for s in slopes))
+
+
+def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> dict:
+    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them."""
+    held = np.zeros(len(points), dtype=bool)
+    for i in range(points.shape[1]):
+        k = np.unique(points[:, i])
+        held |= np.isin(points[:, i], k[1:-1][2::5])
+    if not held.any() or held.all():
+        return {"rows": 0}
+    grid = grid_from_rows(axes, points[~held], latency_s[~held], slopes)
+    pred = np.array([grid(*p) for p in points[held]])
+    err = np.abs(pred / latency_s[held] - 1) * 100
+    return {"rows": int(held.sum()), "median_pct": round(float(np.median(err)), 2),
+            "p90_pct": round(float(np.percentile(err, 90)), 2)}
+
+
+def _family(frame, axes, columns, slopes, scale=1e-3) -> dict:
+    """Grid + held-out error of one family from its table rows (latency in ms); min over kernel sources."""
+    merged = frame.groupby(list(columns), as_index=False)["latency"].min()
+    points = merged[list(columns)].to_numpy(dtype=float)
+    lat = merged["latency"].to_numpy(dtype=float) * scale
+    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(),
+            "held_out": held_out_error(axes, points, lat, slopes), "rows": int(len(merged))}
+
+
+def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vllm",
+                version: str | None = None, root: Path | None = None) -> dict:
+    """Every family the tables have for this (model, GPU, deployment), with provenance and held-out error."""
+    root = root or tables_root()
+    if root is None:
+        raise CatalogError("aic: the aiconfigurator-core tables are not installed (pip install -e '.[aic]')")
+    if gpu.name not in GPU_DIRS:
+        raise CatalogError(f"aic: no kernel tables for GPU {gpu.name!r}; available: {', '.join(GPU_DIRS)}")
+    g, fmt, kv = GPU_DIRS[gpu.name], d.weight_format(model), d.kv_format()
+    out = {"format": FORMAT, "families": {}, "sources": {}, "tables": {}}
+
+    def note(family, path, rows):
+        out["tables"][family] = str(path.relative_to(root))
+        out["sources"][family] = f"aiconfigurator {path.relative_to(root).as_posix()} ({rows} rows)"
+
+    gemm_dir = table_dir(root, g, "gemm", framework, version)
+    gemm = _read(gemm_dir / "gemm_perf.parquet", ["gemm_dtype", "m", "n", "k", "latency"])
+    for name, dtype in {"gemm_bf16": "bf16", "gemm_weights": fmt}.items():
+        rows = gemm[gemm["gemm_dtype"] == GEMM_DTYPES.get(dtype, "-")]
+        if len(rows):
+            out["families"][name] = _family(rows, ("m", "n", "k"), ("m", "n", "k"), (1.0, 1.0, 1.0))
+            note(name, gemm_dir / "gemm_perf.parquet", len(rows))
+    attn_dir = table_dir(root, g, "attention", framework, version)
+    if not model.is_mla:
+        heads, kv_heads = model.num_heads // d.tp, max(1, model.num_kv_heads // d.tp)
+        windows = {"full": 0, **({"window": model.sliding_window} if model.sliding_window else {})}
+        for kind, table, cols, slopes in (("prefill", "context", ("batch_size", "isl"), (1.0, 2.0)),
+                                          ("decode", "generation", ("batch_size", "step"), (1.0, 1.0))):
+            t = _read(attn_dir / f"{table}_attention_perf.parquet")
+            t = t[(t["num_heads"] == heads) & (t["num_key_value_heads"] == kv_heads) & (t["head_dim"] == model.head_dim)
+                  & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))]
+            if kind == "decode":
+                t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
+            for wname, w in windows.items():
+                rows = t[t["window_size"] == w]
+                if len(rows):
+                    out["families"][f"{kind}_attn_{wname}"] = _family(rows, cols, cols, slopes)
+                    note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
+    if model.is_moe:
+        moe_dir = table_dir(root, g, "moe", framework, version)
+        t = _read(moe_dir / "moe_perf.parquet")
+        tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.tp, 1)
+        rows = t[(t["moe_dtype"] == MOE_DTYPES.get(fmt, "-")) & (t["hidden_size"] == model.hidden_size)
+                 & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
+                 & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
+                 & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
+        if len(rows):
+            out["families"]["moe"] = _family(rows, ("tokens",), ("num_tokens",), (1.0,))
+            note("moe", moe_dir / "moe_perf.parquet", len(rows))
+    if d.tp > 1:
+        try:
+            comm_dir = table_dir(root, g, "comm", framework, version)
+            t = _read(comm_dir / "custom_allreduce_perf.parquet")
+            rows = t[(t["num_gpus"] == d.tp) & (t["backend"] == "vllm_graph")]
+            if len(rows):
+                out["families"]["allreduce"] = _family(rows, ("bytes",), ("message_size",), (1.0,))
+                note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
+        except (CatalogError, FileNotFoundError):
+            pass
+    return out
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BATCHSIM_CACHE", Path.home() / ".cache" / "batchsim")) / "aic"
+
+
+def load_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vllm",
+               version: str | None = None) -> dict:
+    """build_grids, cached by everything it depends on (shapes, GPU, deployment, framework, version,
+    the installed package's version)."""
+    import importlib.metadata
+    pkg = importlib.metadata.version("aiconfigurator-core")
+    key = json.dumps([asdict(model), gpu.name, asdict(d), framework, version, pkg, FORMAT], sort_keys=True)
+    path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass   # a torn cache file: rebuild it
+    grids = build_grids(model, gpu, d, framework, version)
+    grids["provenance"] = {"package": f"aiconfigurator-core {pkg}", "framework": framework,
+                           "version": version or "newest", "gpu_tables": GPU_DIRS[gpu.name],
+                           "publisher": "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), systems/data"}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(grids))
+        tmp.replace(path)
+    except OSError:
+        pass   # a read-only home: use the grids uncached
+    return grids
+
+
+class AicCostModel(RooflineCostModel):
+    """The roofline prior with the table-backed families swapped in (same protocol, seconds)."""
+
+    def __init__(self, model: ModelShape, gpu: GPU, deployment: Deployment, grids: dict):
+        super().__init__(model, gpu, deployment=deployment)
+        self.grids = grids
+        self._g = {name: LogGrid.from_dict(f["grid"]) for name, f in grids["families"].items()}
+
+    def describe(self) -> dict:
+        sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
+                                                  "alltoall", "elementwise", "sampling", "overheads")}
+        sources.update(self.grids["sources"])
+        return {**super().describe(), "kind": "aic",
+                "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "
+                          f"{self.grids['provenance']['framework']} {self.grids['provenance']['version']})",
+                "provenance": self.grids["provenance"], "family_sources": sources,
+                "held_out_error": {f: v["held_out"] for f, v in self.grids["families"].items()}}
+
+    def _gemm_s(self, m, n, k, wb=None):
+        grid = self._g.get("gemm_bf16" if wb == self.dt else "gemm_weights") or self._g.get("gemm_bf16")
+        return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, wb)
+
+    def _prefill_attention_s(self, prefill, window=None):
+        grid = self._g.get("prefill_attn_window" if window else "prefill_attn_full")
+        if grid is None:
+            return super()._prefill_attention_s(prefill, window)
+        return grid(*prefill_coords([n for n, _ in prefill], [c for _, c in prefill]))
+
+    def _decode_attention_s(self, context_sum, num_seqs):
+        full = self._g.get("decode_attn_full")
+        if full is None:
+            return super()._decode_attention_s(context_sum, num_seqs)
+        if not isinstance(context_sum, float):
+            return np.array([self._decode_attention_s(float(c), num_seqs) for c in context_sum])
+        t = self.model.num_layers * full(float(num_seqs), context_sum / num_seqs)
+        if self.num_sliding:
+            w = self._g.get("decode_attn_window", full)
+            mean = min(context_sum / num_seqs, float(self.model.sliding_window))
+            t += self.num_sliding * (w(float(num_seqs), mean) - full(float(num_seqs), context_sum / num_seqs))
+        return t
+
+    def _prefill_attention_total_s(self, prefill):
+        full = self._prefill_attention_s(prefill)
+        if not self.num_sliding:
+            return self.model.num_layers * full
+        return ((self.model.num_layers - self.num_sliding) * full
+                + self.num_sliding * self._prefill_attention_s(prefill, self.model.sliding_window))
+
+    def _routed_experts_s(self, num_tokens):
+        grid = self._g.get("moe")
+        if grid is None:
+            return super()._routed_experts_s(num_tokens)
+        d = self.deployment   # the busiest rank's share: the imbalance knob scales its tokens
+        tokens = num_tokens * d.data_parallel_size if d.ep > 1 else num_tokens
+        return grid(tokens * d.expert_load_imbalance)
+
+    def _allreduce_s(self, num_tokens):
+        grid = self._g.get("allreduce")
+        if self.tp == 1 or grid is None:
+            return super()._allreduce_s(num_tokens)
+        return 2 * grid(num_tokens * self.model.hidden_size * self.dt)
+
+
+def aic_cost_model(spec: str, model: ModelShape, gpu: GPU, d: Deployment) -> AicCostModel:
+    """`spec`: "aic", "aic:<framework>" or "aic:<framework>:<version>"."""
+    parts = spec.split(":")
+    framework = parts[1] if len(parts) > 1 and parts[1] else "vllm"
+    version = parts[2] if len(parts) > 2 and parts[2] else None
+    return AicCostModel(model, gpu, d, load_grids(model, gpu, d, framework, version))
