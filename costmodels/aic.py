@@ -147,6 +147,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
         for kind, table, cols, slopes in (("prefill", "context", ("batch_size", "isl"), (1.0, 2.0)),
                                           ("decode", "generation", ("batch_size", "step"), (1.0, 1.0))):
             t = _read(attn_dir / f"{table}_attention_perf.parquet")
+            if "window_size" not in t:   # older tables (vLLM 0.14) measured full attention only
+                t = t.assign(window_size=0)
             t = t[(t["num_heads"] == heads) & (t["num_key_value_heads"] == kv_heads) & (t["head_dim"] == model.head_dim)
                   & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))]
             if kind == "decode":
@@ -221,7 +223,8 @@ class AicCostModel(RooflineCostModel):
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
-                                                  "alltoall", "elementwise", "sampling", "overheads")}
+                                                  "alltoall", "elementwise", "sampling", "overheads")
+                   if not any(t.startswith(f) for t in self.grids["sources"])}
         sources.update(self.grids["sources"])
         return {**super().describe(), "kind": "aic",
                 "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "

@@ -183,10 +183,13 @@ def get_model(name_or_path: str) -> ModelShape:
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
+    from costmodels.hfconfig import model_from_hf_config, packaged_config
     if path.suffix == ".json" or path.exists():
-        from costmodels.hfconfig import model_from_hf_config
         return model_from_hf_config(path)
-    raise CatalogError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} or a config.json path")
+    if packaged_config(name_or_path) is not None:   # "Qwen/Qwen3-30B-A3B": a config.json the [aic] extra ships
+        return model_from_hf_config(packaged_config(name_or_path))
+    raise CatalogError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)}, a config.json path, "
+                       f"or a Hugging Face id whose config the [aic] extra ships")
 
 
 def with_max_model_len(model: ModelShape, max_model_len: int) -> ModelShape:

@@ -32,6 +32,16 @@ class _Config(dict):
         raise CatalogError(f"{self.path}: config.json lacks required key {keys[0]!r} ({self.family} model)")
 
 
+def packaged_config(hf_id: str) -> Path | None:
+    """The config.json aiconfigurator-core ships for a Hugging Face id ("org/name"), if installed."""
+    import importlib.util
+    spec = importlib.util.find_spec("aiconfigurator_core") if "/" in hf_id else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model_configs" / f"{hf_id.replace('/', '--')}_config.json"
+    return path if path.exists() else None
+
+
 def model_from_hf_config(path: Path) -> ModelShape:
     try:
         raw = json.loads(Path(path).read_text())
@@ -46,7 +56,8 @@ def model_from_hf_config(path: Path) -> ModelShape:
     if arch is not None and arch not in KNOWN:
         raise CatalogError(f"{path}: architecture {arch!r} is not modelled; known: {', '.join(sorted(KNOWN))}")
     cfg = {**raw, **raw.get("text_config", {})}  # Llama-4 keeps the decoder under text_config
-    name = raw.get("_name_or_path") or Path(path).parent.name or "hf-model"
+    name = raw.get("_name_or_path") or (Path(path).name.removesuffix("_config.json").replace("--", "/")
+                                        if Path(path).name.endswith("_config.json") else Path(path).parent.name) or "hf-model"
     if arch in OPT or (arch is None and "ffn_dim" in cfg):
         c = _Config(cfg, path, "OPT")
         h, heads = c.need("hidden_size"), c.need("num_attention_heads")

@@ -40,7 +40,10 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
         path = PROFILES_DIR / f"{shipped_profile_name(model.name, gpu.name, tp, dtype)}.json"
         if not path.exists() or d != Deployment(dtype=dtype, tensor_parallel_size=tp):
             if aic.tables_root() is not None and gpu.name in aic.GPU_DIRS:   # the [aic] extra is installed
-                return aic.aic_cost_model("aic", model, gpu, d)
+                try:
+                    return aic.aic_cost_model("aic", model, gpu, d)
+                except CatalogError:
+                    pass   # the tables lack this GPU's GEMMs (l4): the prior, which says so
             return RooflineCostModel(model, gpu, deployment=d)  # describe() of the prior says "no measured profile"
     elif (PROFILES_DIR / f"{profile}.json").exists():
         path = PROFILES_DIR / f"{profile}.json"

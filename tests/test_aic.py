@@ -33,7 +33,7 @@ def test_moe_profile_uses_the_tables_and_reports_held_out_error():
     cm = load_cost_model(None, m, get_gpu("h100-sxm"))   # no profile: the tables, automatically
     d = cm.describe()
     assert d["kind"] == "aic" and "moe_perf.parquet" in d["family_sources"]["moe"]
-    assert d["family_sources"]["alltoall"] == "roofline prior"
+    assert d["family_sources"]["alltoall"] == "roofline prior" and "gemm" not in d["family_sources"]
     for family in ("gemm_bf16", "prefill_attn_full", "decode_attn_full", "moe"):
         assert d["held_out_error"][family]["median_pct"] < 10
     steps = [cm.step_time_s(decode=[1024] * b) for b in (1, 8, 64)]
