@@ -1,5 +1,5 @@
 """The cost model built from the installed aiconfigurator-core tables (skips without the [aic] extra)."""
-import json
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +58,16 @@ def test_unknown_gpu_framework_or_version_lists_what_is_there():
         load_cost_model("aic:tgi", m, get_gpu("h100-sxm"))
     with pytest.raises(CatalogError, match="vllm '0.1' on h100_sxm; available: 0.24.0"):
         load_cost_model("aic:vllm:0.1", m, get_gpu("h100-sxm"))
+
+
+def test_moe_vs_dense_example_runs_reduced(tmp_path):
+    import pandas as pd
+    import yaml
+
+    from experiments.run import main
+    sweep = yaml.safe_load((Path(__file__).parent.parent / "examples" / "moe_vs_dense_h100.yaml").read_text())
+    sweep["workload"]["num_requests"] = 20
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
+    assert main([str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    res = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert set(res["cost_model"]) == {"aic"} and (res["num_finished"] == 20).all()
