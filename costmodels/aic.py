@@ -5,8 +5,9 @@ TP all-reduces replaced by the tables' own timings for the model's shapes, GPU, 
 Each family is a LogGrid over the table's own knots (log latency, multilinear in log sizes; cells the
 table lacks are extrapolated along the family's physical exponent). Its held-out error comes from
 rebuilding the grid without every fifth interior knot of each axis and predicting the rows at those
-knots. Families the tables lack for this model (MLA attention, EP all-to-all, elementwise, sampling,
-overheads) stay the roofline prior's, and `describe()["family_sources"]` says which is which. Built grids
+knots. MLA layers use the tables' whole MLA block (DeepSeek-V3 shapes, projections included); EP
+dispatch/combine use NCCL's all-to-all table. Families the tables lack for this model (elementwise,
+sampling, CPU overheads, and anything missing for these shapes) stay the roofline prior's, and `describe()["family_sources"]` says which is which. Built grids
 are cached as JSON under ~/.cache/batchsim/aic (or $BATCHSIM_CACHE).
 """
 from __future__ import annotations
@@ -158,6 +159,11 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 if len(rows):
                     out["families"][f"{kind}_attn_{wname}"] = _family(rows, cols, cols, slopes)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
+    if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
+            == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
+        _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note)
+    if d.ep > 1:
+        _alltoall(out, root, g, d, note)
     if model.is_moe:
         moe_dir = table_dir(root, g, "moe", framework, version)
         t = _read(moe_dir / "moe_perf.parquet")
@@ -175,11 +181,46 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
             t = _read(comm_dir / "custom_allreduce_perf.parquet")
             rows = t[(t["num_gpus"] == d.tp) & (t["backend"] == "vllm_graph")]
             if len(rows):
-                out["families"]["allreduce"] = _family(rows, ("bytes",), ("message_size",), (1.0,))
+                # message_size counts elements (aiconfigurator's collector: a [tokens, 4096] tensor of that size)
+                out["families"]["allreduce"] = _family(rows, ("elements",), ("message_size",), (1.0,))
                 note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
         except (CatalogError, FileNotFoundError):
             pass
     return out
+
+
+def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> None:
+    """DeepSeek-V3's whole MLA attention block (its projections included: the rows depend on the GEMM
+    format) for prefill (batch, new tokens) and decode (batch, context), at this GPU's heads."""
+    try:
+        mla_dir = table_dir(root, g, "mla", framework, version)
+    except CatalogError:
+        return
+    heads = model.num_heads // d.tp
+    for kind, table, cols, slopes in (("prefill", "context", ("batch_size", "isl"), (1.0, 2.0)),
+                                      ("decode", "generation", ("batch_size", "step"), (1.0, 1.0))):
+        path = mla_dir / f"mla_{table}_module_perf.parquet"
+        if not path.exists():
+            continue
+        t = _read(path)
+        rows = t[(t["num_heads"] == heads) & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))
+                 & (t["gemm_type"] == GEMM_DTYPES.get(fmt, "-"))]
+        if len(rows):
+            out["families"][f"mla_{kind}_module"] = _family(rows, cols, cols, slopes)
+            note(f"mla_{kind}_module", path, len(rows))
+
+
+def _alltoall(out, root, g, d, note) -> None:
+    """NCCL all-to-all at the EP size, for the MoE dispatch and combine (bf16 elements per rank)."""
+    try:
+        nccl_dir = table_dir(root, g, "comm", "nccl", None)
+    except CatalogError:
+        return
+    t = _read(nccl_dir / "nccl_perf.parquet")
+    rows = t[(t["op_name"] == "alltoall") & (t["num_gpus"] == d.ep) & (t["nccl_dtype"] == "half")]
+    if len(rows):
+        out["families"]["alltoall"] = _family(rows, ("elements",), ("message_size",), (1.0,))
+        note("alltoall", nccl_dir / "nccl_perf.parquet", len(rows))
 
 
 def cache_dir() -> Path:
@@ -220,11 +261,15 @@ class AicCostModel(RooflineCostModel):
         super().__init__(model, gpu, deployment=deployment)
         self.grids = grids
         self._g = {name: LogGrid.from_dict(f["grid"]) for name, f in grids["families"].items()}
+        self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
+        if self.mla_modules:   # the MLA module rows include the attention projections
+            self.attn_gemms = []
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
                                                   "alltoall", "elementwise", "sampling", "overheads")
-                   if not any(t.startswith(f) for t in self.grids["sources"])}
+                   if not any(t.startswith(f) for t in self.grids["sources"])
+                   and not (self.mla_modules and f in ("prefill_attn", "decode_attn"))}
         sources.update(self.grids["sources"])
         return {**super().describe(), "kind": "aic",
                 "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "
@@ -237,13 +282,15 @@ class AicCostModel(RooflineCostModel):
         return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, wb)
 
     def _prefill_attention_s(self, prefill, window=None):
+        if self.mla_modules:   # a mixed step reads the projection weights in both modules: an upper bound
+            return self._g["mla_prefill_module"](*prefill_coords([n for n, _ in prefill], [c for _, c in prefill]))
         grid = self._g.get("prefill_attn_window" if window else "prefill_attn_full")
         if grid is None:
             return super()._prefill_attention_s(prefill, window)
         return grid(*prefill_coords([n for n, _ in prefill], [c for _, c in prefill]))
 
     def _decode_attention_s(self, context_sum, num_seqs):
-        full = self._g.get("decode_attn_full")
+        full = self._g.get("mla_decode_module" if self.mla_modules else "decode_attn_full")
         if full is None:
             return super()._decode_attention_s(context_sum, num_seqs)
         if not isinstance(context_sum, float):
@@ -270,11 +317,18 @@ class AicCostModel(RooflineCostModel):
         tokens = num_tokens * d.data_parallel_size if d.ep > 1 else num_tokens
         return grid(tokens * d.expert_load_imbalance)
 
+    def _alltoall_s(self, num_tokens):
+        grid = self._g.get("alltoall")
+        if grid is None:
+            return super()._alltoall_s(num_tokens)
+        m, d = self.model, self.deployment   # dispatch and combine of this rank's tokens x top-k hidden states
+        return 2 * grid(float(num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size))
+
     def _allreduce_s(self, num_tokens):
         grid = self._g.get("allreduce")
         if self.tp == 1 or grid is None:
             return super()._allreduce_s(num_tokens)
-        return 2 * grid(num_tokens * self.model.hidden_size * self.dt)
+        return 2 * grid(float(num_tokens * self.model.hidden_size))
 
 
 def aic_cost_model(spec: str, model: ModelShape, gpu: GPU, d: Deployment) -> AicCostModel:
