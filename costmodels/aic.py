@@ -31,7 +31,7 @@ GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_s
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-FORMAT = "batchsim-aic-grids/1"
+FORMAT = "batchsim-aic-grids/2"
 
 
 def tables_root() -> Path | None:
@@ -110,11 +110,41 @@ def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> d
             "p90_pct": round(float(np.percentile(err, 90)), 2)}
 
 
-def _family(frame, axes, columns, slopes, scale=1e-3) -> dict:
-    """Grid + held-out error of one family from its table rows (latency in ms); min over kernel sources."""
+def _monomials(terms, points: np.ndarray) -> np.ndarray:
+    return sum(c * np.prod(points ** np.asarray(e, dtype=float), axis=1) for c, e in terms) if terms else 0.0
+
+
+def baseline_s(b: dict, points: np.ndarray) -> np.ndarray:
+    """The roofline shape a family's rows are divided by before interpolation: fixed + max(FLOPs / peak,
+    bytes / bandwidth), FLOPs and bytes as sums of monomials (coefficient, exponents) of the coordinates."""
+    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
+                                     _monomials(b["bytes"], points) / b["bytes_per_s"])
+
+
+class TableFamily:
+    """Latency in seconds at a family's coordinates: the residual grid times the roofline baseline."""
+
+    def __init__(self, family: dict):
+        self.grid, self.baseline = LogGrid.from_dict(family["grid"]), family.get("baseline")
+
+    def __call__(self, *x: float) -> float:
+        t = self.grid(*x)
+        return t * float(baseline_s(self.baseline, np.array([x], dtype=float))[0]) if self.baseline else t
+
+
+def _family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-3) -> dict:
+    """Grid + held-out error of one family from its table rows (latency in ms); min over kernel sources.
+    With a `baseline`, the grid holds latency / baseline (flat beyond the last knot: the baseline carries
+    the physical growth), which follows compute/memory/launch-bound kinks between knots."""
     merged = frame.groupby(list(columns), as_index=False)["latency"].min()
     points = merged[list(columns)].to_numpy(dtype=float)
     lat = merged["latency"].to_numpy(dtype=float) * scale
+    if baseline is not None:
+        baseline = {**baseline, "fixed_s": 0.8 * float(lat.min())}
+        ratio, slopes = lat / baseline_s(baseline, points), (0.0,) * len(slopes)
+        err = held_out_error(axes, points, ratio, slopes)   # errors of the ratio are errors of the latency
+        return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
+                "held_out": err, "rows": int(len(merged))}
     return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(),
             "held_out": held_out_error(axes, points, lat, slopes), "rows": int(len(merged))}
 
@@ -139,7 +169,11 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     for name, dtype in {"gemm_bf16": "bf16", "gemm_weights": fmt}.items():
         rows = gemm[gemm["gemm_dtype"] == GEMM_DTYPES.get(dtype, "-")]
         if len(rows):
-            out["families"][name] = _family(rows, ("m", "n", "k"), ("m", "n", "k"), (1.0, 1.0, 1.0))
+            e = 2.0 if dtype in ("bf16", "fp16") else 1.0
+            base = {"flops": [(2.0, (1, 1, 1))], "bytes": [(2.0, (1, 0, 1)), (e, (0, 1, 1)), (2.0, (1, 1, 0))],
+                    "peak_flops_per_s": gpu.peak_flops_per_s("bf16" if e == 2.0 else "fp8"),
+                    "bytes_per_s": gpu.hbm_bytes_per_s}
+            out["families"][name] = _family(rows, ("m", "n", "k"), ("m", "n", "k"), (1.0, 1.0, 1.0), base)
             note(name, gemm_dir / "gemm_perf.parquet", len(rows))
     attn_dir = table_dir(root, g, "attention", framework, version)
     if not model.is_mla:
@@ -154,10 +188,19 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                   & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))]
             if kind == "decode":
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
+            hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
+            if kind == "prefill":   # causal: 2 hd heads b isl (isl + 1) FLOPs; read Q, K, V, write O
+                base = {"flops": [(2.0 * hd * heads, (1, 2)), (2.0 * hd * heads, (1, 1))],
+                        "bytes": [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1))]}
+            else:                   # stream K and V of the context once per sequence
+                base = {"flops": [(4.0 * hd * heads, (1, 1))],
+                        "bytes": [(2 * kv_e * kv_heads * hd, (1, 1)), (2 * 2.0 * heads * hd, (1, 0))]}
+            base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]
                 if len(rows):
-                    out["families"][f"{kind}_attn_{wname}"] = _family(rows, cols, cols, slopes)
+                    out["families"][f"{kind}_attn_{wname}"] = _family(rows, cols, cols, slopes,
+                                                                      base if wname == "full" else None)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
@@ -260,7 +303,7 @@ class AicCostModel(RooflineCostModel):
     def __init__(self, model: ModelShape, gpu: GPU, deployment: Deployment, grids: dict):
         super().__init__(model, gpu, deployment=deployment)
         self.grids = grids
-        self._g = {name: LogGrid.from_dict(f["grid"]) for name, f in grids["families"].items()}
+        self._g = {name: TableFamily(f) for name, f in grids["families"].items()}
         self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
         if self.mla_modules:   # the MLA module rows include the attention projections
             self.attn_gemms = []
