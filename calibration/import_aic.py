@@ -43,10 +43,10 @@ def default_root() -> Path | None:
 def newest_version(root: Path, gpu: str) -> str:
     """The newest vLLM version folder with GEMM tables (the installed package ships 0.24.0, the copy
     beside the repository 0.19.0); 0.19.0 when there is none, so the error names the missing table."""
-    from costmodels.aic import _version_key
+    from costmodels.aic import version_key
     base = root / gpu / "gemm" / "vllm"
     found = [p.name for p in base.iterdir() if (p / "gemm_perf.parquet").exists()] if base.is_dir() else []
-    return max(found, key=_version_key) if found else "0.19.0"
+    return max(found, key=version_key) if found else "0.19.0"
 
 
 def bracket(available: np.ndarray, targets: list[int]) -> list[int]:

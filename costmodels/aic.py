@@ -2,13 +2,11 @@
 package (pip install -e '.[aic]'): the roofline prior's terms, with GEMMs, attention, routed experts and
 TP all-reduces replaced by the tables' own timings for the model's shapes, GPU, framework and version.
 
-Each family is a LogGrid over the table's own knots (log latency, multilinear in log sizes; cells the
-table lacks are extrapolated along the family's physical exponent). Its held-out error comes from
-rebuilding the grid without every fifth interior knot of each axis and predicting the rows at those
-knots. MLA layers use the tables' whole MLA block (DeepSeek-V3 shapes, projections included); EP
-dispatch/combine use NCCL's all-to-all table. Families the tables lack for this model (elementwise,
-sampling, CPU overheads, and anything missing for these shapes) stay the roofline prior's, and `describe()["family_sources"]` says which is which. Built grids
-are cached as JSON under ~/.cache/batchsim/aic (or $BATCHSIM_CACHE).
+Each family is a grid over the table's own knots with a held-out error (costmodels/tablegrid.py). MLA
+layers use the tables' whole MLA block (DeepSeek-V3 shapes, projections included); EP dispatch/combine
+use NCCL's all-to-all table. What the tables lack for this model (elementwise work, sampling, CPU
+overheads, any family missing for these shapes) stays the roofline prior's; `describe()["family_sources"]`
+says which is which. Built grids are cached as JSON under ~/.cache/batchsim/aic (or $BATCHSIM_CACHE).
 """
 from __future__ import annotations
 
@@ -23,7 +21,8 @@ import numpy as np
 
 from costmodels.catalog import GPU, CatalogError, ModelShape
 from costmodels.deployment import Deployment
-from costmodels.profile import LogGrid, prefill_coords
+from costmodels.profile import prefill_coords
+from costmodels.tablegrid import TableFamily, family
 from costmodels.roofline import RooflineCostModel
 
 GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
@@ -46,9 +45,10 @@ def _choices(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
 
 
-def table_dir(root: Path, gpu: str, family: str, framework: str, version: str | None) -> Path:
+def table_dir(root: Path, gpu: str, family: str, framework: str, version: str | None,
+              needs: str = "*.parquet") -> Path:
     """ROOT/<gpu>/<family>/<framework>/<version>; a GPU, framework or version the tables lack is a
-    one-line CatalogError listing what is there. version None: the newest with this family."""
+    one-line CatalogError listing what is there. version None: the newest holding a `needs` file."""
     if gpu not in _choices(root):
         raise CatalogError(f"aic: no kernel tables for GPU {gpu!r}; available: {', '.join(_choices(root))}")
     fams = root / gpu / family
@@ -57,96 +57,23 @@ def table_dir(root: Path, gpu: str, family: str, framework: str, version: str | 
                            f"available: {', '.join(_choices(fams)) or 'none'}")
     versions = _choices(fams / framework)
     if version is None:
-        versions = [v for v in versions if any((fams / framework / v).glob("*.parquet"))]
-        return fams / framework / max(versions, key=_version_key)
+        versions = [v for v in versions if any((fams / framework / v).glob(needs))]
+        if not versions:
+            raise CatalogError(f"aic: no {needs} under {family}/{framework} on {gpu}")
+        return fams / framework / max(versions, key=version_key)
     if version not in versions:
         raise CatalogError(f"aic: no {family} tables for {framework} {version!r} on {gpu}; "
                            f"available: {', '.join(versions)}")
     return fams / framework / version
 
 
-def _version_key(v: str):
+def version_key(v: str):
     return tuple(int(x) if x.isdigit() else -1 for x in v.replace("rc", ".").replace("post", ".").split("."))
 
 
 def _read(path: Path, columns=None):
     import pandas as pd   # pyarrow comes with the extra
     return pd.read_parquet(path, columns=columns)
-
-
-def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> LogGrid:
-    """A LogGrid on the rows' distinct values per axis; empty cells are extrapolated from the nearest
-    filled cell below along each axis with that axis's slope, then floored from above."""
-    knots = [np.unique(points[:, i]) for i in range(points.shape[1])]
-    values = np.full([len(k) for k in knots], np.nan)
-    index = tuple(np.searchsorted(k, points[:, i]) for i, k in enumerate(knots))
-    values[index] = np.log(latency_s)
-    logk = [np.log(k) for k in knots]
-    for axis in reversed(range(len(knots))):
-        v = np.moveaxis(values, axis, -1)
-        for j in range(1, v.shape[-1]):
-            gap = np.isnan(v[..., j]) & ~np.isnan(v[..., j - 1])
-            v[..., j][gap] = v[..., j - 1][gap] + slopes[axis] * (logk[axis][j] - logk[axis][j - 1])
-        for j in range(v.shape[-1] - 2, -1, -1):
-            gap = np.isnan(v[..., j]) & ~np.isnan(v[..., j + 1])
-            v[..., j][gap] = v[..., j + 1][gap]
-    if np.isnan(values).any():
-        values = np.where(np.isnan(values), np.nanmax(values), values)
-    return LogGrid(tuple(axes), tuple(logk), values, tuple(float(s) for s in slopes))
-
-
-def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> dict:
-    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them."""
-    held = np.zeros(len(points), dtype=bool)
-    for i in range(points.shape[1]):
-        k = np.unique(points[:, i])
-        held |= np.isin(points[:, i], k[1:-1][2::5])
-    if not held.any() or held.all():
-        return {"rows": 0}
-    grid = grid_from_rows(axes, points[~held], latency_s[~held], slopes)
-    pred = np.array([grid(*p) for p in points[held]])
-    err = np.abs(pred / latency_s[held] - 1) * 100
-    return {"rows": int(held.sum()), "median_pct": round(float(np.median(err)), 2),
-            "p90_pct": round(float(np.percentile(err, 90)), 2)}
-
-
-def _monomials(terms, points: np.ndarray) -> np.ndarray:
-    return sum(c * np.prod(points ** np.asarray(e, dtype=float), axis=1) for c, e in terms) if terms else 0.0
-
-
-def baseline_s(b: dict, points: np.ndarray) -> np.ndarray:
-    """The roofline shape a family's rows are divided by before interpolation: fixed + max(FLOPs / peak,
-    bytes / bandwidth), FLOPs and bytes as sums of monomials (coefficient, exponents) of the coordinates."""
-    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
-                                     _monomials(b["bytes"], points) / b["bytes_per_s"])
-
-
-class TableFamily:
-    """Latency in seconds at a family's coordinates: the residual grid times the roofline baseline."""
-
-    def __init__(self, family: dict):
-        self.grid, self.baseline = LogGrid.from_dict(family["grid"]), family.get("baseline")
-
-    def __call__(self, *x: float) -> float:
-        t = self.grid(*x)
-        return t * float(baseline_s(self.baseline, np.array([x], dtype=float))[0]) if self.baseline else t
-
-
-def _family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-3) -> dict:
-    """Grid + held-out error of one family from its table rows (latency in ms); min over kernel sources.
-    With a `baseline`, the grid holds latency / baseline (flat beyond the last knot: the baseline carries
-    the physical growth), which follows compute/memory/launch-bound kinks between knots."""
-    merged = frame.groupby(list(columns), as_index=False)["latency"].min()
-    points = merged[list(columns)].to_numpy(dtype=float)
-    lat = merged["latency"].to_numpy(dtype=float) * scale
-    if baseline is not None:
-        baseline = {**baseline, "fixed_s": 0.8 * float(lat.min())}
-        ratio, slopes = lat / baseline_s(baseline, points), (0.0,) * len(slopes)
-        err = held_out_error(axes, points, ratio, slopes)   # errors of the ratio are errors of the latency
-        return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
-                "held_out": err, "rows": int(len(merged))}
-    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(),
-            "held_out": held_out_error(axes, points, lat, slopes), "rows": int(len(merged))}
 
 
 def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vllm",
@@ -164,7 +91,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
         out["tables"][family] = str(path.relative_to(root))
         out["sources"][family] = f"aiconfigurator {path.relative_to(root).as_posix()} ({rows} rows)"
 
-    gemm_dir = table_dir(root, g, "gemm", framework, version)
+    gemm_dir = table_dir(root, g, "gemm", framework, version, "gemm_perf.parquet")
     gemm = _read(gemm_dir / "gemm_perf.parquet", ["gemm_dtype", "m", "n", "k", "latency"])
     for name, dtype in {"gemm_bf16": "bf16", "gemm_weights": fmt}.items():
         rows = gemm[gemm["gemm_dtype"] == GEMM_DTYPES.get(dtype, "-")]
@@ -173,9 +100,9 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
             base = {"flops": [(2.0, (1, 1, 1))], "bytes": [(2.0, (1, 0, 1)), (e, (0, 1, 1)), (2.0, (1, 1, 0))],
                     "peak_flops_per_s": gpu.peak_flops_per_s("bf16" if e == 2.0 else "fp8"),
                     "bytes_per_s": gpu.hbm_bytes_per_s}
-            out["families"][name] = _family(rows, ("m", "n", "k"), ("m", "n", "k"), (1.0, 1.0, 1.0), base)
+            out["families"][name] = family(rows, ("m", "n", "k"), ("m", "n", "k"), (1.0, 1.0, 1.0), base)
             note(name, gemm_dir / "gemm_perf.parquet", len(rows))
-    attn_dir = table_dir(root, g, "attention", framework, version)
+    attn_dir = table_dir(root, g, "attention", framework, version, "generation_attention_perf.parquet")
     if not model.is_mla:
         heads, kv_heads = model.num_heads // d.tp, max(1, model.num_kv_heads // d.tp)
         windows = {"full": 0, **({"window": model.sliding_window} if model.sliding_window else {})}
@@ -189,18 +116,19 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
             if kind == "decode":
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
             hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
-            if kind == "prefill":   # causal: 2 hd heads b isl (isl + 1) FLOPs; read Q, K, V, write O
-                base = {"flops": [(2.0 * hd * heads, (1, 2)), (2.0 * hd * heads, (1, 1))],
-                        "bytes": [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1))]}
-            else:                   # stream K and V of the context once per sequence
-                base = {"flops": [(4.0 * hd * heads, (1, 1))],
-                        "bytes": [(2 * kv_e * kv_heads * hd, (1, 1)), (2 * 2.0 * heads * hd, (1, 0))]}
+            if kind == "prefill":   # causal: 4 hd heads b isl keys-per-query FLOPs; read Q, K, V, write O
+                qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
+                base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
+            else:                   # stream K and V of the (windowed) context once per sequence
+                base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
+                        "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
+                        "cap": [1, 1.0, None]}
             base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]
                 if len(rows):
-                    out["families"][f"{kind}_attn_{wname}"] = _family(rows, cols, cols, slopes,
-                                                                      base if wname == "full" else None)
+                    cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
+                    out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, {**base, "cap": cap})
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
@@ -208,35 +136,45 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     if d.ep > 1:
         _alltoall(out, root, g, d, note)
     if model.is_moe:
-        moe_dir = table_dir(root, g, "moe", framework, version)
-        t = _read(moe_dir / "moe_perf.parquet")
-        tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.tp, 1)
-        rows = t[(t["moe_dtype"] == MOE_DTYPES.get(fmt, "-")) & (t["hidden_size"] == model.hidden_size)
-                 & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
-                 & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
-                 & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
-        if len(rows):
-            out["families"]["moe"] = _family(rows, ("tokens",), ("num_tokens",), (1.0,))
-            note("moe", moe_dir / "moe_perf.parquet", len(rows))
+        _moe(out, root, g, model, d, fmt, framework, version, note)
     if d.tp > 1:
         try:
-            comm_dir = table_dir(root, g, "comm", framework, version)
+            comm_dir = table_dir(root, g, "comm", framework, version, "custom_allreduce_perf.parquet")
             t = _read(comm_dir / "custom_allreduce_perf.parquet")
             rows = t[(t["num_gpus"] == d.tp) & (t["backend"] == "vllm_graph")]
             if len(rows):
                 # message_size counts elements (aiconfigurator's collector: a [tokens, 4096] tensor of that size)
-                out["families"]["allreduce"] = _family(rows, ("elements",), ("message_size",), (1.0,))
+                out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,))
                 note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
         except (CatalogError, FileNotFoundError):
             pass
     return out
 
 
+def _moe(out, root, g, model, d, fmt, framework, version, note) -> None:
+    """Routed experts (fused MoE kernels, balanced routing) at the model's expert shapes and TP/EP split;
+    `num_tokens` is every token entering the layer on a rank (the collector routes them all and keeps the
+    local experts' share)."""
+    try:
+        moe_dir = table_dir(root, g, "moe", framework, version, "moe_perf.parquet")
+    except CatalogError:
+        return
+    t = _read(moe_dir / "moe_perf.parquet")
+    tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.tp, 1)
+    rows = t[(t["moe_dtype"] == MOE_DTYPES.get(fmt, "-")) & (t["hidden_size"] == model.hidden_size)
+             & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
+             & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
+             & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
+    if len(rows):
+        out["families"]["moe"] = family(rows, ("tokens",), ("num_tokens",), (1.0,))
+        note("moe", moe_dir / "moe_perf.parquet", len(rows))
+
+
 def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> None:
     """DeepSeek-V3's whole MLA attention block (its projections included: the rows depend on the GEMM
     format) for prefill (batch, new tokens) and decode (batch, context), at this GPU's heads."""
     try:
-        mla_dir = table_dir(root, g, "mla", framework, version)
+        mla_dir = table_dir(root, g, "mla", framework, version, "mla_generation_module_perf.parquet")
     except CatalogError:
         return
     heads = model.num_heads // d.tp
@@ -249,20 +187,20 @@ def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> N
         rows = t[(t["num_heads"] == heads) & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))
                  & (t["gemm_type"] == GEMM_DTYPES.get(fmt, "-"))]
         if len(rows):
-            out["families"][f"mla_{kind}_module"] = _family(rows, cols, cols, slopes)
+            out["families"][f"mla_{kind}_module"] = family(rows, cols, cols, slopes)
             note(f"mla_{kind}_module", path, len(rows))
 
 
 def _alltoall(out, root, g, d, note) -> None:
     """NCCL all-to-all at the EP size, for the MoE dispatch and combine (bf16 elements per rank)."""
     try:
-        nccl_dir = table_dir(root, g, "comm", "nccl", None)
+        nccl_dir = table_dir(root, g, "comm", "nccl", None, "nccl_perf.parquet")
     except CatalogError:
         return
     t = _read(nccl_dir / "nccl_perf.parquet")
     rows = t[(t["op_name"] == "alltoall") & (t["num_gpus"] == d.ep) & (t["nccl_dtype"] == "half")]
     if len(rows):
-        out["families"]["alltoall"] = _family(rows, ("elements",), ("message_size",), (1.0,))
+        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,))
         note("alltoall", nccl_dir / "nccl_perf.parquet", len(rows))
 
 

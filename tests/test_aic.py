@@ -23,7 +23,8 @@ def test_grid_reproduces_its_rows_and_extrapolates_physically():
     import numpy as np
     pts = np.array([[b, L] for b in (1, 2, 4) for L in (16, 64, 256) if not (b == 4 and L == 256)], dtype=float)
     lat = pts[:, 0] * pts[:, 1] ** 2 * 1e-9
-    g = aic.grid_from_rows(("b", "L"), pts, lat, (1.0, 2.0))
+    from costmodels.tablegrid import grid_from_rows
+    g = grid_from_rows(("b", "L"), pts, lat, (1.0, 2.0))
     assert all(g(*p) == pytest.approx(t, rel=1e-3) for p, t in zip(pts, lat))
     assert g(4, 256) == pytest.approx(4 * 256**2 * 1e-9, rel=1e-3)   # the missing cell, along L^2
 
@@ -85,3 +86,15 @@ def test_mla_block_and_ep_all_to_all_from_the_tables():
     skewed = load_cost_model(None, m, get_gpu("h200-sxm"), deployment=Deployment(
         data_parallel_size=8, enable_expert_parallel=True, expert_load_imbalance=1.3))
     assert skewed.step_time_s(decode=[2048] * 64) > dp.step_time_s(decode=[2048] * 64)
+
+
+def test_baseline_residual_follows_a_kink_a_plain_grid_misses():
+    import numpy as np
+    from costmodels.tablegrid import family
+    import pandas as pd
+    b = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256], dtype=float)
+    lat_ms = 0.02 + b * 1e-3          # launch-bound, then bandwidth-bound: a bend near b = 20
+    rows = pd.DataFrame({"b": b, "latency": lat_ms})
+    base = {"flops": [], "bytes": [(1.0, (1,))], "peak_flops_per_s": 1.0, "bytes_per_s": 1e6}
+    plain, shaped = family(rows, ("b",), ("b",), (1.0,)), family(rows, ("b",), ("b",), (1.0,), base)
+    assert shaped["held_out"]["median_pct"] < plain["held_out"]["median_pct"]
