@@ -136,7 +136,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     if d.ep > 1:
         _alltoall(out, root, g, d, note)
     if model.is_moe:
-        _moe(out, root, g, model, d, fmt, framework, version, note)
+        _moe(out, root, g, gpu, model, d, fmt, framework, version, note)
     if d.tp > 1:
         try:
             comm_dir = table_dir(root, g, "comm", framework, version, "custom_allreduce_perf.parquet")
@@ -151,7 +151,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     return out
 
 
-def _moe(out, root, g, model, d, fmt, framework, version, note) -> None:
+def _moe(out, root, g, gpu, model, d, fmt, framework, version, note) -> None:
     """Routed experts (fused MoE kernels, balanced routing) at the model's expert shapes and TP/EP split;
     `num_tokens` is every token entering the layer on a rank (the collector routes them all and keeps the
     local experts' share)."""
@@ -165,8 +165,14 @@ def _moe(out, root, g, model, d, fmt, framework, version, note) -> None:
              & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
              & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
              & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
-    if len(rows):
-        out["families"]["moe"] = family(rows, ("tokens",), ("num_tokens",), (1.0,))
+    if len(rows):   # roofline shape: routed tokens' FLOPs; weights of the experts they hit (at most all local)
+        from costmodels.deployment import WEIGHT_BYTES
+        ep, h, k = max(ep_moe, 1), model.hidden_size, model.experts_per_token
+        width = model.moe_intermediate_size / tp_moe
+        base = {"flops": [(2.0 * k / ep * 3 * h * width, (1, 0))], "bytes": [(3 * h * width * WEIGHT_BYTES[fmt], (0, 1))],
+                "cap": [0, ep / k, model.num_experts / ep], "bytes_per_s": gpu.hbm_bytes_per_s,
+                "peak_flops_per_s": gpu.peak_flops_per_s("fp8" if fmt.startswith("fp8") else "bf16")}
+        out["families"]["moe"] = family(rows, ("tokens",), ("num_tokens",), (1.0,), base)
         note("moe", moe_dir / "moe_perf.parquet", len(rows))
 
 
