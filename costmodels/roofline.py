@@ -43,9 +43,9 @@ class RooflineCostModel:
     """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` for one replica of `model` on
     `tp` GPUs of kind `gpu` (or as `deployment` lays it out: precision, TP, PP, DP, EP). Seconds.
 
-    A step is `sum over layers (attention GEMMs + attention + MLP or MoE + elementwise + all-reduce
-    + all-to-all) + embedding + LM head + per_step_s + per_request_s x sequences`; every term is a
-    method below. Pipeline stages run one after the other for one batch (no microbatch overlap), plus
+    A step is `sum over layers (attention GEMMs + attention + MLP or MoE (router, shared experts, routed
+    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling + per_step_s +
+    per_request_s x sequences`; `step_terms_s` returns each term. Pipeline stages run one after the other for one batch (no microbatch overlap), plus
     one activation send between consecutive stages."""
 
     def __init__(self, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
@@ -158,17 +158,6 @@ class RooflineCostModel:
         bytes_ = num_tokens * self.model.hidden_size * self.dt * 2 * (self.tp - 1) / self.tp  # ring
         return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
 
-    def _moe_layer_s(self, num_tokens: int) -> float:
-        """One MoE layer's MLP on the busiest rank: router, shared experts, routed experts as one grouped
-        GEMM, and the EP dispatch and combine all-to-alls."""
-        m, e, d = self.model, self.eff, self.deployment
-        h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
-        t = self._gemm_s(num_tokens, experts, h, self.dt) + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms)
-        t += self._routed_experts_s(num_tokens)
-        if d.ep > 1:
-            t += self._alltoall_s(num_tokens)
-        return t
-
     def _routed_experts_s(self, num_tokens: int) -> float:
         """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank."""
         m, e, d = self.model, self.eff, self.deployment
@@ -254,23 +243,45 @@ class RooflineCostModel:
 
     def _token_terms_s(self, num_tokens: int) -> tuple[float, float]:
         """(all layers but their attention, embedding lookup) for `num_tokens` tokens."""
+        terms = self._layer_terms_s(num_tokens)
+        embed = terms.pop("embedding")
+        return sum(terms.values()), embed
+
+    def _layer_terms_s(self, num_tokens: int) -> dict[str, float]:
+        """Every term that depends on the token count only, summed over the layers that have it."""
         m, e, d = self.model, self.eff, self.deployment
-        attn = sum(self._gemm_s(num_tokens, n, k, self.wb_attn) for n, k in self.attn_gemms)
-        shared = attn + self._allreduce_s(num_tokens)
-        layers = 0.0
-        if m.num_dense_layers:
-            dense = shared + sum(self._gemm_s(num_tokens, n, k) for n, k in self.mlp_gemms)
-            layers += m.num_dense_layers * (dense + self._elementwise_s(num_tokens, m.intermediate_size / self.tp))
+        moe_width = m.experts_per_token * m.moe_intermediate_size / (1 if d.ep > 1 else self.tp)
+        t = {"attention_gemms": m.num_layers * sum(self._gemm_s(num_tokens, n, k, self.wb_attn) for n, k in self.attn_gemms),
+             "allreduce": m.num_layers * self._allreduce_s(num_tokens),
+             "dense_mlp": m.num_dense_layers * sum(self._gemm_s(num_tokens, n, k) for n, k in self.mlp_gemms),
+             "elementwise": (m.num_dense_layers * self._elementwise_s(num_tokens, m.intermediate_size / self.tp)
+                             + m.num_moe_layers * self._elementwise_s(num_tokens, moe_width)),
+             "moe_router_shared": 0.0, "routed_experts": 0.0, "alltoall": 0.0, "pipeline_sends": 0.0}
         if m.num_moe_layers:
-            width = m.experts_per_token * m.moe_intermediate_size / (1 if d.ep > 1 else self.tp)
-            moe = shared + self._moe_layer_s(num_tokens) + self._elementwise_s(num_tokens, width)
-            layers += m.num_moe_layers * moe
+            t["moe_router_shared"] = m.num_moe_layers * (self._gemm_s(num_tokens, m.num_experts, m.hidden_size, self.dt)
+                                                         + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms))
+            t["routed_experts"] = m.num_moe_layers * self._routed_experts_s(num_tokens)
+            if d.ep > 1:
+                t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)
         if d.pipeline_parallel_size > 1:   # hidden states sent from stage to stage
-            layers += (d.pipeline_parallel_size - 1) * (
+            t["pipeline_sends"] = (d.pipeline_parallel_size - 1) * (
                 num_tokens * m.hidden_size * self.dt / (self.gpu.interconnect_bytes_per_s * e.allreduce_link)
                 + e.allreduce_latency_s)
-        embed = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-        return layers, embed
+        t["embedding"] = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+        return t
+
+    def step_terms_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                     num_logits: int | None = None) -> dict[str, float]:
+        """The documented terms of one step, in seconds; they add up to `step_time_s` (to rounding)."""
+        num_seqs, num_tokens = len(prefill) + len(decode), sum(n for n, _ in prefill) + len(decode)
+        if num_tokens == 0:
+            return {}
+        t = self._layer_terms_s(num_tokens)
+        t["prefill_attention"] = self._prefill_attention_total_s(prefill) if prefill else 0.0
+        t["decode_attention"] = float(self._decode_attention_s(float(sum(decode)), len(decode))) if decode else 0.0
+        t["lm_head_sampling"] = self._head_s(num_seqs if num_logits is None else num_logits)
+        t["per_step"], t["per_request"] = self.eff.per_step_s, self.eff.per_request_s * num_seqs
+        return t
 
     def _head_s(self, num_logits: int) -> float:
         """Final norm, LM head over the vocabulary shard, logits to fp32, sampling."""

@@ -145,3 +145,15 @@ def test_tiny_moe_and_mla_run_end_to_end_through_experiments_run(tmp_path):
                        "enable_expert_parallel": True, "kv_cache_dtype": "auto", "quantization": None})
     with pytest.raises(ConfigError, match="kv_cache_dtype: expected auto"):
         resolve_point({**sweep, "kv_cache_dtype": "int3"})
+
+
+def test_step_is_the_sum_of_its_documented_terms(tmp_path):
+    for cfg, d in ((TINY_MOE, Deployment(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True)),
+                   (TINY_MLA, Deployment(pipeline_parallel_size=2, kv_cache_dtype="fp8")),
+                   ({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}, Deployment())):
+        cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100, deployment=d)
+        batch = {"prefill": [(300, 100), (64, 0)], "decode": [50, 900, 4000]}
+        terms = cm.step_terms_s(**batch)
+        assert sum(terms.values()) == pytest.approx(cm.step_time_s(**batch), rel=1e-12)
+        assert all(v >= 0 for v in terms.values())
+    assert terms["alltoall"] == 0 and terms["routed_experts"] == 0   # dense: no MoE terms
