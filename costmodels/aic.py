@@ -258,6 +258,8 @@ class AicCostModel(RooflineCostModel):
                    if not any(t.startswith(f) for t in self.grids["sources"])
                    and not (self.mla_modules and f in ("prefill_attn", "decode_attn"))}
         sources.update(self.grids["sources"])
+        if self.wb != self.dt and "gemm_weights" not in sources:
+            sources["gemm_weights"] = f"roofline prior (no {self.deployment.weight_format(self.model)} GEMM rows)"
         return {**super().describe(), "kind": "aic",
                 "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "
                           f"{self.grids['provenance']['framework']} {self.grids['provenance']['version']})",
@@ -265,7 +267,10 @@ class AicCostModel(RooflineCostModel):
                 "held_out_error": {f: v["held_out"] for f, v in self.grids["families"].items()}}
 
     def _gemm_s(self, m, n, k, wb=None):
-        grid = self._g.get("gemm_bf16" if wb == self.dt else "gemm_weights") or self._g.get("gemm_bf16")
+        """16-bit GEMMs (attention of mxfp4 models, router, LM head) from the bf16 rows, the others from the
+        weight format's; a format the tables lack (nvfp4 on Hopper) keeps the roofline."""
+        bf16 = wb == self.dt or (wb is None and self.wb == self.dt)
+        grid = self._g.get("gemm_bf16" if bf16 else "gemm_weights")
         return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, wb)
 
     def _prefill_attention_s(self, prefill, window=None):

@@ -98,3 +98,13 @@ def test_baseline_residual_follows_a_kink_a_plain_grid_misses():
     base = {"flops": [], "bytes": [(1.0, (1,))], "peak_flops_per_s": 1.0, "bytes_per_s": 1e6}
     plain, shaped = family(rows, ("b",), ("b",), (1.0,)), family(rows, ("b",), ("b",), (1.0,), base)
     assert shaped["held_out"]["median_pct"] < plain["held_out"]["median_pct"]
+
+
+def test_a_weight_format_the_tables_lack_keeps_the_roofline_and_says_so():
+    m = get_model(str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B_config.json"))
+    nvfp4 = load_cost_model("aic", m, get_gpu("h100-sxm"), deployment=Deployment(quantization="nvfp4"))
+    fp8 = load_cost_model("aic", m, get_gpu("h100-sxm"), deployment=Deployment(quantization="fp8"))
+    assert nvfp4.describe()["family_sources"]["gemm_weights"].startswith("roofline prior (no nvfp4")
+    assert "gemm_perf" in fp8.describe()["family_sources"]["gemm_weights"]
+    bf16 = load_cost_model("aic", m, get_gpu("h100-sxm"))
+    assert fp8.step_time_s(decode=[1024] * 8) < bf16.step_time_s(decode=[1024] * 8)
