@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodels.catalog import GPU, CatalogError, ModelShape
-from costmodels.deployment import Deployment
+from costmodels.deployment import WEIGHT_BYTES, Deployment
 from costmodels.profile import prefill_coords
 from costmodels.tablegrid import TableFamily, family
 from costmodels.roofline import RooflineCostModel
@@ -30,7 +30,7 @@ GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_s
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-FORMAT = "batchsim-aic-grids/2"
+FORMAT = "batchsim-aic-grids/3"
 
 
 def tables_root() -> Path | None:
@@ -65,6 +65,16 @@ def table_dir(root: Path, gpu: str, family: str, framework: str, version: str | 
         raise CatalogError(f"aic: no {family} tables for {framework} {version!r} on {gpu}; "
                            f"available: {', '.join(versions)}")
     return fams / framework / version
+
+
+def candidate_dirs(root: Path, gpu: str, family: str, framework: str, version: str | None, needs: str) -> list[Path]:
+    """The folder for `version`, or (None) every version holding a `needs` file, newest first: a family
+    whose newest table lacks the model's shapes falls back to an older one. [] when there is none."""
+    base = root / gpu / family / framework
+    if version is not None:
+        return [base / version] if (base / version / needs).exists() else []
+    found = [p for p in base.iterdir() if (p / needs).exists()] if base.is_dir() else []
+    return sorted(found, key=lambda p: version_key(p.name), reverse=True)
 
 
 def version_key(v: str):
@@ -138,16 +148,16 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     if model.is_moe:
         _moe(out, root, g, gpu, model, d, fmt, framework, version, note)
     if d.tp > 1:
-        try:
-            comm_dir = table_dir(root, g, "comm", framework, version, "custom_allreduce_perf.parquet")
+        for comm_dir in candidate_dirs(root, g, "comm", framework, version, "custom_allreduce_perf.parquet"):
             t = _read(comm_dir / "custom_allreduce_perf.parquet")
-            rows = t[(t["num_gpus"] == d.tp) & (t["backend"] == "vllm_graph")]
+            rows = t[t["num_gpus"] == d.tp]
+            if "backend" in rows:   # CUDA-graph captured, as engines serve (the eager rows are slower)
+                rows = rows[rows["backend"].astype(str).str.endswith("_graph")]
             if len(rows):
                 # message_size counts elements (aiconfigurator's collector: a [tokens, 4096] tensor of that size)
                 out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,))
                 note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
-        except (CatalogError, FileNotFoundError):
-            pass
+                break
     return out
 
 
@@ -155,18 +165,17 @@ def _moe(out, root, g, gpu, model, d, fmt, framework, version, note) -> None:
     """Routed experts (fused MoE kernels, balanced routing) at the model's expert shapes and TP/EP split;
     `num_tokens` is every token entering the layer on a rank (the collector routes them all and keeps the
     local experts' share)."""
-    try:
-        moe_dir = table_dir(root, g, "moe", framework, version, "moe_perf.parquet")
-    except CatalogError:
-        return
-    t = _read(moe_dir / "moe_perf.parquet")
     tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.tp, 1)
-    rows = t[(t["moe_dtype"] == MOE_DTYPES.get(fmt, "-")) & (t["hidden_size"] == model.hidden_size)
-             & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
-             & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
-             & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
+    rows = []
+    for moe_dir in candidate_dirs(root, g, "moe", framework, version, "moe_perf.parquet"):
+        t = _read(moe_dir / "moe_perf.parquet")
+        rows = t[(t["moe_dtype"] == MOE_DTYPES.get(fmt, "-")) & (t["hidden_size"] == model.hidden_size)
+                 & (t["inter_size"] == model.moe_intermediate_size) & (t["topk"] == model.experts_per_token)
+                 & (t["num_experts"] == model.num_experts) & (t["moe_tp_size"] == tp_moe)
+                 & (t["moe_ep_size"] == ep_moe) & (t["distribution"] == "balanced")]
+        if len(rows):
+            break
     if len(rows):   # roofline shape: routed tokens' FLOPs; weights of the experts they hit (at most all local)
-        from costmodels.deployment import WEIGHT_BYTES
         ep, h, k = max(ep_moe, 1), model.hidden_size, model.experts_per_token
         width = model.moe_intermediate_size / tp_moe
         base = {"flops": [(2.0 * k / ep * 3 * h * width, (1, 0))], "bytes": [(3 * h * width * WEIGHT_BYTES[fmt], (0, 1))],
