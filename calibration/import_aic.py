@@ -2,7 +2,7 @@
 measurement format, for one model's shapes, so `calibration.fit` builds a profile for a GPU we do not have.
 
     python -m calibration.import_aic --gpu h200_sxm --model llama-3-8b --out DIR \
-        [--root /work/shared/kernel-timings/aiconfigurator] [--tp 1] [--dtype bf16] [--vllm 0.19.0]
+        [--root /work/shared/kernel-timings/aiconfigurator] [--tp 1] [--dtype bf16] [--vllm VERSION]
 
 Layout read: ROOT/<gpu>/{gemm,attention}/vllm/<version>/*.parquet (as in the repository and in the
 `aiconfigurator-core` package's systems/data). Kept: bf16 GEMMs whose N and K bracket the model's GEMM
@@ -38,6 +38,15 @@ def default_root() -> Path | None:
     if spec and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
     return None
+
+
+def newest_version(root: Path, gpu: str) -> str:
+    """The newest vLLM version folder with GEMM tables (the installed package ships 0.24.0, the copy
+    beside the repository 0.19.0); 0.19.0 when there is none, so the error names the missing table."""
+    from costmodels.aic import version_key
+    base = root / gpu / "gemm" / "vllm"
+    found = [p.name for p in base.iterdir() if (p / "gemm_perf.parquet").exists()] if base.is_dir() else []
+    return max(found, key=version_key) if found else "0.19.0"
 
 
 def bracket(available: np.ndarray, targets: list[int]) -> list[int]:
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, help="tables root (default: installed aiconfigurator_core data)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=sorted(TABLE_DTYPES))
-    ap.add_argument("--vllm", default="0.19.0", help="vLLM version folder of the tables")
+    ap.add_argument("--vllm", help="vLLM version folder of the tables (default: the newest with GEMM tables)")
     ap.add_argument("--keep-above-peak", action="store_true",
                     help="keep rows faster than the GPU's datasheet peak (dropped by default: timing bugs)")
     ap.add_argument("--fit", type=Path, metavar="PROFILE.json", help="also fit and write this profile")
@@ -160,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or default_root()
     if root is None:
         ap.error("--root: no tables root given and no aiconfigurator_core package installed")
+    version = args.vllm or newest_version(root, args.gpu)
     try:
-        rows, meta = import_tables(root, args.gpu, get_model(args.model), args.tp, args.dtype, args.vllm,
+        rows, meta = import_tables(root, args.gpu, get_model(args.model), args.tp, args.dtype, version,
                                    args.keep_above_peak)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,11 +1,11 @@
-"""Catalogs of GPUs (datasheet figures) and decoder model shapes (from public config.json files).
+"""Catalogs of GPUs (datasheet figures) and decoder model shapes: dense, mixture-of-experts (MoE) and
+multi-head latent attention (MLA) families, from public config.json files (costmodels/hfconfig.py).
 
-Sources: NVIDIA datasheets (dense BF16, no sparsity) and each model's Hugging Face config.json,
+Sources: NVIDIA datasheets (dense BF16/FP8, no sparsity) and each model's Hugging Face config.json,
 as tabulated in ../shared/docs/references.md. Only what the cost and memory models need is kept.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +20,17 @@ class GPU:
     memory_bytes: float          # total device memory
     interconnect_bytes_per_s: float  # per-GPU NVLink (or PCIe) bandwidth used by TP all-reduce
     host_link_bytes_per_s: float     # GPU<->host copies (KV swap), PCIe gen4 x16 ~25 GB/s, gen5 ~50 GB/s
+    fp8_flops_per_s: float | None = None  # dense FP8 tensor-core peak; None: no FP8 tensor cores (A100)
+    fp4_flops_per_s: float | None = None  # dense FP4 peak (Blackwell); None: FP4 weights dequantised to fp8/bf16
+
+    def peak_flops_per_s(self, compute_dtype: str) -> float:
+        """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8 or fp4), falling back to
+        the next wider format the GPU has (weight-only quantisation)."""
+        if compute_dtype == "fp4" and self.fp4_flops_per_s:
+            return self.fp4_flops_per_s
+        if compute_dtype in ("fp4", "fp8") and self.fp8_flops_per_s:
+            return self.fp8_flops_per_s
+        return self.bf16_flops_per_s
 
 
 GPUS: dict[str, GPU] = {
@@ -27,43 +38,112 @@ GPUS: dict[str, GPU] = {
     for g in [
         GPU("a100-40gb", 312e12, 1555e9, 40e9, 300e9, 25e9),
         GPU("a100-80gb", 312e12, 2039e9, 80e9, 300e9, 25e9),
-        GPU("h100-sxm", 989e12, 3350e9, 80e9, 450e9, 50e9),
-        GPU("h200-sxm", 989e12, 4800e9, 141e9, 450e9, 50e9),
-        GPU("l4", 121e12, 300e9, 24e9, 32e9, 25e9),      # PCIe gen4 only, no NVLink
-        GPU("l40s", 362e12, 864e9, 48e9, 32e9, 25e9),    # PCIe gen4 only, no NVLink
+        GPU("h100-sxm", 989e12, 3350e9, 80e9, 450e9, 50e9, 1979e12),
+        GPU("h200-sxm", 989e12, 4800e9, 141e9, 450e9, 50e9, 1979e12),
+        GPU("b200-sxm", 2250e12, 8000e9, 180e9, 900e9, 50e9, 4500e12, 9000e12),  # HGX B200, NVLink 5
+        GPU("l4", 121e12, 300e9, 24e9, 32e9, 25e9, 242e12),      # PCIe gen4 only, no NVLink
+        GPU("l40s", 362e12, 864e9, 48e9, 32e9, 25e9, 733e12),    # PCIe gen4 only, no NVLink
     ]
 }
 
 
 @dataclass(frozen=True)
 class ModelShape:
+    """A decoder's shapes. Dense by default; `num_experts` > 0 makes `num_moe_layers` of its layers MoE
+    (routed experts of `moe_intermediate_size`, plus shared experts); `kv_lora_rank` > 0 makes attention
+    MLA (DeepSeek-V2/V3: a compressed KV of kv_lora_rank + qk_rope_head_dim per token and layer)."""
     name: str
     num_layers: int
     hidden_size: int
     num_heads: int
     num_kv_heads: int
-    intermediate_size: int
+    intermediate_size: int        # dense layers' MLP width
     vocab_size: int
     max_model_len: int
     gated_mlp: bool = True        # SwiGLU (gate + up + down); False for OPT-style fc1/fc2
     tie_embeddings: bool = False  # LM head shares the embedding matrix (weights counted once)
+    head_dim: int | None = None   # None: hidden_size // num_heads (Qwen3, gpt-oss and Llama-4 set it apart)
+    sliding_window: int | None = None  # tokens a sliding-window layer attends to (None: full attention)
+    num_sliding_layers: int = 0   # layers with the window (Mistral v0.1: all; gpt-oss: every other one)
+    num_experts: int = 0          # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0    # top-k
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # all shared experts of a MoE layer together
+    num_moe_layers: int = 0
+    kv_lora_rank: int = 0         # MLA: compressed KV width
+    qk_rope_head_dim: int = 0     # MLA: decoupled rotary part of Q and K (cached beside the latent)
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0          # MLA: compressed Q width (0: Q projected directly, DeepSeek-V2-Lite)
+    quantization: str | None = None  # the checkpoint's own weight format (config.json quantization_config)
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def family(self) -> str:
+        return ("mla-" if self.is_mla else "") + ("moe" if self.is_moe else "dense")
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters by kind, whole model: embedding, lm_head, attention (all layers), dense_mlp (the dense
+        layers), experts (routed, all of them), shared (shared experts and routers), norms."""
+        h, hd, mlp = self.hidden_size, self.head_dim, 3 if self.gated_mlp else 2
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk if self.q_lora_rank
+                 else h * self.num_heads * qk)
+            attn = (q + h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+                    + self.num_heads * self.v_head_dim * h)
+        else:
+            q, kv = self.num_heads * hd, self.num_kv_heads * hd
+            attn = h * (q + 2 * kv) + q * h
+        return {"embedding": self.vocab_size * h, "lm_head": 0 if self.tie_embeddings else self.vocab_size * h,
+                "attention": self.num_layers * attn,
+                "dense_mlp": self.num_dense_layers * mlp * h * self.intermediate_size,
+                "experts": self.num_moe_layers * self.num_experts * 3 * h * self.moe_intermediate_size,
+                "shared": self.num_moe_layers * (3 * h * self.shared_expert_intermediate_size + h * self.num_experts),
+                "norms": self.num_layers * 2 * h + h}
 
     @property
     def num_params(self) -> int:
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = h * (h + 2 * kv) + h * h
-        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
-        return self.num_layers * (attn + mlp + 2 * h) + embed + h
+        return sum(self.param_counts().values())
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
-        """K and V of every layer for one token, on one of `tp` GPUs (KV heads are split by TP)."""
-        kv_heads_per_gpu = max(1, self.num_kv_heads // tp)  # replicated when tp > kv heads
-        return 2 * self.num_layers * kv_heads_per_gpu * self.head_dim * dtype_bytes
+    @property
+    def num_active_params(self) -> int:
+        """Weights one decode step of one sequence reads: all but the embedding table (one row), with the
+        routed experts counted experts_per_token of num_experts."""
+        p = self.param_counts()
+        if self.is_moe:
+            p["experts"] = p["experts"] * self.experts_per_token // self.num_experts
+        return sum(p.values()) - (0 if self.tie_embeddings else p["embedding"])  # the LM head is read, not the embedding
+
+    def kv_width(self, tp: int = 1) -> int:
+        """KV cache elements per token and layer on one of `tp` GPUs: K and V of the local KV heads (KV heads
+        split by TP, replicated when TP exceeds them); for MLA the latent plus the rotary key, which every
+        TP rank holds whole (vLLM replicates the MLA cache across TP ranks)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim
+
+    def kv_bytes_per_token(self, dtype_bytes: float = 2, tp: int = 1) -> int:
+        """KV of every layer for one token, on one of `tp` GPUs (pipeline stages divide it further). Sliding-
+        window layers are counted whole: an upper bound on vLLM's hybrid allocator, which frees their
+        out-of-window blocks."""
+        return int(self.num_layers * self.kv_width(tp) * dtype_bytes)
 
 
 MODELS: dict[str, ModelShape] = {
@@ -103,43 +183,21 @@ def get_model(name_or_path: str) -> ModelShape:
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
+    from costmodels.hfconfig import model_from_hf_config, packaged_config
     if path.suffix == ".json" or path.exists():
         return model_from_hf_config(path)
-    raise CatalogError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)} or a config.json path")
-
-
-def model_from_hf_config(path: Path) -> ModelShape:
-    try:
-        cfg = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no such model config file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{path}: not a valid JSON config ({e})") from None
-    except OSError as e:
-        raise CatalogError(f"{path}: cannot read the model config ({e.strerror})") from None
-    if not isinstance(cfg, dict):
-        raise CatalogError(f"{path}: expected a JSON object of model settings, got a JSON {type(cfg).__name__}")
-    try:
-        if "ffn_dim" in cfg:  # OPT family: fc1/fc2 without a gate
-            h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-            return ModelShape(Path(path).parent.name or "opt", cfg["num_hidden_layers"], h, heads, heads,
-                              cfg["ffn_dim"], cfg["vocab_size"], cfg.get("max_position_embeddings", 2048),
-                              gated_mlp=False, tie_embeddings=cfg.get("tie_word_embeddings", True))
-        heads = cfg["num_attention_heads"]
-        return ModelShape(
-            name=cfg.get("_name_or_path") or Path(path).parent.name or "hf-model",
-            num_layers=cfg["num_hidden_layers"],
-            hidden_size=cfg["hidden_size"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            intermediate_size=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"],
-            max_model_len=cfg.get("max_position_embeddings", 4096),
-            tie_embeddings=cfg.get("tie_word_embeddings", False),
-        )
-    except KeyError as e:
-        raise CatalogError(f"{path}: config.json lacks required key {e.args[0]!r}") from None
+    if packaged_config(name_or_path) is not None:   # "Qwen/Qwen3-30B-A3B": a config.json the [aic] extra ships
+        return model_from_hf_config(packaged_config(name_or_path))
+    raise CatalogError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)}, a config.json path, "
+                       f"or a Hugging Face id whose config the [aic] extra ships")
 
 
 def with_max_model_len(model: ModelShape, max_model_len: int) -> ModelShape:
     return replace(model, max_model_len=max_model_len)
+
+
+def __getattr__(name):  # `from costmodels.catalog import model_from_hf_config` keeps working
+    if name == "model_from_hf_config":
+        from costmodels.hfconfig import model_from_hf_config
+        return model_from_hf_config
+    raise AttributeError(name)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from costmodels import aic
 from costmodels.catalog import GPU, CatalogError, ModelShape
+from costmodels.deployment import Deployment
 from costmodels.profile import profile_cost_model, read_profile
 from costmodels.roofline import RooflineCostModel
 from costmodels.stepmodel import FORMAT as STEPFIT_FORMAT
@@ -22,16 +24,29 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
-def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16"):
-    """`profile`: "roofline" forces the datasheet prior; a shipped profile name or a path to a profile
+def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
+                    deployment: Deployment | None = None):
+    """`profile`: "roofline" forces the datasheet prior; "aic[:framework[:version]]" builds one from the
+    installed aiconfigurator-core tables (costmodels/aic.py); a shipped profile name or a path to a profile
     JSON selects that profile; None auto-selects the shipped profile for (model, gpu, tp, dtype) when
-    there is one and falls back to the roofline prior otherwise."""
+    there is one, else the tables when the [aic] extra is installed and has the GPU, else the roofline
+    prior. `deployment` (precision, parallelism)
+    overrides `tp` and `dtype` when given."""
+    d = deployment or Deployment(dtype=dtype, tensor_parallel_size=tp)
+    tp, dtype = d.tensor_parallel_size, d.dtype
     if profile == "roofline":
-        return RooflineCostModel(model, gpu, tp, dtype)
+        return RooflineCostModel(model, gpu, deployment=d)
+    if profile is not None and profile.split(":")[0] == "aic":
+        return aic.aic_cost_model(profile, model, gpu, d)
     if profile is None:
         path = PROFILES_DIR / f"{shipped_profile_name(model.name, gpu.name, tp, dtype)}.json"
-        if not path.exists():  # describe() of the prior says "no measured profile"
-            return RooflineCostModel(model, gpu, tp, dtype)
+        if not path.exists() or d != Deployment(dtype=dtype, tensor_parallel_size=tp):
+            if aic.tables_root() is not None and gpu.name in aic.GPU_DIRS:   # the [aic] extra is installed
+                try:
+                    return aic.aic_cost_model("aic", model, gpu, d)
+                except CatalogError:
+                    pass   # the tables lack this GPU's GEMMs (l4): the prior, which says so
+            return RooflineCostModel(model, gpu, deployment=d)  # describe() of the prior says "no measured profile"
     elif (PROFILES_DIR / f"{profile}.json").exists():
         path = PROFILES_DIR / f"{profile}.json"
     else:

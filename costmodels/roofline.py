@@ -1,8 +1,11 @@
 """Roofline cost model: each operator of one forward pass costs max(compute time, memory time) at
 realistic efficiencies plus a fixed launch cost; the step adds CPU-side overheads.
 
-It is the prior for GPUs without a measured profile (datasheet figures from `costmodels.catalog`).
-It ignores GEMM tile quantisation, wave effects and cache reuse; calibrated profiles capture those.
+It is the prior for GPUs and models without a measured profile (datasheet figures from
+`costmodels.catalog`). Per family: dense attention (full or sliding-window layers), MLA attention
+(absorbed in decode), dense MLPs, MoE layers (router, shared experts, grouped expert GEMMs over the
+tokens routed to each rank's experts), TP all-reduces and EP all-to-alls. It ignores GEMM tile
+quantisation, wave effects, cache reuse and compute/communication overlap; profiles capture the first three.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.catalog import DTYPE_BYTES, GPU, ModelShape
+from costmodels.catalog import GPU, ModelShape
+from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
+from costmodels import deployment as _deployment
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class Efficiencies:
     allreduce_link: float = 0.70         # NCCL ring bus bandwidth over the datasheet NVLink figure
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
     allreduce_latency_s: float = 8.0e-6  # NCCL small-message latency per all-reduce
+    alltoall_latency_s: float = 3.0e-5   # per EP dispatch or combine (DeepEP low-latency kernels, one node)
     # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
     per_step_s: float = 4.0e-4
     per_request_s: float = 6.0e-6        # per sequence in the batch
@@ -35,70 +41,145 @@ class Efficiencies:
 
 class RooflineCostModel:
     """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` for one replica of `model` on
-    `tp` GPUs of kind `gpu`. All times in seconds."""
+    `tp` GPUs of kind `gpu` (or as `deployment` lays it out: precision, TP, PP, DP, EP). Seconds.
+
+    A step is `sum over layers (attention GEMMs + attention + MLP or MoE (router, shared experts, routed
+    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling + per_step_s +
+    per_request_s x sequences`; `step_terms_s` returns each term. Pipeline stages run one after the other for one batch (no microbatch overlap), plus
+    one activation send between consecutive stages."""
 
     def __init__(self, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
-                 eff: Efficiencies = Efficiencies()):
-        self.model, self.gpu, self.tp, self.dtype, self.eff = model, gpu, tp, dtype, eff
-        self.dt = DTYPE_BYTES[dtype]
-        m = model
-        self.q_dim = m.num_heads * m.head_dim // tp
-        self.kv_dim = 2 * max(1, m.num_kv_heads // tp) * m.head_dim   # K and V, per GPU
+                 eff: Efficiencies = Efficiencies(), deployment: Deployment | None = None):
+        d = deployment or Deployment(dtype=dtype, tensor_parallel_size=tp)
+        self.model, self.gpu, self.tp, self.dtype, self.eff, self.deployment = model, gpu, d.tp, d.dtype, eff, d
+        m, tp = model, d.tp
+        self.dt = d.activation_bytes()
+        self.kv_dt = KV_BYTES[d.kv_format()]
+        fmt = d.weight_format(model)
+        self.wb = WEIGHT_BYTES[fmt]
+        self.wb_attn = self.dt if fmt == "mxfp4" else self.wb   # gpt-oss keeps attention in bf16
+        self.peak_flops = gpu.peak_flops_per_s(COMPUTE_DTYPE[fmt])
         self.heads = m.num_heads // tp
+        h = m.hidden_size
+        if m.is_mla:
+            qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+            self.q_dim, self.kv_dim = self.heads * qk, m.kv_width(tp)
+            q = ([(m.q_lora_rank, h), (self.heads * qk, m.q_lora_rank)] if m.q_lora_rank else [(self.heads * qk, h)])
+            self.attn_gemms = q + [(m.kv_width(tp), h), (self.heads * (m.qk_nope_head_dim + v), m.kv_lora_rank),
+                                   (h, self.heads * v)]
+        else:
+            self.q_dim, self.kv_dim = self.heads * m.head_dim, m.kv_width(tp)
+            self.attn_gemms = [(self.q_dim + self.kv_dim, h), (h, self.q_dim)]
         mlp_in = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
-        # (N, K) of each per-layer GEMM on one GPU: QKV, O, gate+up (or fc1), down (or fc2).
-        self.layer_gemms = [(self.q_dim + self.kv_dim, m.hidden_size), (m.hidden_size, self.q_dim),
-                            (mlp_in, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)]
-        self.peak_flops = gpu.bf16_flops_per_s * (2 if dtype == "fp8" else 1)
+        self.mlp_gemms = [(mlp_in, h), (h, m.intermediate_size // tp)]
+        self.shared_gemms = ([(2 * m.shared_expert_intermediate_size // tp, h),
+                              (h, m.shared_expert_intermediate_size // tp)] if m.shared_expert_intermediate_size else [])
+        self.layer_gemms = self.attn_gemms + self.mlp_gemms   # (N, K) of a dense layer's GEMMs on one GPU
+        e = eff
         self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
         self._heads: dict[int, float] = {}
-        e = eff   # 4 * head_dim * heads FLOP per context token (QK^T and PV), and the attained rates
-        self._decode_attention_consts = (4.0 * model.head_dim * self.heads, self.peak_flops * e.attention_compute,
+        if m.is_mla:   # absorbed MLA decode: scores over the latent + rope, values in the latent space
+            flops_per_ctx = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:          # QK^T and PV: 4 * head_dim * heads FLOP per context token
+            flops_per_ctx = 4.0 * m.head_dim * self.heads
+        self._decode_attention_consts = (flops_per_ctx, self.peak_flops * e.attention_compute,
                                          gpu.hbm_bytes_per_s * e.attention_memory, e.kernel_launch_s)
+        self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
 
     def describe(self) -> dict:
+        d = self.deployment
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
-                "gpu": self.gpu.name, "model": self.model.name, "tp": self.tp, "dtype": self.dtype,
+                "gpu": self.gpu.name, "model": self.model.name, "family": self.model.family, "tp": self.tp,
+                "dtype": self.dtype, "weights": d.weight_format(self.model), "kv_cache_dtype": d.kv_format(),
+                "pp": d.pipeline_parallel_size, "dp": d.data_parallel_size, "ep": d.ep,
+                "expert_load_imbalance": d.expert_load_imbalance,
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
 
-    def _gemm_s(self, m: float, n: int, k: int) -> float:
+    def _gemm_s(self, m: float, n: int, k: int, wb: float | None = None) -> float:
         e = self.eff
         flops = 2.0 * m * n * k
-        bytes_ = (m * k + k * n + m * n) * self.dt   # read activations + weights, write outputs
+        bytes_ = (m * k + m * n) * self.dt + k * n * (self.wb if wb is None else wb)   # activations + weights
         return max(flops / (self.peak_flops * e.gemm_compute),
                    bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.kernel_launch_s
 
-    def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]]) -> float:
-        """Varlen flash attention, causal over the new tokens, full over the cached ones. The sums are of
-        integers and half-integers, exact in float64 in any order."""
-        e, hd, dt = self.eff, self.model.head_dim, self.dt
-        flops = 4.0 * hd * self.heads * float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
-        bytes_ = dt * float(sum(2 * n * self.q_dim + (c + n) * self.kv_dim for n, c in prefill))
+    def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
+        """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`
+        keys per query on sliding-window layers). MLA prefill runs it on the up-projected K/V (head dim
+        nope + rope, value dim v) after decompressing the cached latent. The sums are of integers and
+        half-integers, exact in float64 in any order."""
+        m, e, dt = self.model, self.eff, self.dt
+        if window is None:
+            pairs = float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
+        else:
+            pairs = float(sum(n * min(c + (n + 1) / 2.0, window) for n, c in prefill))
+        kv_tokens = float(sum(c + n for n, c in prefill))
+        if m.is_mla:
+            qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+            flops = 2.0 * self.heads * (qk + v) * pairs
+            cached = float(sum(c for _, c in prefill))   # latent -> per-head K_nope, V for the cached tokens
+            flops += 2.0 * cached * m.kv_lora_rank * self.heads * (m.qk_nope_head_dim + v)
+            bytes_ = dt * float(sum(n for n, _ in prefill)) * self.heads * (qk + v) + self.kv_dt * kv_tokens * self.kv_dim
+        else:
+            flops = 4.0 * m.head_dim * self.heads * pairs
+            bytes_ = dt * float(sum(2 * n * self.q_dim for n, _ in prefill)) + self.kv_dt * kv_tokens * self.kv_dim
         return max(flops / (self.peak_flops * e.attention_compute),
                    bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _decode_attention_s(self, context_sum, num_seqs: int):
-        """Paged decode attention: stream every sequence's K and V once. `context_sum` (the sum of the
-        sequences' contexts, exact in float64) may be a float or an array of them, one per step."""
+        """Paged decode attention over every layer: stream every sequence's K and V (or MLA latent) once;
+        sliding-window layers read at most `window` tokens a sequence (min(sum, seqs x window), an upper
+        bound). `context_sum` (the sum of the sequences' contexts, exact in float64) may be a float or an
+        array of them, one per step."""
         flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
-        flops = flops_per_ctx * context_sum
-        bytes_ = self.dt * (context_sum * self.kv_dim + 2 * num_seqs * self.q_dim)
-        maximum = max if isinstance(context_sum, float) else np.maximum
-        return maximum(flops / compute_rate, bytes_ / memory_rate) + launch_s
+        is_float = isinstance(context_sum, float)
+        maximum = max if is_float else np.maximum
+        q_bytes = self.dt * 2 * num_seqs * self.q_dim
+        full = maximum(flops_per_ctx * context_sum / compute_rate,
+                       (self.kv_dt * (context_sum * self.kv_dim) + q_bytes) / memory_rate) + launch_s
+        if not self.num_sliding:
+            return self.model.num_layers * full
+        ctx = (min if is_float else np.minimum)(context_sum, float(num_seqs * self.model.sliding_window))
+        windowed = maximum(flops_per_ctx * ctx / compute_rate,
+                           (self.kv_dt * (ctx * self.kv_dim) + q_bytes) / memory_rate) + launch_s
+        return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
 
-    def _elementwise_s(self, num_tokens: int) -> float:
+    def _elementwise_s(self, num_tokens: int, mlp_width: float) -> float:
         """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
         m, e = self.model, self.eff
         bytes_ = self.dt * num_tokens * (2 * 2 * m.hidden_size + 2 * (self.q_dim + self.kv_dim)
-                                         + 3 * m.intermediate_size // self.tp + 2 * 3 * m.hidden_size)
+                                         + 3 * mlp_width + 2 * 3 * m.hidden_size)
         return bytes_ / (self.gpu.hbm_bytes_per_s * e.elementwise_memory) + 5 * e.kernel_launch_s
 
     def _allreduce_s(self, num_tokens: int) -> float:
+        """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm."""
         if self.tp == 1:
             return 0.0
         e = self.eff
         bytes_ = num_tokens * self.model.hidden_size * self.dt * 2 * (self.tp - 1) / self.tp  # ring
         return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+
+    def _routed_experts_s(self, num_tokens: int) -> float:
+        """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank."""
+        m, e, d = self.model, self.eff, self.deployment
+        h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
+        tokens_global = num_tokens * d.data_parallel_size   # DP ranks step together with equal batches
+        if d.ep > 1:   # each rank holds experts / ep whole experts and gets its share of the routed tokens
+            local_experts, width = experts / d.ep, m.moe_intermediate_size
+            routed = min(tokens_global * top_k / d.ep * d.expert_load_imbalance, tokens_global * top_k)
+        else:          # every rank holds a 1/tp slice of every expert
+            local_experts, width, routed = experts, m.moe_intermediate_size / self.tp, num_tokens * top_k
+        # distinct experts hit by tokens_global x top_k uniform picks, on this rank
+        active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
+        flops = 2.0 * routed * 3 * h * width
+        bytes_ = active * 3 * h * width * self.wb + routed * (2 * h + 3 * width) * self.dt
+        return max(flops / (self.peak_flops * e.gemm_compute),
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + 2 * e.kernel_launch_s
+
+    def _alltoall_s(self, num_tokens: int) -> float:
+        """EP dispatch and combine: each token's hidden state to and from its top-k experts' ranks."""
+        m, e, d = self.model, self.eff, self.deployment
+        sent = num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size * self.dt * (d.ep - 1) / d.ep
+        return 2 * (sent / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.alltoall_latency_s)
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
@@ -116,10 +197,17 @@ class RooflineCostModel:
             num_logits = num_seqs
         attention = 0.0
         if prefill:
-            attention += self._prefill_attention_s(prefill)
+            attention += self._prefill_attention_total_s(prefill)
         if num_decode:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
         return self._step_s(num_tokens, num_seqs, num_logits, attention)
+
+    def _prefill_attention_total_s(self, prefill) -> float:
+        full = self._prefill_attention_s(prefill)
+        if not self.num_sliding:
+            return self.model.num_layers * full
+        windowed = self._prefill_attention_s(prefill, self.model.sliding_window)
+        return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
 
     def decode_steps_time_s(self, num_seqs: int, context_sums: np.ndarray, num_logits: int | None = None):
         """Many decode-only steps at once: step i runs `num_seqs` sequences whose contexts (each including
@@ -130,66 +218,99 @@ class RooflineCostModel:
         return self._step_s(num_seqs, num_seqs, num_seqs if num_logits is None else num_logits, attention)
 
     def _step_s(self, num_tokens: int, num_seqs: int, num_logits: int, attention):
-        """Everything but attention depends on token and sequence counts only; `attention` may be an array."""
+        """Everything but attention (all layers' attention, summed) depends on token and sequence counts
+        only; `attention` may be an array."""
         by_tokens = self._by_tokens.get(num_tokens)
         if by_tokens is None:   # memoised: a pure function of the token count
             by_tokens = self._by_tokens[num_tokens] = self._token_terms_s(num_tokens)
         head = self._heads.get(num_logits)
         if head is None:
             head = self._heads[num_logits] = self._head_s(num_logits)
-        gemms, elementwise, allreduce, embed = by_tokens
-        layer = gemms + (attention + elementwise)
-        layer = layer + allreduce
+        layers, embed = by_tokens
         e = self.eff
-        return (self.model.num_layers * layer + head + embed + e.per_step_s + e.per_request_s * num_seqs)
+        return layers + attention + head + embed + e.per_step_s + e.per_request_s * num_seqs
 
     def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
         """A function of the decode context sum giving `step_time_sums_s((), num_seqs, sum, num_logits)`,
         bitwise: the same operations, with everything that depends only on the counts evaluated once."""
         num_logits = num_seqs if num_logits is None else num_logits
         self._step_s(num_seqs, num_seqs, num_logits, 0.0)   # fills the memos
-        gemms, elementwise, allreduce, embed = self._by_tokens[num_seqs]
-        head, num_layers, e = self._heads[num_logits], self.model.num_layers, self.eff
-        per_step_s, per_seqs_s = e.per_step_s, e.per_request_s * num_seqs
-        # _decode_attention_s for a float, inlined (this runs once per simulated step)
-        flops_per_ctx, compute_rate, memory_rate, launch_s = self._decode_attention_consts
-        dt, kv_dim, q_bytes = self.dt, self.kv_dim, 2 * num_seqs * self.q_dim
+        attention = self._decode_attention_s
 
         def step_time_s(context_sum: int) -> float:
-            context_sum = float(context_sum)
-            flops_s = flops_per_ctx * context_sum / compute_rate
-            bytes_s = dt * (context_sum * kv_dim + q_bytes) / memory_rate
-            layer = gemms + (((flops_s if flops_s >= bytes_s else bytes_s) + launch_s) + elementwise)
-            layer = layer + allreduce
-            return num_layers * layer + head + embed + per_step_s + per_seqs_s
+            return self._step_s(num_seqs, num_seqs, num_logits, float(attention(float(context_sum), num_seqs)))
         return step_time_s
 
-    def _token_terms_s(self, num_tokens: int) -> tuple[float, float, float, float]:
-        m, e = self.model, self.eff
-        gemms = sum(self._gemm_s(num_tokens, n, k) for n, k in self.layer_gemms)
-        embed = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
-        return gemms, self._elementwise_s(num_tokens), self._allreduce_s(num_tokens), embed
+    def _token_terms_s(self, num_tokens: int) -> tuple[float, float]:
+        """(all layers but their attention, embedding lookup) for `num_tokens` tokens."""
+        terms = self._layer_terms_s(num_tokens)
+        embed = terms.pop("embedding")
+        return sum(terms.values()), embed
+
+    def _layer_terms_s(self, num_tokens: int) -> dict[str, float]:
+        """Every term that depends on the token count only, summed over the layers that have it."""
+        m, e, d = self.model, self.eff, self.deployment
+        moe_width = m.experts_per_token * m.moe_intermediate_size / (1 if d.ep > 1 else self.tp)
+        t = {"attention_gemms": m.num_layers * sum(self._gemm_s(num_tokens, n, k, self.wb_attn) for n, k in self.attn_gemms),
+             "allreduce": m.num_layers * self._allreduce_s(num_tokens),
+             "dense_mlp": m.num_dense_layers * sum(self._gemm_s(num_tokens, n, k) for n, k in self.mlp_gemms),
+             "elementwise": (m.num_dense_layers * self._elementwise_s(num_tokens, m.intermediate_size / self.tp)
+                             + m.num_moe_layers * self._elementwise_s(num_tokens, moe_width)),
+             "moe_router_shared": 0.0, "routed_experts": 0.0, "alltoall": 0.0, "pipeline_sends": 0.0}
+        if m.num_moe_layers:
+            t["moe_router_shared"] = m.num_moe_layers * (self._gemm_s(num_tokens, m.num_experts, m.hidden_size, self.dt)
+                                                         + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms))
+            t["routed_experts"] = m.num_moe_layers * self._routed_experts_s(num_tokens)
+            if d.ep > 1:
+                t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)
+        if d.pipeline_parallel_size > 1:   # hidden states sent from stage to stage
+            t["pipeline_sends"] = (d.pipeline_parallel_size - 1) * (
+                num_tokens * m.hidden_size * self.dt / (self.gpu.interconnect_bytes_per_s * e.allreduce_link)
+                + e.allreduce_latency_s)
+        t["embedding"] = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
+        return t
+
+    def step_terms_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                     num_logits: int | None = None) -> dict[str, float]:
+        """The documented terms of one step, in seconds; they add up to `step_time_s` (to rounding)."""
+        num_seqs, num_tokens = len(prefill) + len(decode), sum(n for n, _ in prefill) + len(decode)
+        if num_tokens == 0:
+            return {}
+        t = self._layer_terms_s(num_tokens)
+        t["prefill_attention"] = self._prefill_attention_total_s(prefill) if prefill else 0.0
+        t["decode_attention"] = float(self._decode_attention_s(float(sum(decode)), len(decode))) if decode else 0.0
+        t["lm_head_sampling"] = self._head_s(num_seqs if num_logits is None else num_logits)
+        t["per_step"], t["per_request"] = self.eff.per_step_s, self.eff.per_request_s * num_seqs
+        return t
 
     def _head_s(self, num_logits: int) -> float:
         """Final norm, LM head over the vocabulary shard, logits to fp32, sampling."""
         if not num_logits:
             return 0.0
         m, e = self.model, self.eff
-        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size)
+        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size, self.dt)
         head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
         return head + 3 * e.kernel_launch_s
 
+    def weights_floor_s(self) -> float:
+        """The decode floor: one step reads every weight this GPU holds that a batch-1 step touches, at the
+        datasheet HBM bandwidth (no efficiency factor)."""
+        m, d = self.model, self.deployment
+        total = _deployment.weight_bytes_per_gpu(m, d)
+        p = m.param_counts()
+        if not m.tie_embeddings:   # the embedding table is looked up, one row, not streamed
+            total -= p["embedding"] * self.dt / self.tp
+        if m.is_moe:   # each expert is hit with probability top-k / experts
+            experts_bytes = p["experts"] * self.wb / (d.ep if d.ep > 1 else self.tp) / d.pipeline_parallel_size
+            total -= experts_bytes * (1 - m.experts_per_token / m.num_experts)
+        return total / self.gpu.hbm_bytes_per_s
+
 
 def weight_bytes(model: ModelShape, tp: int = 1, dtype: str = "bf16") -> float:
-    return model.num_params * DTYPE_BYTES[dtype] / tp
+    return _deployment.weight_bytes_per_gpu(model, Deployment(dtype=dtype, tensor_parallel_size=tp))
 
 
 def activation_reserve_bytes(model: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
                              tp: int = 1, dtype: str = "bf16") -> float:
-    """Peak non-KV memory of vLLM's profiling forward at the token budget: the largest live activations
-    (hidden states, QKV, the gated MLP intermediate), fp32 logits for the sampled sequences, plus
-    about 1.5 GiB of CUDA context, NCCL buffers and CUDA graphs that vLLM also counts."""
-    dt = DTYPE_BYTES[dtype]
-    per_token = dt * (4 * model.hidden_size + 3 * model.intermediate_size // tp)
-    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size // tp * 4 * 2
-    return max_num_batched_tokens * per_token + logits + 1.5 * 1024**3
+    return _deployment.activation_reserve_bytes(model, Deployment(dtype=dtype, tensor_parallel_size=tp),
+                                                max_num_batched_tokens, max_num_seqs)

@@ -16,6 +16,7 @@ import yaml
 
 from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelShape, get_gpu, get_model,
                                 with_max_model_len)
+from costmodels.deployment import DEPLOYMENT_KEYS, Deployment, parse_deployment
 from policies import POLICIES
 from policies.routers import ROUTERS
 from workloads.errors import WorkloadError, finite_number
@@ -30,6 +31,7 @@ class ConfigError(ValueError):
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
             "engine", "workload", "grid", "cluster", "disaggregation", "slo",
             "search", "capacity"}  # validated by experiments.search / experiments.capacity; not part of a point
+TOP_KEYS |= set(DEPLOYMENT_KEYS)  # precision and parallelism (issue 14): parsed by costmodels.deployment
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,15 @@ class PointConfig:
     cluster: ClusterSettings | None = None  # None: one replica
     disaggregation: DisaggSettings | None = None  # None: co-located prefill and decode
     slo: SloSettings | None = None  # per-request SLOs for goodput (None: no goodput columns)
+    deployment: Deployment | None = None  # precision and parallelism (None: bf16 at tensor_parallel_size)
 
     @property
     def num_gpus(self) -> int:
+        per_replica = self.deployment.gpus_per_replica if self.deployment else self.tensor_parallel_size
         if self.disaggregation is not None:
             d = self.disaggregation
-            return (d.num_prefill_replicas + d.num_decode_replicas) * self.tensor_parallel_size
-        return (self.cluster.num_replicas if self.cluster is not None else 1) * self.tensor_parallel_size
+            return (d.num_prefill_replicas + d.num_decode_replicas) * per_replica
+        return (self.cluster.num_replicas if self.cluster is not None else 1) * per_replica
 
 
 @dataclass(frozen=True)
@@ -314,12 +318,11 @@ def resolve_point(raw: dict) -> PointConfig:
         gpu = get_gpu(raw.get("hardware", "h100-sxm"))
     except CatalogError as e:
         raise ConfigError(f"hardware: {e}") from None
-    tp = number("tensor_parallel_size", raw.get("tensor_parallel_size", 1), minimum=1, integer=True)
-    if model.num_heads % tp:
-        raise ConfigError(f"tensor_parallel_size: {tp} does not divide {model.num_heads} attention heads")
-    dtype = raw.get("dtype", "bf16")
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    try:
+        deployment = parse_deployment(raw, model, DTYPE_BYTES)
+    except CatalogError as e:
+        raise ConfigError(str(e)) from None
+    tp, dtype = deployment.tensor_parallel_size, deployment.dtype
     profile = raw.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise ConfigError(f"profile: expected a profile name or path, got {profile!r}")
@@ -370,7 +373,7 @@ def resolve_point(raw: dict) -> PointConfig:
         if settings.enable_prefix_caching:
             raise ConfigError("disaggregation: engine.enable_prefix_caching is not modelled with disaggregation")
     return PointConfig(model, gpu, tp, dtype, profile, policy, settings, workload, unused,
-                       parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")))
+                       parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")), deployment)
 
 
 # ---- sweeps ----

@@ -9,7 +9,8 @@ import pandas as pd
 import simpy
 
 from costmodels import load_cost_model
-from costmodels.roofline import activation_reserve_bytes, weight_bytes
+from costmodels import deployment
+from costmodels.deployment import Deployment
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import run_fast, use_fast_path
@@ -64,21 +65,22 @@ def point_cost_model(cfg: PointConfig):
         if not set(params) <= {"per_step_s", "per_token_s"}:
             raise SimulationError(f"profile: constant cost takes per_step_s and per_token_s, got {cfg.profile!r}")
         return ConstantCost(**params)
-    return load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype)
+    return load_cost_model(cfg.profile, cfg.model, cfg.gpu, cfg.tensor_parallel_size, cfg.dtype,
+                           deployment=cfg.deployment)
 
 
 def memory_plan(cfg: PointConfig) -> MemoryPlan:
-    tp, dtype = cfg.tensor_parallel_size, cfg.dtype
+    d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
     p = cfg.policy
     budget = getattr(p, "max_num_batched_tokens", cfg.model.max_model_len)
     seqs = getattr(p, "max_num_seqs", 256)
     try:
         return plan_memory(
             gpu_memory_bytes=cfg.gpu.memory_bytes, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-            weight_bytes=weight_bytes(cfg.model, tp, dtype),
-            kv_bytes_per_token=cfg.model.kv_bytes_per_token(2 if dtype != "fp8" else 1, tp),
+            weight_bytes=deployment.weight_bytes_per_gpu(cfg.model, d),
+            kv_bytes_per_token=deployment.kv_bytes_per_token(cfg.model, d),
             block_size=cfg.engine.block_size,
-            activation_reserve_bytes=activation_reserve_bytes(cfg.model, budget, seqs, tp, dtype),
+            activation_reserve_bytes=deployment.activation_reserve_bytes(cfg.model, d, budget, seqs),
             num_gpu_blocks=cfg.engine.num_gpu_blocks)
     except ValueError as e:
         raise SimulationError(f"engine: {e}") from None
@@ -96,6 +98,7 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
     return {
         "seed": seed, "model": dataclasses.asdict(cfg.model), "hardware": dataclasses.asdict(cfg.gpu),
         "tensor_parallel_size": cfg.tensor_parallel_size, "dtype": cfg.dtype,
+        **({"deployment": dataclasses.asdict(cfg.deployment)} if cfg.deployment else {}),
         "engine": {"policy": cfg.policy.name, **dataclasses.asdict(cfg.policy), **dataclasses.asdict(cfg.engine),
                    "unused_keys": list(cfg.unused_engine_keys)},
         "memory": {**dataclasses.asdict(plan), "kv_capacity_tokens": plan.kv_capacity_tokens},

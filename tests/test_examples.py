@@ -116,5 +116,9 @@ def test_sweep_over_whole_engine_mappings_reports_each_configuration(tmp_path):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_sweep_file_loads_and_expands(path):
     """Every shipped sweep file passes the strict loader (no I/O: traces are read when a point runs)."""
+    import importlib.util
     from experiments.config import expand, load_sweep_file
+    model = str(yaml.safe_load(path.read_text()).get("model", ""))
+    if "/" in model and not model.endswith(".json") and importlib.util.find_spec("aiconfigurator_core") is None:
+        pytest.skip("names a Hugging Face id whose config.json the [aic] extra ships")
     assert expand(load_sweep_file(path))

@@ -1,0 +1,154 @@
+"""How a model is deployed: weight and KV-cache precision and parallelism (vLLM's knob names), with the
+memory they imply per GPU. One frozen value per point; `check` turns an impossible layout into one line.
+
+Memory follows vLLM: TP shards attention heads, dense MLPs and (without EP) every expert; with
+`enable_expert_parallel` the experts are split over the TP x DP ranks instead; PP splits the layers
+(the first stage also holds the embedding, the last the LM head: the larger is what must fit).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodels.catalog import CatalogError, ModelShape
+
+# bytes per weight; block formats carry their scales (mxfp4: one 8-bit scale per 32 values, nvfp4: one
+# fp8 scale per 16; fp8_block: one fp32 scale per 128x128 block, negligible)
+WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.53125,
+                "nvfp4": 0.5625}
+COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp32": "bf16", "fp8": "fp8", "fp8_block": "fp8",
+                 "mxfp4": "bf16", "nvfp4": "fp4"}   # the GEMM input format (mxfp4 is weight-only in vLLM on Hopper)
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
+KV_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+QUANTIZATIONS = ("fp8", "fp8_block", "mxfp4", "nvfp4")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """`dtype`: the model's activation/weight dtype (bf16 unless quantised); `quantization`: vLLM's weight
+    quantisation (None: the checkpoint's own, from config.json); `kv_cache_dtype`: vLLM's (auto = dtype);
+    `expert_load_imbalance`: tokens on the busiest expert-parallel rank over the mean (1.0 = perfectly
+    balanced routing; DeepSeek-V3 reports 1.1-1.3 without its redundant experts)."""
+    dtype: str = "bf16"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    expert_load_imbalance: float = 1.0
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel group size (1 without EP): vLLM's EP spans the TP x DP ranks."""
+        return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one simulated engine (one DP rank): TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def weight_format(self, model: ModelShape) -> str:
+        if self.dtype == "fp8":   # the legacy global `dtype: fp8`
+            return "fp8"
+        return self.quantization or model.quantization or self.dtype
+
+    def kv_format(self) -> str:
+        if self.kv_cache_dtype == "auto":
+            return "fp8" if self.dtype == "fp8" else self.dtype
+        return KV_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype)
+
+    def activation_bytes(self) -> float:
+        return 2.0 if self.dtype == "fp8" else KV_BYTES[self.dtype]
+
+
+def check(model: ModelShape, d: Deployment) -> None:
+    """One-line CatalogError for a layout vLLM would refuse, naming the knob."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        v = getattr(d, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise CatalogError(f"{key}: expected a positive integer, got {v!r}")
+    if model.num_heads % d.tp:
+        raise CatalogError(f"tensor_parallel_size: {d.tp} does not divide {model.num_heads} attention heads")
+    if d.pipeline_parallel_size > model.num_layers:
+        raise CatalogError(f"pipeline_parallel_size: {d.pipeline_parallel_size} exceeds {model.name}'s "
+                           f"{model.num_layers} layers")
+    if d.enable_expert_parallel:
+        if not model.is_moe:
+            raise CatalogError(f"enable_expert_parallel: {model.name} has no experts")
+        if model.num_experts % d.ep:
+            raise CatalogError(f"enable_expert_parallel: {d.ep} ranks (tensor_parallel_size x data_parallel_size)"
+                               f" do not divide {model.num_experts} experts")
+    if not isinstance(d.expert_load_imbalance, (int, float)) or d.expert_load_imbalance < 1:
+        raise CatalogError(f"expert_load_imbalance: expected a number >= 1, got {d.expert_load_imbalance!r}")
+    if d.quantization is not None and d.quantization not in QUANTIZATIONS:
+        raise CatalogError(f"quantization: expected one of {', '.join(QUANTIZATIONS)}, got {d.quantization!r}")
+    if d.kv_format() not in KV_BYTES:
+        raise CatalogError(f"kv_cache_dtype: expected auto, {', '.join(KV_BYTES)}, fp8_e4m3 or fp8_e5m2, "
+                           f"got {d.kv_cache_dtype!r}")
+
+
+def weight_bytes_per_gpu(model: ModelShape, d: Deployment) -> float:
+    """Weights one GPU holds. Quantisation applies to the decoder's linear layers (mxfp4, as gpt-oss ships
+    it, to the routed experts only); embeddings, LM head and norms stay 16-bit, as in vLLM."""
+    p = model.param_counts()
+    wb, half = WEIGHT_BYTES[d.weight_format(model)], d.activation_bytes()
+    linear = wb if d.weight_format(model) != "mxfp4" else half
+    expert_shards = d.ep if d.enable_expert_parallel else d.tp
+    layers = (p["attention"] + p["dense_mlp"] + p["shared"]) * linear / d.tp \
+        + p["experts"] * wb / expert_shards + p["norms"] * half
+    ends = p["embedding"] * half / d.tp
+    if d.pipeline_parallel_size == 1:
+        return layers + ends + p["lm_head"] * half / d.tp
+    return layers / d.pipeline_parallel_size + max(ends, p["lm_head"] * half / d.tp)
+
+
+def kv_bytes_per_token(model: ModelShape, d: Deployment) -> int:
+    """KV of one token on one GPU: every layer's (of this pipeline stage) K and V, or MLA latent."""
+    per_layer = model.kv_width(d.tp) * KV_BYTES[d.kv_format()]
+    layers = -(-model.num_layers // d.pipeline_parallel_size)
+    return int(layers * per_layer)
+
+
+def activation_reserve_bytes(model: ModelShape, d: Deployment, max_num_batched_tokens: int,
+                             max_num_seqs: int) -> float:
+    """Peak non-KV memory of vLLM's profiling forward at the token budget: the largest live activations
+    (hidden states, QKV or the MLA projections, the widest MLP intermediate: dense, or the top-k experts'
+    gate/up outputs per token), fp32 logits for the sampled sequences, plus about 1.5 GiB of CUDA context,
+    NCCL buffers and CUDA graphs that vLLM also counts."""
+    dt, tp = d.activation_bytes(), d.tp
+    mlp = 3 * model.intermediate_size // tp if model.num_dense_layers else 0
+    if model.is_moe:
+        shard = 1 if d.enable_expert_parallel else tp
+        mlp = max(mlp, model.experts_per_token * (3 * model.moe_intermediate_size // shard + model.hidden_size))
+    per_token = dt * (4 * model.hidden_size + mlp)
+    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size // tp * 4 * 2
+    return max_num_batched_tokens * per_token + logits + 1.5 * 1024**3
+
+
+DEPLOYMENT_KEYS = ("dtype", "quantization", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size",
+                   "data_parallel_size", "enable_expert_parallel", "expert_load_imbalance")
+
+
+def parse_deployment(raw: dict, model: ModelShape, dtypes) -> Deployment:
+    """The sweep file's top-level precision and parallelism keys (vLLM's names) as a checked Deployment;
+    `dtypes`: the accepted `dtype` values. A bad value is a one-line CatalogError naming its key."""
+    dtype = raw.get("dtype", "bf16")
+    if dtype not in dtypes:
+        raise CatalogError(f"dtype: expected one of {', '.join(dtypes)}, got {dtype!r}")
+    ep = raw.get("enable_expert_parallel", False)
+    if not isinstance(ep, bool):
+        raise CatalogError(f"enable_expert_parallel: expected true or false, got {ep!r}")
+    for key in ("quantization", "kv_cache_dtype"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise CatalogError(f"{key}: expected a string, got {raw[key]!r}")
+    d = Deployment(dtype=dtype, quantization=raw.get("quantization"), kv_cache_dtype=raw.get("kv_cache_dtype", "auto"),
+                   tensor_parallel_size=raw.get("tensor_parallel_size", 1),
+                   pipeline_parallel_size=raw.get("pipeline_parallel_size", 1),
+                   data_parallel_size=raw.get("data_parallel_size", 1), enable_expert_parallel=ep,
+                   expert_load_imbalance=raw.get("expert_load_imbalance", 1.0))
+    check(model, d)
+    return d

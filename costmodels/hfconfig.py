@@ -1,0 +1,147 @@
+"""Read a Hugging Face config.json into a ModelShape: dense (Llama, Qwen, Mistral), MoE (Mixtral, Qwen3-MoE,
+gpt-oss, Llama-4), MLA (DeepSeek-V2/V3) and OPT. An architecture it does not know, or a known family whose
+config lacks a key it needs, is a one-line CatalogError naming it: never silently read as dense."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from costmodels.catalog import CatalogError, ModelShape
+
+DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MiMoForCausalLM"}
+MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM",
+       "Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
+MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+OPT = {"OPTForCausalLM"}
+KNOWN = DENSE | MOE | MLA | OPT
+# checkpoint quantisation (quantization_config.quant_method) -> the weight format priced
+QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4", "nvfp4": "nvfp4"}
+
+
+class _Config(dict):
+    """config.json values; a missing required key is a one-line error naming it and the family."""
+
+    def __init__(self, data: dict, path: Path, family: str):
+        super().__init__(data)
+        self.path, self.family = path, family
+
+    def need(self, *keys: str):
+        for k in keys:
+            if k in self:
+                return _positive_int(self[k], k, self.path)
+        raise CatalogError(f"{self.path}: config.json lacks required key {keys[0]!r} ({self.family} model)")
+
+    def optional(self, key: str, default):
+        v = self.get(key)
+        return default if v is None else _positive_int(v, key, self.path)
+
+
+def _positive_int(v, key: str, path: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise CatalogError(f"{path}: {key}: expected a positive integer, got {v!r}")
+    return v
+
+
+def packaged_config(hf_id: str) -> Path | None:
+    """The config.json aiconfigurator-core ships for a Hugging Face id ("org/name"), if installed."""
+    import importlib.util
+    spec = importlib.util.find_spec("aiconfigurator_core") if "/" in hf_id else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model_configs" / f"{hf_id.replace('/', '--')}_config.json"
+    return path if path.exists() else None
+
+
+def model_from_hf_config(path: Path) -> ModelShape:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no such model config file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{path}: not a valid JSON config ({e})") from None
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read the model config ({e.strerror})") from None
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{path}: expected a JSON object of model settings, got a JSON {type(raw).__name__}")
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch is not None and arch not in KNOWN:
+        raise CatalogError(f"{path}: architecture {arch!r} is not modelled; known: {', '.join(sorted(KNOWN))}")
+    cfg = {**raw, **raw.get("text_config", {})}  # Llama-4 keeps the decoder under text_config
+    name = raw.get("_name_or_path") or (Path(path).name.removesuffix("_config.json").replace("--", "/")
+                                        if Path(path).name.endswith("_config.json") else Path(path).parent.name) or "hf-model"
+    if arch in OPT or (arch is None and "ffn_dim" in cfg):
+        c = _Config(cfg, path, "OPT")
+        h, heads = c.need("hidden_size"), c.need("num_attention_heads")
+        return ModelShape(name if raw.get("_name_or_path") else Path(path).parent.name or "opt",
+                          c.need("num_hidden_layers"), h, heads, heads, c.need("ffn_dim"), c.need("vocab_size"),
+                          cfg.get("max_position_embeddings", 2048), gated_mlp=False,
+                          tie_embeddings=cfg.get("tie_word_embeddings", True))
+    moe_keys = ("num_local_experts", "num_experts", "n_routed_experts")
+    is_mla = arch in MLA or (arch is None and "kv_lora_rank" in cfg)
+    is_moe = arch in MOE or (arch in MLA and "n_routed_experts" in cfg) or (
+        arch is None and any(cfg.get(k) for k in moe_keys))
+    family = "MLA" if is_mla else "MoE" if is_moe else "dense"
+    c = _Config(cfg, path, family)
+    heads, layers = c.need("num_attention_heads"), c.need("num_hidden_layers")
+    fields = dict(
+        name=name, num_layers=layers, hidden_size=c.need("hidden_size"), num_heads=heads,
+        num_kv_heads=c.optional("num_key_value_heads", heads),
+        intermediate_size=c.need("intermediate_size_mlp", "intermediate_size"),  # Llama-4 dense layers
+        vocab_size=c.need("vocab_size"), max_model_len=c.optional("max_position_embeddings", 4096),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), head_dim=c.optional("head_dim", None),
+        quantization=_quantization(raw), **_sliding(cfg, layers))
+    if is_moe:
+        fields.update(_moe(c, arch, layers))
+    if is_mla:
+        fields.update(kv_lora_rank=c.need("kv_lora_rank"), qk_rope_head_dim=c.need("qk_rope_head_dim"),
+                      qk_nope_head_dim=c.need("qk_nope_head_dim"), v_head_dim=c.need("v_head_dim"),
+                      q_lora_rank=cfg.get("q_lora_rank") or 0)
+    return ModelShape(**fields)
+
+
+def _moe(c: _Config, arch: str | None, layers: int) -> dict:
+    """Expert counts, widths and which layers are MoE, under each family's key names."""
+    experts = c.need("num_local_experts", "num_experts", "n_routed_experts")
+    top_k = c.need("num_experts_per_tok", "experts_per_token")
+    if arch in ("MixtralForCausalLM", "GptOssForCausalLM") or "moe_intermediate_size" not in c and \
+            "intermediate_size_mlp" not in c:
+        expert_width = c.need("intermediate_size")          # Mixtral, gpt-oss: every layer MoE
+    elif "intermediate_size_mlp" in c:
+        expert_width = c.need("intermediate_size")          # Llama-4: intermediate_size is the expert's
+    else:
+        expert_width = c.need("moe_intermediate_size")      # Qwen-MoE, DeepSeek
+    if "interleave_moe_layer_step" in c:                    # Llama-4: every step-th layer
+        num_moe = layers // max(1, c["interleave_moe_layer_step"])
+    elif "first_k_dense_replace" in c:                      # DeepSeek: the first k layers dense
+        freq = max(1, c.get("moe_layer_freq", 1))
+        num_moe = sum(1 for i in range(c["first_k_dense_replace"], layers) if i % freq == 0)
+    elif "decoder_sparse_step" in c:                        # Qwen-MoE
+        dense = set(c.get("mlp_only_layers") or [])
+        step = max(1, c["decoder_sparse_step"])
+        num_moe = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    else:
+        num_moe = layers
+    shared = c.get("shared_expert_intermediate_size") or 0   # Qwen2-MoE
+    shared += (c.get("n_shared_experts") or 0) * expert_width  # DeepSeek
+    if arch and arch.startswith("Llama4"):
+        shared += expert_width                               # Llama-4: one shared expert per MoE layer
+    return dict(num_experts=experts, experts_per_token=top_k, moe_intermediate_size=expert_width,
+                shared_expert_intermediate_size=shared, num_moe_layers=num_moe)
+
+
+def _sliding(cfg: dict, layers: int) -> dict:
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return {}
+    types = cfg.get("layer_types")
+    num = sum(1 for t in types if t == "sliding_attention") if types else layers
+    return {"sliding_window": int(window), "num_sliding_layers": num}
+
+
+def _quantization(raw: dict) -> str | None:
+    q = raw.get("quantization_config") or {}
+    method = q.get("quant_method")
+    if method == "fp8" and q.get("weight_block_size"):
+        return "fp8_block"
+    return QUANT_METHODS.get(method) if method else None

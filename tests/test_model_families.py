@@ -1,0 +1,159 @@
+"""Model families from config.json, precision and parallelism: weights, KV bytes, roofline terms, errors."""
+import json
+from pathlib import Path
+
+import pytest
+
+from costmodels import RooflineCostModel, get_gpu, get_model
+from costmodels.catalog import CatalogError
+from costmodels.deployment import Deployment, check, kv_bytes_per_token, weight_bytes_per_gpu
+
+H100 = get_gpu("h100-sxm")
+BASE = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 2048}
+TINY_MOE = {**BASE, "architectures": ["Qwen3MoeForCausalLM"], "head_dim": 128, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128, "decoder_sparse_step": 1, "mlp_only_layers": [0]}
+TINY_MLA = {**BASE, "architectures": ["DeepseekV3ForCausalLM"], "num_key_value_heads": 4, "kv_lora_rank": 64,
+            "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32, "q_lora_rank": 96,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "n_shared_experts": 1,
+            "first_k_dense_replace": 1, "moe_layer_freq": 1}
+
+
+def write(tmp_path: Path, cfg: dict, name="config.json") -> str:
+    f = tmp_path / name
+    f.write_text(json.dumps(cfg))
+    return str(f)
+
+
+def aic_configs() -> Path:
+    from costmodels.aic import tables_root
+    root = tables_root()
+    if root is None:
+        pytest.skip("aiconfigurator-core ([aic] extra) not installed")
+    return root.parent.parent / "model_configs"
+
+
+def test_explicit_head_dim_sets_kv_bytes(tmp_path):
+    m = get_model(write(tmp_path, {**BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 128}))
+    assert m.head_dim == 128 and m.family == "dense"
+    assert m.kv_bytes_per_token(2) == 4 * 2 * 2 * 128 * 2   # layers x K,V x kv heads x head_dim x bf16
+    assert kv_bytes_per_token(m, Deployment(kv_cache_dtype="fp8")) == m.kv_bytes_per_token(2) // 2
+
+
+def test_tiny_moe_counts_experts_and_dense_layers(tmp_path):
+    m = get_model(write(tmp_path, TINY_MOE))
+    assert (m.family, m.num_experts, m.experts_per_token, m.num_moe_layers, m.num_dense_layers) == ("moe", 8, 2, 3, 1)
+    p = m.param_counts()
+    assert p["experts"] == 3 * 8 * 3 * 256 * 128 and p["dense_mlp"] == 1 * 3 * 256 * 512
+    assert m.num_active_params < m.num_params
+
+
+def test_tiny_mla_kv_is_the_latent_and_not_split_by_tp(tmp_path):
+    m = get_model(write(tmp_path, TINY_MLA))
+    assert m.family == "mla-moe" and m.num_moe_layers == 3 and m.shared_expert_intermediate_size == 128
+    assert kv_bytes_per_token(m, Deployment()) == 4 * (64 + 16) * 2
+    assert kv_bytes_per_token(m, Deployment(tensor_parallel_size=2)) == 4 * (64 + 16) * 2
+
+
+def test_unknown_architecture_and_missing_family_key_are_one_line_errors(tmp_path):
+    with pytest.raises(CatalogError, match="architecture 'MambaForCausalLM' is not modelled"):
+        get_model(write(tmp_path, {**BASE, "architectures": ["MambaForCausalLM"]}))
+    bad = {k: v for k, v in TINY_MOE.items() if k != "num_experts_per_tok"}
+    with pytest.raises(CatalogError, match="lacks required key 'num_experts_per_tok' \\(MoE model\\)"):
+        get_model(write(tmp_path, bad))
+    with pytest.raises(CatalogError, match="lacks required key 'kv_lora_rank' \\(MLA model\\)"):
+        get_model(write(tmp_path, {k: v for k, v in TINY_MLA.items() if k != "kv_lora_rank"}))
+
+
+def test_parallelism_errors_name_the_knob(tmp_path):
+    moe = get_model(write(tmp_path, TINY_MOE))
+    with pytest.raises(CatalogError, match="tensor_parallel_size: 3 does not divide 4 attention heads"):
+        check(moe, Deployment(tensor_parallel_size=3))
+    with pytest.raises(CatalogError, match="pipeline_parallel_size: 5 exceeds .* 4 layers"):
+        check(moe, Deployment(pipeline_parallel_size=5))
+    with pytest.raises(CatalogError, match="enable_expert_parallel: 3 ranks .* do not divide 8 experts"):
+        check(moe, Deployment(data_parallel_size=3, enable_expert_parallel=True))
+    check(moe, Deployment(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True))
+
+
+def test_precision_and_expert_parallel_shrink_weights(tmp_path):
+    m = get_model(write(tmp_path, TINY_MOE))
+    bf16 = weight_bytes_per_gpu(m, Deployment())
+    assert weight_bytes_per_gpu(m, Deployment(quantization="fp8")) < 0.75 * bf16
+    ep = weight_bytes_per_gpu(m, Deployment(data_parallel_size=4, enable_expert_parallel=True))
+    assert ep == pytest.approx(bf16 - m.param_counts()["experts"] * 2 * 3 / 4)
+
+
+def test_roofline_moe_reads_more_experts_as_the_batch_grows(tmp_path):
+    m = get_model(write(tmp_path, TINY_MOE))
+    cm = RooflineCostModel(m, H100)
+    steps = [cm.step_time_s(decode=[512] * b) for b in (1, 4, 16, 64)]
+    assert steps == sorted(steps)
+    ep = RooflineCostModel(m, H100, deployment=Deployment(data_parallel_size=2, enable_expert_parallel=True))
+    skew = RooflineCostModel(m, H100, deployment=Deployment(data_parallel_size=2, enable_expert_parallel=True,
+                                                            expert_load_imbalance=1.5))
+    assert skew.step_time_s(prefill=[(4096, 0)]) > ep.step_time_s(prefill=[(4096, 0)])
+
+
+def test_roofline_bitwise_paths_hold_for_every_family(tmp_path):
+    for cfg in (TINY_MOE, TINY_MLA, {**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}):
+        cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100)
+        ctx = [100, 700, 3000]
+        one = cm.step_time_s(decode=ctx)
+        assert cm.decode_step_time_fn(3)(sum(ctx)) == one
+        assert cm.decode_steps_time_s(3, [float(sum(ctx))])[0] == one
+
+
+def test_real_configs_from_the_tables_package():
+    root = aic_configs()
+    q30 = get_model(str(root / "Qwen--Qwen3-30B-A3B_config.json"))
+    assert (q30.num_experts, q30.experts_per_token, q30.head_dim) == (128, 8, 128)
+    assert q30.num_params / 1e9 == pytest.approx(30.5, abs=0.3)
+    ds = get_model(str(root / "deepseek-ai--DeepSeek-V3_config.json"))
+    assert ds.family == "mla-moe" and ds.num_moe_layers == 58 and ds.quantization == "fp8_block"
+    assert ds.num_params / 1e9 == pytest.approx(671, abs=3) and ds.num_active_params / 1e9 == pytest.approx(37, abs=1.5)
+    oss = get_model(str(root / "openai--gpt-oss-120b_config.json"))
+    assert (oss.sliding_window, oss.num_sliding_layers, oss.quantization) == (128, 18, "mxfp4")
+    scout = get_model(str(root / "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"))
+    llama = get_model(str(root / "meta-llama--Meta-Llama-3.1-8B_config.json"))
+    assert scout.num_active_params / 1e9 == pytest.approx(17, abs=1.5) and llama.family == "dense"
+    mixtral = get_model(str(root / "mistralai--Mixtral-8x7B-v0.1_config.json"))
+    assert mixtral.num_params / 1e9 == pytest.approx(46.7, abs=0.3)
+
+
+def test_tiny_moe_and_mla_run_end_to_end_through_experiments_run(tmp_path):
+    import pandas as pd
+    import yaml
+
+    from experiments import run
+    from experiments.config import ConfigError, resolve_point
+    for name, cfg, extra in (("moe", TINY_MOE, {"tensor_parallel_size": 2, "data_parallel_size": 2,
+                                                 "enable_expert_parallel": True, "expert_load_imbalance": 1.2}),
+                             ("mla", TINY_MLA, {"kv_cache_dtype": "fp8", "quantization": "fp8"})):
+        sweep = {"name": name, "seeds": [0], "model": write(tmp_path, cfg, f"{name}.json"), "hardware": "l40s",
+                 "profile": "roofline", **extra,
+                 "engine": {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 512},
+                 "workload": {"num_requests": 30, "arrival": {"process": "poisson", "rate_per_s": 20},
+                              "prompt_tokens": {"dist": "fixed", "value": 100},
+                              "output_tokens": {"dist": "fixed", "value": 20}}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(sweep))
+        assert run.main([str(tmp_path / f"{name}.yaml"), "--out", str(tmp_path / name), "--jobs", "1"]) == 0
+        res = pd.read_csv(tmp_path / name / "results.csv")
+        assert res["num_finished"].iloc[0] == 30 and res["cost_model"].iloc[0] == "roofline"
+    with pytest.raises(ConfigError, match="enable_expert_parallel: 3 ranks"):
+        resolve_point({**sweep, "model": write(tmp_path, TINY_MOE), "data_parallel_size": 3,
+                       "enable_expert_parallel": True, "kv_cache_dtype": "auto", "quantization": None})
+    with pytest.raises(ConfigError, match="kv_cache_dtype: expected auto"):
+        resolve_point({**sweep, "kv_cache_dtype": "int3"})
+
+
+def test_step_is_the_sum_of_its_documented_terms(tmp_path):
+    for cfg, d in ((TINY_MOE, Deployment(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True)),
+                   (TINY_MLA, Deployment(pipeline_parallel_size=2, kv_cache_dtype="fp8")),
+                   ({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}, Deployment())):
+        cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100, deployment=d)
+        batch = {"prefill": [(300, 100), (64, 0)], "decode": [50, 900, 4000]}
+        terms = cm.step_terms_s(**batch)
+        assert sum(terms.values()) == pytest.approx(cm.step_time_s(**batch), rel=1e-12)
+        assert all(v >= 0 for v in terms.values())
+    assert terms["alltoall"] == 0 and terms["routed_experts"] == 0   # dense: no MoE terms
