@@ -57,3 +57,21 @@ def test_hf_config(tmp_path):
     f.write_text('{"hidden_size": 64}')
     with pytest.raises(CatalogError, match="config.json lacks required key"):
         model_from_hf_config(f)
+
+
+def test_async_scheduling_hides_cpu_time_behind_the_gpu():
+    """vLLM V1 async scheduling: a step takes max(GPU, CPU) instead of their sum (costmodels/roofline.py)."""
+    from dataclasses import replace
+    from costmodels.catalog import get_gpu, get_model
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    m, g = get_model("llama-3-8b"), get_gpu("h100-sxm")
+    on = RooflineCostModel(m, g)
+    off = RooflineCostModel(m, g, eff=replace(Efficiencies(), async_scheduling=False))
+    e = Efficiencies()
+    batch = dict(decode=[1000] * 64)
+    cpu = e.per_step_s + 64 * e.per_request_s
+    assert off.step_time_s(**batch) - on.step_time_s(**batch) == pytest.approx(cpu, rel=1e-9)
+    # a tiny GPU step on a slow CPU: the CPU time is the floor
+    slow_cpu = RooflineCostModel(get_model("tiny"), g, eff=replace(Efficiencies(), per_step_s=0.05))
+    assert slow_cpu.step_time_s(decode=[10]) == pytest.approx(0.05 + 6e-6)
+    assert on.request_latency_s == e.request_latency_s > 0
