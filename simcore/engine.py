@@ -26,7 +26,7 @@ class SimulationError(RuntimeError):
 @dataclass(frozen=True)
 class EngineLimits:
     """Engine-level settings that are not a policy's knobs."""
-    num_gpu_blocks: int
+    num_gpu_blocks: int                  # as vLLM: the pool, its null block included (simcore.kvcache)
     block_size: int = 16
     max_model_len: int = 8192
     preemption_mode: str = "recompute"   # or "swap" (vLLM V0 only; V1 always recomputes)

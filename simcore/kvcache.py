@@ -18,6 +18,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# vLLM's BlockPool takes one block of the pool as its null block (a placeholder for skipped positions, never
+# allocated; vllm/v1/core/block_pool.py), so of `num_gpu_blocks` (given or derived) one fewer hold KV.
+NUM_NULL_BLOCKS = 1
+
+
+def num_usable_blocks(num_gpu_blocks: int) -> int:
+    """KV blocks requests can hold in a pool of `num_gpu_blocks` (vLLM's meaning of num_gpu_blocks)."""
+    return max(0, num_gpu_blocks - NUM_NULL_BLOCKS)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """How the KV pool was sized; recorded with results so a user can see where the blocks went."""
@@ -51,11 +61,12 @@ def plan_memory(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weigh
 
 
 class BlockPool:
-    """GPU KV blocks. Invariant: 0 <= num_used_blocks <= num_blocks, and it equals the sum of what
-    the requests holding blocks have (checked by the engine)."""
+    """GPU KV blocks. `num_blocks` = usable blocks, `num_gpu_blocks` less the null block. Invariant:
+    0 <= num_used_blocks <= num_blocks, and it equals the sum of what the requests holding blocks have
+    (checked by the engine)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks, self.block_size = num_blocks, block_size
+    def __init__(self, num_gpu_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_usable_blocks(num_gpu_blocks), block_size
         self.num_used_blocks = 0
 
     @property
@@ -139,10 +150,10 @@ class PrefixCachingBlockPool(BlockPool):
     blocks counted once per holder), which equals the sum of `Request.num_blocks`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_gpu_blocks: int, block_size: int):
+        super().__init__(num_gpu_blocks, block_size)
         self.num_block_refs = 0
-        self._num_fresh = num_blocks
+        self._num_fresh = self.num_blocks
         self._free: OrderedDict[_Block, None] = OrderedDict()  # head = next to reuse (least recently freed)
         self._cached: dict[int, _Block] = {}                    # block hash -> block (held or free)
         self._held: dict[int, list[_Block]] = {}                # request id -> its blocks, front first

@@ -68,7 +68,7 @@ def test_hit_skips_cached_prefix_but_recomputes_last_token():
 
 
 def test_lru_free_queue_reverse_order_and_lazy_eviction():
-    pool = PrefixCachingBlockPool(4, BS)
+    pool = PrefixCachingBlockPool(5, BS)  # 4 usable blocks: vLLM keeps one as its null block
     a = Request(spec(0, 9, (10, 11)))  # 3 blocks: two full named ones + a partial tail
     compute_prompt(pool, a)
     finish(pool, a)                     # queue: [fresh] tail, a1, a0 -> tail block first
@@ -165,6 +165,6 @@ def test_config_switch_and_summary():
 def test_allocation_in_a_step_cannot_evict_another_admitted_requests_hit():
     specs = [spec(0, 64, range(4), 1, 0.0), spec(1, 64, None, 1, 0.0),    # fill and free all 8 blocks
              spec(2, 48, None, 1, 10.0), spec(3, 65, range(4), 1, 10.0)]  # 2 allocates from the LRU head
-    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=512), specs, True, num_gpu_blocks=8)
+    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=512), specs, True, num_gpu_blocks=9)  # 8 usable
     assert [r[2] for r in log.iterations] == [128, 48 + 1]  # request 3 recomputes only its last token
     assert eng.pool.stats()["num_cached_prompt_tokens"] == 64
