@@ -66,13 +66,15 @@ class ChunkedPrefill:
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         return spec.num_prompt_tokens + spec.num_output_tokens
 
-    def _cap(self, n: int, budget: int) -> int:
-        if 0 < self.long_prefill_token_threshold < n:
-            n = self.long_prefill_token_threshold
-        return min(n, budget)
-
     def schedule(self, view: EngineView) -> Batch:
         budget = self.max_num_batched_tokens
+        # vLLM applies long_prefill_token_threshold only when another request (running or waiting) could be
+        # starved by a long prefill: alone, a request gets the whole budget.
+        threshold = self.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
+
+        def cap(n: int, budget: int) -> int:
+            return min(threshold if 0 < threshold < n else n, budget)
+
         free = view.num_free_blocks
         running = list(view.running)
         scheduled: dict[int, Scheduled] = {}   # in scheduling order
@@ -83,7 +85,7 @@ class ChunkedPrefill:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = self._cap(req.num_uncomputed_tokens, budget)
+            n = cap(req.num_uncomputed_tokens, budget)
             need = view.blocks_to_hold(req, req.num_computed_tokens + n)
             while need > free:  # preempt until it fits
                 if by_priority:  # the lowest priority, latest arrival (first such in list order on ties)
@@ -116,7 +118,7 @@ class ChunkedPrefill:
                 if budget <= 0 or num_seqs >= self.max_num_seqs:
                     break
                 hit = view.num_cached_prefix_tokens(req)
-                n = self._cap(req.num_uncomputed_tokens - hit, budget)
+                n = cap(req.num_uncomputed_tokens - hit, budget)
                 if view.blocks_to_hold(req, req.num_tokens) > free:
                     break  # head-of-line blocking: nobody behind it is admitted
                 scheduled[req.request_id] = Scheduled(req.request_id, n)

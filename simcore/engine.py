@@ -43,7 +43,8 @@ class EngineLimits:
 class Engine:
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
-                 replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None):
+                 replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
+                 on_step: Callable[["Engine", Batch], None] | None = None):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
                              f"not {limits.preemption_mode!r}")
@@ -68,6 +69,7 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
+        self.on_step = on_step  # called after each applied iteration (calibration.vllm_scheduler records)
         # Real-execution seam (calibration.backend.RealBackend): when set, each batch is run on real
         # hardware by `executor.execute(engine, batch, shape, cost_args)`, which returns its measured
         # seconds; the cost model is then not consulted. Everything else (policy, KV pool) is unchanged.
@@ -167,7 +169,14 @@ class Engine:
                     yield self._wake
                     continue
                 if batch.preempt:
-                    raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
+                    # vLLM's empty step: with priority scheduling a request that cannot grow may preempt
+                    # itself first, ending the step with nothing scheduled; no forward pass runs.
+                    swap_out_s = self._preempt(batch.preempt)
+                    if swap_out_s:
+                        yield env.timeout(swap_out_s)
+                    if self.on_step is not None:
+                        self.on_step(self, batch)
+                    continue
                 if batch.wake_at_s is None or batch.wake_at_s <= env.now:
                     raise SimulationError(
                         f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
@@ -194,6 +203,8 @@ class Engine:
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:
                 self._check_invariants()
+            if self.on_step is not None:
+                self.on_step(self, batch)
 
     def _num_logits(self, batch: Batch, shape) -> int:
         if batch.padded_shape is not None:
