@@ -100,13 +100,14 @@ class ChunkedPrefill:
                 else:  # the most recently admitted
                     victim = running.pop()
                 preempted.append(victim.request_id)
-                free += victim.num_blocks
+                free += view.blocks_freed(victim)
                 if victim is req:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
             scheduled[req.request_id] = Scheduled(req.request_id, n)
             blocks_taken[req.request_id] = need
+            view.take(req, req.num_computed_tokens + n)
             free -= need
             budget -= n
             i += 1
@@ -123,6 +124,7 @@ class ChunkedPrefill:
                     break  # head-of-line blocking: nobody behind it is admitted
                 scheduled[req.request_id] = Scheduled(req.request_id, n)
                 free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
+                view.take(req, req.num_computed_tokens + hit + n)
                 budget -= n
                 num_seqs += 1
         return Batch(tuple(scheduled.values()), tuple(preempted))

@@ -84,6 +84,7 @@ class Continuous:
             if free - need < watermark_blocks:
                 break
             out.append(Scheduled(req.request_id, n, reserve))
+            view.take(req, max(req.num_tokens, reserve))
             free -= need
             budget -= n
             num_seqs += 1
@@ -97,12 +98,13 @@ class Continuous:
             while need > free:
                 victim = running.pop()
                 preempted.append(victim.request_id)
-                free += victim.num_blocks
+                free += view.blocks_freed(victim)
                 if victim is req:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
             out.append(Scheduled(req.request_id, 1))
+            view.take(req, req.num_computed_tokens + 1)
             free -= need
             budget -= 1
             i += 1

@@ -244,20 +244,16 @@ class Engine:
     def _admit_and_allocate(self, batch: Batch) -> float:
         transfer_s = 0.0
         admitted = []
-        if self.prefix_cache is not None:
-            # Share every admitted request's cached prefix before allocating any new block, so that one
-            # request's allocation cannot evict a block that another counted as a hit this step.
-            for s in batch.scheduled:
-                req = self.requests.get(s.request_id)
-                if req is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
-                    self._apply_prefix_hit(req, s.num_new_tokens)
-        for s in batch.scheduled:
+        cache = self.prefix_cache
+        for s in batch.scheduled:  # in order, as vLLM allocates (an allocation may evict a later one's hit)
             req = self.requests.get(s.request_id)
             if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
+            if cache is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
+                self._apply_prefix_hit(req, s.num_new_tokens)
             if req.status is Status.SWAPPED:
                 self.swap_space.num_used_blocks -= req.num_blocks
                 self.pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
@@ -268,6 +264,8 @@ class Engine:
                 if req.admitted_s is None:
                     req.admitted_s = self.env.now
             self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
+            if cache is not None:  # vLLM registers full blocks when it schedules their computation
+                cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
         if self.pool.num_used_blocks > self.pool.num_blocks:
             raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
         if admitted:
@@ -305,8 +303,6 @@ class Engine:
             else:
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
-            if self.prefix_cache is not None:
-                self.prefix_cache.cache_full_blocks(req)
             if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
                 req.num_generated_tokens += 1
                 if req.first_token_s is None:

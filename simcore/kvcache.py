@@ -119,31 +119,39 @@ class _Block:
 
 
 _NONE_HASH = 0x5BD1E995  # the first block's parent (vLLM's seeded NONE_HASH)
-_UNNAMED = 0x2545F491  # salt: a prompt block with no id is unique to its request
+_UNNAMED = 0x2545F491  # salt: a block with no id is unique to its request
 
 
-def chain_hashes(spec: RequestSpec, block_size: int) -> list[int]:
-    """Hashes of the full prompt blocks of `spec`, each chained over its parent's (vLLM `hash_block_tokens`)."""
+def chain_hashes(spec: RequestSpec, block_size: int, num_blocks: int | None = None) -> list[int]:
+    """Hashes of the first `num_blocks` full blocks of `spec`'s sequence (default: its full prompt blocks),
+    each chained over its parent's (vLLM `hash_block_tokens`). Blocks past the prompt hold generated tokens,
+    unique to the request, as vLLM hashes them too (a preempted request re-hits its own output)."""
     ids = spec.prefix_block_ids or ()
+    num_named = min(len(ids), spec.num_prompt_tokens // block_size)
+    if num_blocks is None:
+        num_blocks = spec.num_prompt_tokens // block_size
     h, hashes = _NONE_HASH, []
-    for k in range(spec.num_prompt_tokens // block_size):
-        # 64-bit chained hash as nano-vllm's xxhash64; ids beyond the given ones are request-unique.
+    for k in range(num_blocks):
+        # 64-bit chained hash as nano-vllm's xxhash64; blocks beyond the named ones are request-unique.
         # (ids[k] == -1) because CPython's hash(-1) == hash(-2).
-        h = hash((h, ids[k], ids[k] == -1)) if k < len(ids) else hash((h, spec.request_id, k, _UNNAMED))
+        h = hash((h, ids[k], ids[k] == -1)) if k < num_named else hash((h, spec.request_id, k, _UNNAMED))
         hashes.append(h)
     return hashes
 
 
 class PrefixCachingBlockPool(BlockPool):
-    """vLLM V1's BlockPool with automatic prefix caching (../shared/docs/engines.md section 1.4).
+    """vLLM V1's BlockPool with automatic prefix caching (vllm/v1/core/block_pool.py, kv_cache_manager.py).
 
-    Only full blocks are cached, under a hash chained over the parent block's hash and the block's identity
-    (`RequestSpec.prefix_block_ids[k]`, standing for its tokens; a prompt block without an id gets one
-    unique to its request, so a preempted request can still re-hit its own prompt). Generated tokens are
-    never cached (their contents are unknown here). Free blocks wait in an LRU queue: freed blocks are
-    appended at the tail in reverse order (deepest prefix block first), allocation pops the head, and a
-    cached block leaves the hash table only when it is reallocated (lazy eviction). Never-used blocks sit
-    at the head of the queue, as in vLLM's initial free list.
+    Full blocks are cached under a hash chained over the parent block's hash and the block's identity
+    (`RequestSpec.prefix_block_ids[k]`, standing for its tokens; a block without an id, including every
+    block of generated tokens, gets one unique to its request, so a preempted request re-hits its own
+    blocks). A block is registered when a step that computes its last token is scheduled (vLLM caches at
+    `allocate_slots`, so a request admitted later in the same step can hit it). Identical blocks computed
+    by different requests are all kept (vLLM does not deduplicate); a lookup takes the first registered.
+    Free blocks wait in one queue; allocation pops the head. A request's blocks are freed in reverse order
+    (deepest first): cached ones are appended at the tail (LRU eviction; shared prefixes go last), blocks
+    without a hash are put back at the head (vLLM 0.32 reuses them first). A cached block leaves the hash
+    table only when it is reallocated (lazy eviction). The queue starts with every block, as vLLM's.
 
     Counting: `num_used_blocks` = physical blocks held by at least one request (what vLLM reports as usage;
     cached idle blocks count as free); `num_block_refs` = sum of the blocks each request holds (shared
@@ -153,12 +161,11 @@ class PrefixCachingBlockPool(BlockPool):
     def __init__(self, num_gpu_blocks: int, block_size: int):
         super().__init__(num_gpu_blocks, block_size)
         self.num_block_refs = 0
-        self._num_fresh = self.num_blocks
-        self._free: OrderedDict[_Block, None] = OrderedDict()  # head = next to reuse (least recently freed)
-        self._cached: dict[int, _Block] = {}                    # block hash -> block (held or free)
+        self._free: OrderedDict[_Block, None] = OrderedDict((_Block(), None) for _ in range(self.num_blocks))
+        self._cached: dict[int, list[_Block]] = {}              # block hash -> blocks (held or free)
         self._held: dict[int, list[_Block]] = {}                # request id -> its blocks, front first
         self._num_registered: dict[int, int] = {}               # request id -> leading blocks already hashed
-        self._hashes: dict[int, list[int]] = {}                 # request id -> chained hashes of prompt blocks
+        self._hashes: dict[int, list[int]] = {}                 # request id -> chained hashes of its blocks
         self._memo: dict[int, tuple[int, list[_Block]]] = {}    # request id -> (epoch, longest cached chain)
         self._epoch = 0                                         # bumped whenever the cache changes
         # counters (vLLM's prefix_cache_queries / _hits, prompt_tokens_cached / _recomputed)
@@ -168,12 +175,15 @@ class PrefixCachingBlockPool(BlockPool):
         self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
 
     # ---- identities ----
-    def block_hashes(self, spec: RequestSpec) -> list[int]:
-        """Chained hashes of the full prompt blocks of `spec` (memoised per request)."""
+    def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks;
+        memoised per request, extended as it generates)."""
+        if num_blocks is None:
+            num_blocks = spec.num_prompt_tokens // self.block_size
         hashes = self._hashes.get(spec.request_id)
-        if hashes is None:
-            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size)
-        return hashes
+        if hashes is None or len(hashes) < num_blocks:
+            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size, num_blocks)
+        return hashes[:num_blocks] if len(hashes) > num_blocks else hashes
 
     def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
         """Cached prefix of a request that is not in this pool (a router's question); no side effects."""
@@ -185,18 +195,18 @@ class PrefixCachingBlockPool(BlockPool):
         return n * self.block_size
 
     def match(self, spec: RequestSpec, num_tokens: int) -> list[_Block]:
-        """The longest chain of cached blocks that prefixes the request, leaving at least its last token
-        to compute (vLLM `get_computed_blocks`)."""
+        """The longest chain of cached blocks that prefixes the request's `num_tokens` tokens, leaving at
+        least its last token to compute (vLLM `get_computed_blocks`)."""
         memo = self._memo.get(spec.request_id)
         if memo is not None and memo[0] == self._epoch:
             return memo[1]
         out = []
         cached = self._cached
-        for h in self.block_hashes(spec)[:(num_tokens - 1) // self.block_size]:
-            blk = cached.get(h)
-            if blk is None:
+        for h in self.block_hashes(spec, (num_tokens - 1) // self.block_size):
+            blocks = cached.get(h)
+            if blocks is None:
                 break
-            out.append(blk)
+            out.append(blocks[0])
         self._memo[spec.request_id] = (self._epoch, out)
         return out
 
@@ -207,6 +217,9 @@ class PrefixCachingBlockPool(BlockPool):
         """Hit blocks that other requests hold: sharing them takes no free block. (Cached idle hit blocks
         leave the free queue when touched, so they count against free capacity, as in vLLM.)"""
         return sum(1 for b in self.match(req.spec, req.num_tokens) if b.ref_count > 0)
+
+    def plan(self) -> "StepPlan":
+        return StepPlan(self)
 
     # ---- allocation ----
     def admit(self, req: Request) -> int:
@@ -240,49 +253,52 @@ class PrefixCachingBlockPool(BlockPool):
                                f"{self.num_free_blocks} free (a policy scheduled more than fits)")
         held = self._held.setdefault(req.request_id, [])
         for _ in range(extra):
-            if self._num_fresh:
-                self._num_fresh -= 1
-                blk = _Block()
-            else:
-                blk, _ = self._free.popitem(last=False)
-                if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
+            blk, _ = self._free.popitem(last=False)
+            if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
+                same = self._cached[blk.block_hash]
+                same.remove(blk)
+                if not same:
                     del self._cached[blk.block_hash]
-                    blk.block_hash = None
-                    self.num_evicted_blocks += 1
-                    self._epoch += 1
+                blk.block_hash = None
+                self.num_evicted_blocks += 1
+                self._epoch += 1
             blk.ref_count = 1
             held.append(blk)
         self.num_used_blocks += extra
         self.num_block_refs += extra
         req.num_blocks += extra
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Register the request's prompt blocks that became full (called after each step)."""
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Register the request's blocks that are full once its first `num_tokens` tokens (default: those
+        computed) have KV; the engine calls it when it schedules the step that computes them."""
         rid = req.request_id
         start = self._num_registered.get(rid, 0)
-        hashes = self._hashes.get(rid) or self.block_hashes(req.spec)
-        if start >= len(hashes):  # fast path: every prompt block is registered (decoding)
-            return
-        end = min(req.num_computed_tokens // self.block_size, len(hashes))
+        end = min((req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size,
+                  req.num_blocks)
         if start >= end:
             return
-        held = self._held[rid]
+        held, hashes = self._held[rid], self.block_hashes(req.spec, end)
         for i in range(start, end):
-            blk, h = held[i], hashes[i]
-            if blk.block_hash is None and h not in self._cached:  # a duplicate stays unhashed
-                blk.block_hash = h
-                self._cached[h] = blk
+            blk = held[i]
+            if blk.block_hash is None:
+                blk.block_hash = hashes[i]
+                self._cached.setdefault(hashes[i], []).append(blk)
         self._num_registered[rid] = end
         self._epoch += 1
 
     def free(self, req: Request) -> int:
         rid = req.request_id
         blocks = self._held.pop(rid, [])
+        first = []
         for b in reversed(blocks):  # tail first: shared prefixes are evicted last
             b.ref_count -= 1
             if b.ref_count == 0:
-                self._free[b] = None
                 self.num_used_blocks -= 1
+                self._free[b] = None
+                if b.block_hash is None:
+                    first.append(b)
+        for b in reversed(first):  # vLLM BlockPool.free_blocks: prepend_n(blocks without a hash)
+            self._free.move_to_end(b, last=False)
         self._num_registered.pop(rid, None)
         self._memo.pop(rid, None)
         if req.status in (RequestStatus.FINISHED, RequestStatus.DRAINING):
@@ -294,6 +310,71 @@ class PrefixCachingBlockPool(BlockPool):
 
     def stats(self) -> dict:
         return prefix_cache_stats([self])
+
+
+_PLANNED = _Block()  # stands for a block that a request scheduled earlier in this step registers
+
+
+class StepPlan:
+    """A policy's scratch copy of what vLLM's scheduler sees within one step: each request it schedules
+    touches its hit blocks, allocates new blocks from the LRU head (evicting cached ones) and registers
+    the full blocks it will compute, before the next request looks up its hit. Nothing in the pool
+    changes; the engine then applies the same sequence for real."""
+
+    def __init__(self, pool: PrefixCachingBlockPool):
+        self.pool = pool
+        self._queue = iter(pool._free)  # popped lazily, head first
+        self._touched: set[_Block] = set()
+        self._evicted: set[_Block] = set()
+        self._planned: set[int] = set()  # hashes registered this step
+        self._released: dict[_Block, int] = {}  # block -> holders preempted this step
+        self._version = 0
+        self._memo: dict[int, tuple[int, list[_Block]]] = {}
+
+    def hit_blocks(self, req: Request) -> list[_Block]:
+        """The cached chain a new (or recompute-preempted) request would share if admitted next."""
+        memo = self._memo.get(req.request_id)
+        if memo is not None and memo[0] == self._version:
+            return memo[1]
+        pool, out = self.pool, []
+        for h in pool.block_hashes(req.spec, (req.num_tokens - 1) // pool.block_size):
+            blk = next((b for b in pool._cached.get(h, ()) if b not in self._evicted), None)
+            if blk is None:
+                if h not in self._planned:
+                    break
+                blk = _PLANNED
+            out.append(blk)
+        self._memo[req.request_id] = (self._version, out)
+        return out
+
+    def num_held_hit_blocks(self, req: Request) -> int:
+        return sum(1 for b in self.hit_blocks(req) if b is _PLANNED or b.ref_count > 0 or b in self._touched)
+
+    def release(self, req: Request) -> int:
+        """Blocks preempting `req` frees: those whose last holder it is (vLLM frees by ref count)."""
+        n = 0
+        for b in self.pool._held.get(req.request_id, ()):
+            k = self._released[b] = self._released.get(b, 0) + 1
+            n += k == b.ref_count
+        return n
+
+    def take(self, req: Request, num_tokens: int, is_new: bool) -> None:
+        """Record that `req` is scheduled to hold KV for `num_tokens` tokens after this step."""
+        bs = self.pool.block_size
+        if is_new:
+            hits = self.hit_blocks(req)
+            self._touched.update(b for b in hits if b is not _PLANNED and b.ref_count == 0)
+            num_have = num_registered = len(hits)
+        else:
+            num_have, num_registered = req.num_blocks, self.pool._num_registered.get(req.request_id, 0)
+        for _ in range(cdiv(num_tokens, bs) - num_have):
+            for blk in self._queue:
+                if blk not in self._touched:
+                    if blk.block_hash is not None:
+                        self._evicted.add(blk)
+                    break
+        self._planned.update(self.pool.block_hashes(req.spec, num_tokens // bs)[num_registered:])
+        self._version += 1
 
 
 def prefix_cache_stats(pools) -> dict:
