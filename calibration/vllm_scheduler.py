@@ -22,6 +22,7 @@ import simpy
 
 from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import Continuous
+from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
 from simcore.kvcache import num_usable_blocks
 from simcore.request import RequestSpec, Status
@@ -94,16 +95,6 @@ class _Feed:
 
 
 # ---- our engine ----
-class _OneTick:
-    """Every step takes one time unit: the comparison is in steps."""
-
-    def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
-        return 1.0
-
-    def describe(self) -> dict:
-        return {"kind": "one tick per step"}
-
-
 def our_policy(case: Case):
     if case.enable_chunked_prefill:
         return ChunkedPrefill(case.max_num_seqs, case.max_num_batched_tokens, case.long_prefill_token_threshold,
@@ -145,7 +136,7 @@ def run_ours(case: Case, policy=None) -> list[Step]:
         state["running"] = {r.request_id for r in engine.running}
         submit(not (engine.waiting or engine.running), engine)
 
-    engine = Engine(env, policy or our_policy(case), _OneTick(), limits, on_step=on_step)
+    engine = Engine(env, policy or our_policy(case), ConstantCost(1.0), limits, on_step=on_step)  # clock: steps
     submit(True, engine)
     env.run()
     unfinished = [r.request_id for r in engine.requests.values() if r.status is not Status.FINISHED]
