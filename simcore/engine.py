@@ -186,7 +186,7 @@ class Engine:
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
                 continue
             start_s = env.now
-            transfer_s = self._preempt(batch.preempt)
+            transfer_s = 0.0 if batch.preempt_at else self._preempt(batch.preempt)
             transfer_s += self._admit_and_allocate(batch)
             shape = batch.padded_shape
             if shape is None:
@@ -245,7 +245,10 @@ class Engine:
         transfer_s = 0.0
         admitted = []
         cache = self.prefix_cache
-        for s in batch.scheduled:  # in order, as vLLM allocates (an allocation may evict a later one's hit)
+        victims = deque(zip(batch.preempt_at, batch.preempt))  # interleaved with the allocations, as vLLM
+        for i, s in enumerate(batch.scheduled):  # in order, as vLLM allocates (it may evict a later hit)
+            while victims and victims[0][0] <= i:
+                transfer_s += self._preempt((victims.popleft()[1],))
             req = self.requests.get(s.request_id)
             if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
@@ -266,6 +269,8 @@ class Engine:
             self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
             if cache is not None:  # vLLM registers full blocks when it schedules their computation
                 cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
+        while victims:
+            transfer_s += self._preempt((victims.popleft()[1],))
         if self.pool.num_used_blocks > self.pool.num_blocks:
             raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
         if admitted:

@@ -336,9 +336,15 @@ class StepPlan:
         memo = self._memo.get(req.request_id)
         if memo is not None and memo[0] == self._version:
             return memo[1]
-        pool, out = self.pool, []
+        pool, out, cached, evicted = self.pool, [], self.pool._cached, self._evicted
         for h in pool.block_hashes(req.spec, (req.num_tokens - 1) // pool.block_size):
-            blk = next((b for b in pool._cached.get(h, ()) if b not in self._evicted), None)
+            blocks = cached.get(h)
+            if blocks is None:
+                blk = None
+            elif not evicted:
+                blk = blocks[0]
+            else:
+                blk = next((b for b in blocks if b not in evicted), None)
             if blk is None:
                 if h not in self._planned:
                     break
