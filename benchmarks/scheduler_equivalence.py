@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cm = cost_model("llama-3-8b", "h100-sxm")
     t0 = time.perf_counter()
-    num_steps = num_divergent = 0
+    num_steps = num_divergent = num_preemptions = num_preempting = 0
     by_kind, by_feature, divergent_by_feature = Counter(), Counter(), Counter()
     async_effects, continuous_effects, examples = [], [], []
     for k in range(args.num_workloads):
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         sync = replace(case, async_scheduling=False)
         theirs = run_vllm(sync)
         num_steps += len(theirs)
+        n = sum(len(st.preempted) for st in theirs)
+        num_preemptions += n
+        num_preempting += n > 0
         d = compare(ours, theirs)
         if d is not None:
             num_divergent += 1
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "vllm_version": _vllm_version(), "num_workloads": args.num_workloads, "first_seed": args.first_seed,
         "num_requests_per_workload": args.num_requests, "num_steps_compared": num_steps,
+        "num_preemptions": num_preemptions, "num_workloads_with_preemptions": num_preempting,
         "num_divergent_workloads": num_divergent, "divergences_by_kind": dict(by_kind),
         "workloads_by_feature": {f: by_feature[f] for f in FEATURES},
         "divergent_by_feature": dict(divergent_by_feature), "examples": examples,

