@@ -7,8 +7,9 @@ blocks = (GPU memory x gpu_memory_utilization - weights - activation reserve) / 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import chain, repeat
 
 from simcore.request import Request, RequestSpec
 from simcore.request import Status as RequestStatus
@@ -151,7 +152,8 @@ class PrefixCachingBlockPool(BlockPool):
     Free blocks wait in one queue; allocation pops the head. A request's blocks are freed in reverse order
     (deepest first): cached ones are appended at the tail (LRU eviction; shared prefixes go last), blocks
     without a hash are put back at the head (vLLM 0.32 reuses them first). A cached block leaves the hash
-    table only when it is reallocated (lazy eviction). The queue starts with every block, as vLLM's.
+    table only when it is reallocated (lazy eviction). Never-used blocks sit between the two ends, as in
+    vLLM's initial free list (counted, not made, until used: a pool may hold millions).
 
     Counting: `num_used_blocks` = physical blocks held by at least one request (what vLLM reports as usage;
     cached idle blocks count as free); `num_block_refs` = sum of the blocks each request holds (shared
@@ -161,7 +163,11 @@ class PrefixCachingBlockPool(BlockPool):
     def __init__(self, num_gpu_blocks: int, block_size: int):
         super().__init__(num_gpu_blocks, block_size)
         self.num_block_refs = 0
-        self._free: OrderedDict[_Block, None] = OrderedDict((_Block(), None) for _ in range(self.num_blocks))
+        # The free queue, head first: _front (blocks without a hash, put back at the head), then
+        # _num_fresh never-used blocks, then _free (cached blocks, least recently freed first).
+        self._front: deque[_Block] = deque()
+        self._num_fresh = self.num_blocks
+        self._free: OrderedDict[_Block, None] = OrderedDict()
         self._cached: dict[int, list[_Block]] = {}              # block hash -> blocks (held or free)
         self._held: dict[int, list[_Block]] = {}                # request id -> its blocks, front first
         self._num_registered: dict[int, int] = {}               # request id -> leading blocks already hashed
@@ -253,7 +259,13 @@ class PrefixCachingBlockPool(BlockPool):
                                f"{self.num_free_blocks} free (a policy scheduled more than fits)")
         held = self._held.setdefault(req.request_id, [])
         for _ in range(extra):
-            blk, _ = self._free.popitem(last=False)
+            if self._front:
+                blk = self._front.popleft()
+            elif self._num_fresh:
+                self._num_fresh -= 1
+                blk = _Block()
+            else:
+                blk, _ = self._free.popitem(last=False)
             if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
                 same = self._cached[blk.block_hash]
                 same.remove(blk)
@@ -294,11 +306,11 @@ class PrefixCachingBlockPool(BlockPool):
             b.ref_count -= 1
             if b.ref_count == 0:
                 self.num_used_blocks -= 1
-                self._free[b] = None
                 if b.block_hash is None:
                     first.append(b)
-        for b in reversed(first):  # vLLM BlockPool.free_blocks: prepend_n(blocks without a hash)
-            self._free.move_to_end(b, last=False)
+                else:
+                    self._free[b] = None
+        self._front.extendleft(reversed(first))  # vLLM BlockPool.free_blocks: prepend_n, in order
         self._num_registered.pop(rid, None)
         self._memo.pop(rid, None)
         if req.status in (RequestStatus.FINISHED, RequestStatus.DRAINING):
@@ -323,7 +335,7 @@ class StepPlan:
 
     def __init__(self, pool: PrefixCachingBlockPool):
         self.pool = pool
-        self._queue = iter(pool._free)  # popped lazily, head first
+        self._queue = chain(pool._front, repeat(None, pool._num_fresh), pool._free)  # popped lazily, head first
         self._touched: set[_Block] = set()
         self._evicted: set[_Block] = set()
         self._planned: set[int] = set()  # hashes registered this step
@@ -374,9 +386,9 @@ class StepPlan:
         else:
             num_have, num_registered = req.num_blocks, self.pool._num_registered.get(req.request_id, 0)
         for _ in range(cdiv(num_tokens, bs) - num_have):
-            for blk in self._queue:
-                if blk not in self._touched:
-                    if blk.block_hash is not None:
+            for blk in self._queue:  # None: a never-used block
+                if blk is None or blk not in self._touched:
+                    if blk is not None and blk.block_hash is not None:
                         self._evicted.add(blk)
                     break
         self._planned.update(self.pool.block_hashes(req.spec, num_tokens // bs)[num_registered:])
