@@ -338,8 +338,9 @@ FEATURES = ("tight_kv", "long_prompts", "threshold", "max_num_seqs", "prefix_cac
 
 
 def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 24) -> Case:
-    """A random workload with knobs drawn around `features` (names from FEATURES; unnamed ones drawn too
-    with small probability when `features` is empty)."""
+    """A random workload (arrivals as step indices) with knobs drawn around `features`, names from
+    FEATURES; with none given, each feature is on with probability 0.35 (no_chunking turns off threshold,
+    priority and async, which vLLM or `continuous` do not combine with it)."""
     rng = np.random.default_rng(seed)
     on = set(features) if features else {f for f in FEATURES if rng.random() < 0.35}
     if "no_chunking" in on:

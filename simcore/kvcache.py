@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 
 from simcore.request import Request, RequestSpec
 from simcore.request import Status as RequestStatus
@@ -123,16 +123,20 @@ _NONE_HASH = 0x5BD1E995  # the first block's parent (vLLM's seeded NONE_HASH)
 _UNNAMED = 0x2545F491  # salt: a block with no id is unique to its request
 
 
-def chain_hashes(spec: RequestSpec, block_size: int, num_blocks: int | None = None) -> list[int]:
+def chain_hashes(spec: RequestSpec, block_size: int, num_blocks: int | None = None,
+                 hashes: list[int] | None = None) -> list[int]:
     """Hashes of the first `num_blocks` full blocks of `spec`'s sequence (default: its full prompt blocks),
-    each chained over its parent's (vLLM `hash_block_tokens`). Blocks past the prompt hold generated tokens,
-    unique to the request, as vLLM hashes them too (a preempted request re-hits its own output)."""
+    each chained over its parent's (vLLM `hash_block_tokens`), extending `hashes` (its first ones) in
+    place when given. Blocks past the prompt hold generated tokens, unique to the request, as vLLM hashes
+    them too (a preempted request re-hits its own output)."""
     ids = spec.prefix_block_ids or ()
     num_named = min(len(ids), spec.num_prompt_tokens // block_size)
     if num_blocks is None:
         num_blocks = spec.num_prompt_tokens // block_size
-    h, hashes = _NONE_HASH, []
-    for k in range(num_blocks):
+    if hashes is None:
+        hashes = []
+    h = hashes[-1] if hashes else _NONE_HASH
+    for k in range(len(hashes), num_blocks):
         # 64-bit chained hash as nano-vllm's xxhash64; blocks beyond the named ones are request-unique.
         # (ids[k] == -1) because CPython's hash(-1) == hash(-2).
         h = hash((h, ids[k], ids[k] == -1)) if k < num_named else hash((h, spec.request_id, k, _UNNAMED))
@@ -182,14 +186,19 @@ class PrefixCachingBlockPool(BlockPool):
 
     # ---- identities ----
     def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
-        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks;
-        memoised per request, extended as it generates)."""
+        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks)."""
         if num_blocks is None:
             num_blocks = spec.num_prompt_tokens // self.block_size
+        return self._hashes_upto(spec, num_blocks)[:num_blocks]
+
+    def _hashes_upto(self, spec: RequestSpec, num_blocks: int) -> list[int]:
+        """The request's memoised hash list, extended to at least `num_blocks` blocks (maybe longer)."""
         hashes = self._hashes.get(spec.request_id)
-        if hashes is None or len(hashes) < num_blocks:
-            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size, num_blocks)
-        return hashes[:num_blocks] if len(hashes) > num_blocks else hashes
+        if hashes is None:
+            hashes = self._hashes[spec.request_id] = []
+        if len(hashes) < num_blocks:
+            chain_hashes(spec, self.block_size, num_blocks, hashes)
+        return hashes
 
     def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
         """Cached prefix of a request that is not in this pool (a router's question); no side effects."""
@@ -208,7 +217,8 @@ class PrefixCachingBlockPool(BlockPool):
             return memo[1]
         out = []
         cached = self._cached
-        for h in self.block_hashes(spec, (num_tokens - 1) // self.block_size):
+        n = (num_tokens - 1) // self.block_size
+        for h in islice(self._hashes_upto(spec, n), n):
             blocks = cached.get(h)
             if blocks is None:
                 break
@@ -245,7 +255,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.cached_tokens_by_request[rid] = self.cached_tokens_by_request.get(rid, 0) + hit
         self.num_queried_tokens += req.num_tokens
         self.num_hit_tokens += hit
-        self.num_queried_blocks += len(self.block_hashes(req.spec))
+        self.num_queried_blocks += req.num_prompt_tokens // self.block_size
         self.num_hit_blocks += len(blocks)
         self._epoch += 1
         return hit
@@ -289,7 +299,7 @@ class PrefixCachingBlockPool(BlockPool):
                   req.num_blocks)
         if start >= end:
             return
-        held, hashes = self._held[rid], self.block_hashes(req.spec, end)
+        held, hashes = self._held[rid], self._hashes_upto(req.spec, end)
         for i in range(start, end):
             blk = held[i]
             if blk.block_hash is None:
@@ -349,7 +359,8 @@ class StepPlan:
         if memo is not None and memo[0] == self._version:
             return memo[1]
         pool, out, cached, evicted = self.pool, [], self.pool._cached, self._evicted
-        for h in pool.block_hashes(req.spec, (req.num_tokens - 1) // pool.block_size):
+        n = (req.num_tokens - 1) // pool.block_size
+        for h in islice(pool._hashes_upto(req.spec, n), n):
             blocks = cached.get(h)
             if blocks is None:
                 blk = None
@@ -391,7 +402,9 @@ class StepPlan:
                     if blk is not None and blk.block_hash is not None:
                         self._evicted.add(blk)
                     break
-        self._planned.update(self.pool.block_hashes(req.spec, num_tokens // bs)[num_registered:])
+        end = num_tokens // bs
+        if end > num_registered:
+            self._planned.update(self.pool._hashes_upto(req.spec, end)[num_registered:end])
         self._version += 1
 
 
