@@ -4,6 +4,13 @@ default scheduler (../shared/docs/engines.md sections 1.8, 5 and 10).
 Prefix caching (engine.enable_prefix_caching, vLLM V0's APC): a prompt's cached prefix is not recomputed.
 
 Simplifications: no `delay_factor`, one sequence per request (no beam search).
+
+Against vLLM V1 with chunked prefill off (`enable_chunked_prefill=False`: prompts scheduled whole), the
+closest V1 setting: V1 runs every step as running requests first, then new whole prompts, with no
+watermark by default, i.e. `continuous` with `mix_prefill_decode: true, watermark: 0`, which makes the same
+decisions as vLLM 0.32's Scheduler step by step (calibration/vllm_scheduler.py). At its defaults
+(`mix_prefill_decode: false`, `watermark: 0.01`) it is vLLM V0: a step that admits a prompt runs no
+decodes, and 1% of the blocks stay free at admission; V1 has neither.
 """
 from __future__ import annotations
 
@@ -55,20 +62,21 @@ class Continuous:
         running = list(view.running)
         decodes: list[Scheduled] = []
         preempted: list[int] = []
+        order = [] if view.prefix_cache is not None else None  # decodes before each victim (Batch.preempt_at)
         if self.mix_prefill_decode:  # Orca: running requests first, then new prompts in the same step
-            free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
+            free, budget = self._decode_pass(view, running, decodes, preempted, free, budget, order)
             if preempted:
-                return Batch(tuple(decodes), tuple(preempted))
+                return Batch(tuple(decodes), tuple(preempted), preempt_at=tuple(order or ()))
             swapped_in, free = self._swap_in_pass(view, len(running), free)
             prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget)
             return Batch(tuple(decodes + swapped_in + prefills))
         prefills, free = self._prefill_pass(view, len(running), free, budget)
         if prefills:
             return Batch(tuple(prefills))
-        free, budget = self._decode_pass(view, running, decodes, preempted, free, budget)
+        free, budget = self._decode_pass(view, running, decodes, preempted, free, budget, order)
         if not preempted:
             decodes += self._swap_in_pass(view, len(running), free)[0]
-        return Batch(tuple(decodes), tuple(preempted))
+        return Batch(tuple(decodes), tuple(preempted), preempt_at=tuple(order or ()))
 
     def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
         out: list[Scheduled] = []
@@ -84,12 +92,13 @@ class Continuous:
             if free - need < watermark_blocks:
                 break
             out.append(Scheduled(req.request_id, n, reserve))
+            view.take(req, max(req.num_tokens, reserve))
             free -= need
             budget -= n
             num_seqs += 1
         return out, free
 
-    def _decode_pass(self, view, running, out, preempted, free, budget):
+    def _decode_pass(self, view, running, out, preempted, free, budget, order=None):
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -97,12 +106,15 @@ class Continuous:
             while need > free:
                 victim = running.pop()
                 preempted.append(victim.request_id)
-                free += victim.num_blocks
+                if order is not None:
+                    order.append(len(out))
+                free += view.blocks_freed(victim)
                 if victim is req:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
             out.append(Scheduled(req.request_id, 1))
+            view.take(req, req.num_computed_tokens + 1)
             free -= need
             budget -= 1
             i += 1

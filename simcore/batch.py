@@ -22,6 +22,9 @@ class Batch:
     """One iteration's decision.
 
     `preempt`: running requests to evict before the step (the engine frees or swaps their KV).
+    `preempt_at`: for each victim, how many of `scheduled` get their KV before it is evicted (vLLM preempts
+    in the middle of its pass over running requests; with prefix caching the order decides which cached
+    blocks are evicted). Empty: every victim before any allocation.
     `padded_shape`: cost-model shape when the policy pads (static batching): one `(new_tokens,
     cached_tokens)` row per batch slot, finished slots included. None: priced from `scheduled`.
     `wake_at_s`: nothing to run now, but call the policy again at this time (a batching timeout) or at the
@@ -32,6 +35,7 @@ class Batch:
     """
     scheduled: tuple[Scheduled, ...] = ()
     preempt: tuple[int, ...] = ()
+    preempt_at: tuple[int, ...] = ()
     padded_shape: tuple[tuple[int, int], ...] | None = None
     wake_at_s: float | None = None
     policy_state: object = None

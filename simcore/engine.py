@@ -26,7 +26,7 @@ class SimulationError(RuntimeError):
 @dataclass(frozen=True)
 class EngineLimits:
     """Engine-level settings that are not a policy's knobs."""
-    num_gpu_blocks: int
+    num_gpu_blocks: int                  # as vLLM: the pool, its null block included (simcore.kvcache)
     block_size: int = 16
     max_model_len: int = 8192
     preemption_mode: str = "recompute"   # or "swap" (vLLM V0 only; V1 always recomputes)
@@ -43,7 +43,8 @@ class EngineLimits:
 class Engine:
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
-                 replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None):
+                 replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
+                 on_step: Callable[["Engine", Batch], None] | None = None):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
                              f"not {limits.preemption_mode!r}")
@@ -68,6 +69,7 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
+        self.on_step = on_step  # called after each applied iteration (calibration.vllm_scheduler records)
         # Real-execution seam (calibration.backend.RealBackend): when set, each batch is run on real
         # hardware by `executor.execute(engine, batch, shape, cost_args)`, which returns its measured
         # seconds; the cost model is then not consulted. Everything else (policy, KV pool) is unchanged.
@@ -167,7 +169,14 @@ class Engine:
                     yield self._wake
                     continue
                 if batch.preempt:
-                    raise SimulationError(f"{self.policy.name}: a batch that preempts must schedule something")
+                    # vLLM's empty step: with priority scheduling a request that cannot grow may preempt
+                    # itself first, ending the step with nothing scheduled; no forward pass runs.
+                    swap_out_s = self._preempt(batch.preempt)
+                    if swap_out_s:
+                        yield env.timeout(swap_out_s)
+                    if self.on_step is not None:
+                        self.on_step(self, batch)
+                    continue
                 if batch.wake_at_s is None or batch.wake_at_s <= env.now:
                     raise SimulationError(
                         f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
@@ -177,7 +186,7 @@ class Engine:
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
                 continue
             start_s = env.now
-            transfer_s = self._preempt(batch.preempt)
+            transfer_s = 0.0 if batch.preempt_at else self._preempt(batch.preempt)
             transfer_s += self._admit_and_allocate(batch)
             shape = batch.padded_shape
             if shape is None:
@@ -194,6 +203,8 @@ class Engine:
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:
                 self._check_invariants()
+            if self.on_step is not None:
+                self.on_step(self, batch)
 
     def _num_logits(self, batch: Batch, shape) -> int:
         if batch.padded_shape is not None:
@@ -233,20 +244,19 @@ class Engine:
     def _admit_and_allocate(self, batch: Batch) -> float:
         transfer_s = 0.0
         admitted = []
-        if self.prefix_cache is not None:
-            # Share every admitted request's cached prefix before allocating any new block, so that one
-            # request's allocation cannot evict a block that another counted as a hit this step.
-            for s in batch.scheduled:
-                req = self.requests.get(s.request_id)
-                if req is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
-                    self._apply_prefix_hit(req, s.num_new_tokens)
-        for s in batch.scheduled:
+        cache = self.prefix_cache
+        victims = deque(zip(batch.preempt_at, batch.preempt))  # interleaved with the allocations, as vLLM
+        for i, s in enumerate(batch.scheduled):  # in order, as vLLM allocates (it may evict a later hit)
+            while victims and victims[0][0] <= i:
+                transfer_s += self._preempt((victims.popleft()[1],))
             req = self.requests.get(s.request_id)
             if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
+            if cache is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
+                self._apply_prefix_hit(req, s.num_new_tokens)
             if req.status is Status.SWAPPED:
                 self.swap_space.num_used_blocks -= req.num_blocks
                 self.pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
@@ -257,6 +267,10 @@ class Engine:
                 if req.admitted_s is None:
                     req.admitted_s = self.env.now
             self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
+            if cache is not None:  # vLLM registers full blocks when it schedules their computation
+                cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
+        while victims:
+            transfer_s += self._preempt((victims.popleft()[1],))
         if self.pool.num_used_blocks > self.pool.num_blocks:
             raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
         if admitted:
@@ -294,8 +308,6 @@ class Engine:
             else:
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
-            if self.prefix_cache is not None:
-                self.prefix_cache.cache_full_blocks(req)
             if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
                 req.num_generated_tokens += 1
                 if req.first_token_s is None:

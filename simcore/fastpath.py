@@ -22,6 +22,7 @@ import numpy as np
 
 from simcore.engine import EngineLimits, SimulationError
 from simcore.fastrules import QUIET, make_rules
+from simcore.kvcache import num_usable_blocks
 
 WAITING, RUNNING, DRAINING, FINISHED, REJECTED = range(5)
 INF = float("inf")
@@ -66,13 +67,14 @@ class FastEngine:
                  output_tokens, max_new_tokens, closed: tuple[int, float] | None = None):
         if limits.preemption_mode != "recompute":
             raise ValueError("the fast path models recompute preemption only")
-        self.rules = make_rules(policy, limits.num_gpu_blocks)
+        total = num_usable_blocks(limits.num_gpu_blocks)  # as simcore.kvcache.BlockPool
+        self.rules = make_rules(policy, total)
         self.grows, self.is_static = self.rules.grows, self.rules.static
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.cost, self.limits = cost_model, limits
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
-        self.bs, self.total, self.max_model_len = limits.block_size, limits.num_gpu_blocks, limits.max_model_len
+        self.bs, self.total, self.max_model_len = limits.block_size, total, limits.max_model_len
         self.request_id = np.asarray(request_id)
         n = len(self.request_id)
         self.arrival = np.asarray(arrival_s, dtype=float).tolist()

@@ -88,23 +88,24 @@ class ChunkedPrefillRules:
     def kv_tokens_needed(self, e, r: int) -> int:
         return e.prompt[r] + e.out[r]
 
-    def _cap(self, n: int, budget: int) -> int:
-        if 0 < self.threshold < n:
-            n = self.threshold
-        return min(n, budget)
+    @staticmethod
+    def _cap(n: int, budget: int, threshold: int) -> int:
+        return min(threshold if 0 < threshold < n else n, budget)
 
     def decide(self, e, now: float):
         run, free = e.run, e.total - e.used
+        # as ChunkedPrefill: no long_prefill_token_threshold for a request that is alone
+        threshold = self.threshold if len(run) + len(e.waiting) > 1 else 0
         if not e.pref and len(run) <= self.budget:
             growth = e.decode_growth()
             if growth <= free:
-                admitted = self._phase_b(e, self.budget - len(run), free - growth, len(run))
+                admitted = self._phase_b(e, self.budget - len(run), free - growth, len(run), threshold)
                 if not admitted:
                     return QUIET
                 return admitted, [], None, True   # every running request decodes, plus admissions
-        return self._general(e)
+        return self._general(e, threshold)
 
-    def _phase_b(self, e, budget: int, free: int, num_seqs: int) -> list:
+    def _phase_b(self, e, budget: int, free: int, num_seqs: int, threshold: int) -> list:
         if not e.waiting:
             return []
         out, prompt, gen, comp, blocks, bs = [], e.prompt, e.gen, e.comp, e.blocks, e.bs
@@ -112,7 +113,7 @@ class ChunkedPrefillRules:
             if budget <= 0 or num_seqs >= self.max_num_seqs:
                 break
             total = prompt[r] + gen[r]
-            n = self._cap(total - comp[r], budget)
+            n = self._cap(total - comp[r], budget, threshold)
             if max(0, cdiv(total, bs) - blocks[r]) > free:
                 break  # head-of-line blocking
             out.append((r, n, 0))
@@ -121,16 +122,16 @@ class ChunkedPrefillRules:
             num_seqs += 1
         return out
 
-    def _general(self, e):
+    def _general(self, e, threshold: int):
         """ChunkedPrefill.schedule, verbatim over the engine's lists."""
         e.materialize()
         budget, free = self.budget, e.total - e.used
         prompt, gen, comp = e.prompt, e.gen, e.comp
         running = list(e.run)
         scheduled, preempted, budget, free = _walk_running(
-            e, running, budget, free, lambda r, left: self._cap(prompt[r] + gen[r] - comp[r], left))
+            e, running, budget, free, lambda r, left: self._cap(prompt[r] + gen[r] - comp[r], left, threshold))
         if not preempted:
-            scheduled += self._phase_b(e, budget, free, len(running))
+            scheduled += self._phase_b(e, budget, free, len(running), threshold)
         return scheduled, preempted, None, False
 
 

@@ -7,8 +7,9 @@ blocks = (GPU memory x gpu_memory_utilization - weights - activation reserve) / 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import chain, islice, repeat
 
 from simcore.request import Request, RequestSpec
 from simcore.request import Status as RequestStatus
@@ -16,6 +17,16 @@ from simcore.request import Status as RequestStatus
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# vLLM's BlockPool takes one block of the pool as its null block (a placeholder for skipped positions, never
+# allocated; vllm/v1/core/block_pool.py), so of `num_gpu_blocks` (given or derived) one fewer hold KV.
+NUM_NULL_BLOCKS = 1
+
+
+def num_usable_blocks(num_gpu_blocks: int) -> int:
+    """KV blocks requests can hold in a pool of `num_gpu_blocks` (vLLM's meaning of num_gpu_blocks)."""
+    return max(0, num_gpu_blocks - NUM_NULL_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -51,11 +62,12 @@ def plan_memory(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weigh
 
 
 class BlockPool:
-    """GPU KV blocks. Invariant: 0 <= num_used_blocks <= num_blocks, and it equals the sum of what
-    the requests holding blocks have (checked by the engine)."""
+    """GPU KV blocks. `num_blocks` = usable blocks, `num_gpu_blocks` less the null block. Invariant:
+    0 <= num_used_blocks <= num_blocks, and it equals the sum of what the requests holding blocks have
+    (checked by the engine)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks, self.block_size = num_blocks, block_size
+    def __init__(self, num_gpu_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_usable_blocks(num_gpu_blocks), block_size
         self.num_used_blocks = 0
 
     @property
@@ -108,46 +120,62 @@ class _Block:
 
 
 _NONE_HASH = 0x5BD1E995  # the first block's parent (vLLM's seeded NONE_HASH)
-_UNNAMED = 0x2545F491  # salt: a prompt block with no id is unique to its request
+_UNNAMED = 0x2545F491  # salt: a block with no id is unique to its request
 
 
-def chain_hashes(spec: RequestSpec, block_size: int) -> list[int]:
-    """Hashes of the full prompt blocks of `spec`, each chained over its parent's (vLLM `hash_block_tokens`)."""
+def chain_hashes(spec: RequestSpec, block_size: int, num_blocks: int | None = None,
+                 hashes: list[int] | None = None) -> list[int]:
+    """Hashes of the first `num_blocks` full blocks of `spec`'s sequence (default: its full prompt blocks),
+    each chained over its parent's (vLLM `hash_block_tokens`), extending `hashes` (its first ones) in
+    place when given. Blocks past the prompt hold generated tokens, unique to the request, as vLLM hashes
+    them too (a preempted request re-hits its own output)."""
     ids = spec.prefix_block_ids or ()
-    h, hashes = _NONE_HASH, []
-    for k in range(spec.num_prompt_tokens // block_size):
-        # 64-bit chained hash as nano-vllm's xxhash64; ids beyond the given ones are request-unique.
+    num_named = min(len(ids), spec.num_prompt_tokens // block_size)
+    if num_blocks is None:
+        num_blocks = spec.num_prompt_tokens // block_size
+    if hashes is None:
+        hashes = []
+    h = hashes[-1] if hashes else _NONE_HASH
+    for k in range(len(hashes), num_blocks):
+        # 64-bit chained hash as nano-vllm's xxhash64; blocks beyond the named ones are request-unique.
         # (ids[k] == -1) because CPython's hash(-1) == hash(-2).
-        h = hash((h, ids[k], ids[k] == -1)) if k < len(ids) else hash((h, spec.request_id, k, _UNNAMED))
+        h = hash((h, ids[k], ids[k] == -1)) if k < num_named else hash((h, spec.request_id, k, _UNNAMED))
         hashes.append(h)
     return hashes
 
 
 class PrefixCachingBlockPool(BlockPool):
-    """vLLM V1's BlockPool with automatic prefix caching (../shared/docs/engines.md section 1.4).
+    """vLLM V1's BlockPool with automatic prefix caching (vllm/v1/core/block_pool.py, kv_cache_manager.py).
 
-    Only full blocks are cached, under a hash chained over the parent block's hash and the block's identity
-    (`RequestSpec.prefix_block_ids[k]`, standing for its tokens; a prompt block without an id gets one
-    unique to its request, so a preempted request can still re-hit its own prompt). Generated tokens are
-    never cached (their contents are unknown here). Free blocks wait in an LRU queue: freed blocks are
-    appended at the tail in reverse order (deepest prefix block first), allocation pops the head, and a
-    cached block leaves the hash table only when it is reallocated (lazy eviction). Never-used blocks sit
-    at the head of the queue, as in vLLM's initial free list.
+    Full blocks are cached under a hash chained over the parent block's hash and the block's identity
+    (`RequestSpec.prefix_block_ids[k]`, standing for its tokens; a block without an id, including every
+    block of generated tokens, gets one unique to its request, so a preempted request re-hits its own
+    blocks). A block is registered when a step that computes its last token is scheduled (vLLM caches at
+    `allocate_slots`, so a request admitted later in the same step can hit it). Identical blocks computed
+    by different requests are all kept (vLLM does not deduplicate); a lookup takes the first registered.
+    Free blocks wait in one queue; allocation pops the head. A request's blocks are freed in reverse order
+    (deepest first): cached ones are appended at the tail (LRU eviction; shared prefixes go last), blocks
+    without a hash are put back at the head (vLLM 0.32 reuses them first). A cached block leaves the hash
+    table only when it is reallocated (lazy eviction). Never-used blocks sit between the two ends, as in
+    vLLM's initial free list (counted, not made, until used: a pool may hold millions).
 
     Counting: `num_used_blocks` = physical blocks held by at least one request (what vLLM reports as usage;
     cached idle blocks count as free); `num_block_refs` = sum of the blocks each request holds (shared
     blocks counted once per holder), which equals the sum of `Request.num_blocks`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_gpu_blocks: int, block_size: int):
+        super().__init__(num_gpu_blocks, block_size)
         self.num_block_refs = 0
-        self._num_fresh = num_blocks
-        self._free: OrderedDict[_Block, None] = OrderedDict()  # head = next to reuse (least recently freed)
-        self._cached: dict[int, _Block] = {}                    # block hash -> block (held or free)
+        # The free queue, head first: _front (blocks without a hash, put back at the head), then
+        # _num_fresh never-used blocks, then _free (cached blocks, least recently freed first).
+        self._front: deque[_Block] = deque()
+        self._num_fresh = self.num_blocks
+        self._free: OrderedDict[_Block, None] = OrderedDict()
+        self._cached: dict[int, list[_Block]] = {}              # block hash -> blocks (held or free)
         self._held: dict[int, list[_Block]] = {}                # request id -> its blocks, front first
         self._num_registered: dict[int, int] = {}               # request id -> leading blocks already hashed
-        self._hashes: dict[int, list[int]] = {}                 # request id -> chained hashes of prompt blocks
+        self._hashes: dict[int, list[int]] = {}                 # request id -> chained hashes of its blocks
         self._memo: dict[int, tuple[int, list[_Block]]] = {}    # request id -> (epoch, longest cached chain)
         self._epoch = 0                                         # bumped whenever the cache changes
         # counters (vLLM's prefix_cache_queries / _hits, prompt_tokens_cached / _recomputed)
@@ -157,11 +185,19 @@ class PrefixCachingBlockPool(BlockPool):
         self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
 
     # ---- identities ----
-    def block_hashes(self, spec: RequestSpec) -> list[int]:
-        """Chained hashes of the full prompt blocks of `spec` (memoised per request)."""
+    def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks)."""
+        if num_blocks is None:
+            num_blocks = spec.num_prompt_tokens // self.block_size
+        return self._hashes_upto(spec, num_blocks)[:num_blocks]
+
+    def _hashes_upto(self, spec: RequestSpec, num_blocks: int) -> list[int]:
+        """The request's memoised hash list, extended to at least `num_blocks` blocks (maybe longer)."""
         hashes = self._hashes.get(spec.request_id)
         if hashes is None:
-            hashes = self._hashes[spec.request_id] = chain_hashes(spec, self.block_size)
+            hashes = self._hashes[spec.request_id] = []
+        if len(hashes) < num_blocks:
+            chain_hashes(spec, self.block_size, num_blocks, hashes)
         return hashes
 
     def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
@@ -174,18 +210,19 @@ class PrefixCachingBlockPool(BlockPool):
         return n * self.block_size
 
     def match(self, spec: RequestSpec, num_tokens: int) -> list[_Block]:
-        """The longest chain of cached blocks that prefixes the request, leaving at least its last token
-        to compute (vLLM `get_computed_blocks`)."""
+        """The longest chain of cached blocks that prefixes the request's `num_tokens` tokens, leaving at
+        least its last token to compute (vLLM `get_computed_blocks`)."""
         memo = self._memo.get(spec.request_id)
         if memo is not None and memo[0] == self._epoch:
             return memo[1]
         out = []
         cached = self._cached
-        for h in self.block_hashes(spec)[:(num_tokens - 1) // self.block_size]:
-            blk = cached.get(h)
-            if blk is None:
+        n = (num_tokens - 1) // self.block_size
+        for h in islice(self._hashes_upto(spec, n), n):
+            blocks = cached.get(h)
+            if blocks is None:
                 break
-            out.append(blk)
+            out.append(blocks[0])
         self._memo[spec.request_id] = (self._epoch, out)
         return out
 
@@ -196,6 +233,9 @@ class PrefixCachingBlockPool(BlockPool):
         """Hit blocks that other requests hold: sharing them takes no free block. (Cached idle hit blocks
         leave the free queue when touched, so they count against free capacity, as in vLLM.)"""
         return sum(1 for b in self.match(req.spec, req.num_tokens) if b.ref_count > 0)
+
+    def plan(self) -> "StepPlan":
+        return StepPlan(self)
 
     # ---- allocation ----
     def admit(self, req: Request) -> int:
@@ -215,7 +255,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.cached_tokens_by_request[rid] = self.cached_tokens_by_request.get(rid, 0) + hit
         self.num_queried_tokens += req.num_tokens
         self.num_hit_tokens += hit
-        self.num_queried_blocks += len(self.block_hashes(req.spec))
+        self.num_queried_blocks += req.num_prompt_tokens // self.block_size
         self.num_hit_blocks += len(blocks)
         self._epoch += 1
         return hit
@@ -229,49 +269,58 @@ class PrefixCachingBlockPool(BlockPool):
                                f"{self.num_free_blocks} free (a policy scheduled more than fits)")
         held = self._held.setdefault(req.request_id, [])
         for _ in range(extra):
-            if self._num_fresh:
+            if self._front:
+                blk = self._front.popleft()
+            elif self._num_fresh:
                 self._num_fresh -= 1
                 blk = _Block()
             else:
                 blk, _ = self._free.popitem(last=False)
-                if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
+            if blk.block_hash is not None:  # lazy eviction: the least recently freed cached block
+                same = self._cached[blk.block_hash]
+                same.remove(blk)
+                if not same:
                     del self._cached[blk.block_hash]
-                    blk.block_hash = None
-                    self.num_evicted_blocks += 1
-                    self._epoch += 1
+                blk.block_hash = None
+                self.num_evicted_blocks += 1
+                self._epoch += 1
             blk.ref_count = 1
             held.append(blk)
         self.num_used_blocks += extra
         self.num_block_refs += extra
         req.num_blocks += extra
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Register the request's prompt blocks that became full (called after each step)."""
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Register the request's blocks that are full once its first `num_tokens` tokens (default: those
+        computed) have KV; the engine calls it when it schedules the step that computes them."""
         rid = req.request_id
         start = self._num_registered.get(rid, 0)
-        hashes = self._hashes.get(rid) or self.block_hashes(req.spec)
-        if start >= len(hashes):  # fast path: every prompt block is registered (decoding)
-            return
-        end = min(req.num_computed_tokens // self.block_size, len(hashes))
+        end = min((req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size,
+                  req.num_blocks)
         if start >= end:
             return
-        held = self._held[rid]
+        held, hashes = self._held[rid], self._hashes_upto(req.spec, end)
         for i in range(start, end):
-            blk, h = held[i], hashes[i]
-            if blk.block_hash is None and h not in self._cached:  # a duplicate stays unhashed
-                blk.block_hash = h
-                self._cached[h] = blk
+            blk = held[i]
+            if blk.block_hash is None:
+                blk.block_hash = hashes[i]
+                self._cached.setdefault(hashes[i], []).append(blk)
         self._num_registered[rid] = end
         self._epoch += 1
 
     def free(self, req: Request) -> int:
         rid = req.request_id
         blocks = self._held.pop(rid, [])
+        first = []
         for b in reversed(blocks):  # tail first: shared prefixes are evicted last
             b.ref_count -= 1
             if b.ref_count == 0:
-                self._free[b] = None
                 self.num_used_blocks -= 1
+                if b.block_hash is None:
+                    first.append(b)
+                else:
+                    self._free[b] = None
+        self._front.extendleft(reversed(first))  # vLLM BlockPool.free_blocks: prepend_n, in order
         self._num_registered.pop(rid, None)
         self._memo.pop(rid, None)
         if req.status in (RequestStatus.FINISHED, RequestStatus.DRAINING):
@@ -283,6 +332,80 @@ class PrefixCachingBlockPool(BlockPool):
 
     def stats(self) -> dict:
         return prefix_cache_stats([self])
+
+
+_PLANNED = _Block()  # stands for a block that a request scheduled earlier in this step registers
+
+
+class StepPlan:
+    """A policy's scratch copy of what vLLM's scheduler sees within one step: each request it schedules
+    touches its hit blocks, allocates new blocks from the LRU head (evicting cached ones) and registers
+    the full blocks it will compute, before the next request looks up its hit. Nothing in the pool
+    changes; the engine then applies the same sequence for real."""
+
+    def __init__(self, pool: PrefixCachingBlockPool):
+        self.pool = pool
+        self._queue = chain(pool._front, repeat(None, pool._num_fresh), pool._free)  # popped lazily, head first
+        self._touched: set[_Block] = set()
+        self._evicted: set[_Block] = set()
+        self._planned: set[int] = set()  # hashes registered this step
+        self._released: dict[_Block, int] = {}  # block -> holders preempted this step
+        self._version = 0
+        self._memo: dict[int, tuple[int, list[_Block]]] = {}
+
+    def hit_blocks(self, req: Request) -> list[_Block]:
+        """The cached chain a new (or recompute-preempted) request would share if admitted next."""
+        memo = self._memo.get(req.request_id)
+        if memo is not None and memo[0] == self._version:
+            return memo[1]
+        pool, out, cached, evicted = self.pool, [], self.pool._cached, self._evicted
+        n = (req.num_tokens - 1) // pool.block_size
+        for h in islice(pool._hashes_upto(req.spec, n), n):
+            blocks = cached.get(h)
+            if blocks is None:
+                blk = None
+            elif not evicted:
+                blk = blocks[0]
+            else:
+                blk = next((b for b in blocks if b not in evicted), None)
+            if blk is None:
+                if h not in self._planned:
+                    break
+                blk = _PLANNED
+            out.append(blk)
+        self._memo[req.request_id] = (self._version, out)
+        return out
+
+    def num_held_hit_blocks(self, req: Request) -> int:
+        return sum(1 for b in self.hit_blocks(req) if b is _PLANNED or b.ref_count > 0 or b in self._touched)
+
+    def release(self, req: Request) -> int:
+        """Blocks preempting `req` frees: those whose last holder it is (vLLM frees by ref count)."""
+        n = 0
+        for b in self.pool._held.get(req.request_id, ()):
+            k = self._released[b] = self._released.get(b, 0) + 1
+            n += k == b.ref_count
+        return n
+
+    def take(self, req: Request, num_tokens: int, is_new: bool) -> None:
+        """Record that `req` is scheduled to hold KV for `num_tokens` tokens after this step."""
+        bs = self.pool.block_size
+        if is_new:
+            hits = self.hit_blocks(req)
+            self._touched.update(b for b in hits if b is not _PLANNED and b.ref_count == 0)
+            num_have = num_registered = len(hits)
+        else:
+            num_have, num_registered = req.num_blocks, self.pool._num_registered.get(req.request_id, 0)
+        for _ in range(cdiv(num_tokens, bs) - num_have):
+            for blk in self._queue:  # None: a never-used block
+                if blk is None or blk not in self._touched:
+                    if blk is not None and blk.block_hash is not None:
+                        self._evicted.add(blk)
+                    break
+        end = num_tokens // bs
+        if end > num_registered:
+            self._planned.update(self.pool._hashes_upto(req.spec, end)[num_registered:end])
+        self._version += 1
 
 
 def prefix_cache_stats(pools) -> dict:

@@ -11,7 +11,8 @@ from simcore.request import Request, RequestSpec, Status
 
 @dataclass(frozen=True)
 class EngineView:
-    """A snapshot an engine hands its policy each iteration. Policies must not mutate what it holds.
+    """A snapshot an engine hands its policy each iteration. Policies must not mutate what it holds (they
+    report each decision to `take`, which only updates the view's own prefix-cache scratch plan).
 
     `waiting`: FCFS order, front first (new arrivals, recompute-preempted and swapped requests).
     `running`: admission order (a resumed request is appended again at the end, as in vLLM).
@@ -29,21 +30,47 @@ class EngineView:
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
 
+    def _plan(self):
+        """The step's prefix-cache plan (simcore.kvcache.StepPlan), made on first use; None without caching."""
+        plan = self.__dict__.get("_step_plan")
+        if plan is None and self.prefix_cache is not None:
+            plan = self.prefix_cache.plan()
+            object.__setattr__(self, "_step_plan", plan)
+        return plan
+
+    def _is_new(self, req: Request) -> bool:
+        return req.num_computed_tokens == 0 and req.status is Status.WAITING
+
     def num_cached_prefix_tokens(self, req: Request) -> int:
-        """Prompt tokens a prefix-cache hit lets `req` skip when admitted now: full cached blocks, at most
-        num_tokens - 1. Nonzero only with prefix caching on, for a new or recompute-preempted request."""
-        if self.prefix_cache is None or req.num_computed_tokens or req.status is not Status.WAITING:
+        """Prompt tokens a prefix-cache hit lets `req` skip when admitted now, after what the policy took
+        earlier in this step: full cached blocks, at most num_tokens - 1. Nonzero only with prefix caching
+        on, for a new or recompute-preempted request."""
+        if self.prefix_cache is None or not self._is_new(req):
             return 0
-        return self.prefix_cache.num_cached_tokens(req)
+        return len(self._plan().hit_blocks(req)) * self.block_size
 
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,
         plus, for a swapped request, the blocks it brings back from the host. With prefix caching, a new
-        request's hit blocks that other requests hold are shared and take no free block."""
-        if self.prefix_cache is not None and req.num_computed_tokens == 0 and req.status is Status.WAITING:
-            return cdiv(num_tokens, self.block_size) - self.prefix_cache.num_held_hit_blocks(req)
+        request's hit blocks that other requests hold (or take this step) are shared and take no free block."""
+        if self.prefix_cache is not None and self._is_new(req):
+            return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
         extra = max(0, cdiv(num_tokens, self.block_size) - req.num_blocks)
         return extra + req.num_blocks if req.status is Status.SWAPPED else extra
+
+    def blocks_freed(self, req: Request) -> int:
+        """Blocks that preempting running `req` returns to the free pool: all it holds, or with prefix
+        caching only those no other request still holds (successive calls in one step compose)."""
+        if self.prefix_cache is None:
+            return req.num_blocks
+        return self._plan().release(req)
+
+    def take(self, req: Request, num_tokens: int) -> None:
+        """Tell the view that `req` is scheduled to hold KV for `num_tokens` tokens after this step. The
+        one write a policy makes, to its own scratch plan: with prefix caching a request admitted later in
+        the step then sees the blocks this one evicts and registers, as in vLLM. A no-op without caching."""
+        if self.prefix_cache is not None and self.waiting:  # only a waiting request's hit reads the plan
+            self._plan().take(req, num_tokens, self._is_new(req))
 
     def max_total_tokens(self, spec: RequestSpec) -> int:
         return max_total_tokens(spec, self.max_model_len)

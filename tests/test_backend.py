@@ -148,9 +148,9 @@ def test_speed_normalised_steps_repeat_idempotently_and_advance_by_normalised_ti
 def test_more_physical_blocks_than_counted_fails_loudly():
     backend = RealBackend(SHAPE, 2, 4, "cpu", reference_every_s=1e9)
     env = simpy.Environment()
-    # the engine counts 4 blocks but only 2 exist physically
+    # the engine counts 4 usable blocks (5 less the null block) but only 2 exist physically
     engine = Engine(env, ChunkedPrefill(max_num_batched_tokens=16), ConstantCost(),
-                    EngineLimits(num_gpu_blocks=4, block_size=4, max_model_len=64), executor=backend)
+                    EngineLimits(num_gpu_blocks=5, block_size=4, max_model_len=64), executor=backend)
     engine.submit(RequestSpec(0, 0.0, 14, 2))
     with pytest.raises(BackendError, match="physical KV exhausted"):
         env.run()

@@ -68,14 +68,14 @@ def test_hit_skips_cached_prefix_but_recomputes_last_token():
 
 
 def test_lru_free_queue_reverse_order_and_lazy_eviction():
-    pool = PrefixCachingBlockPool(4, BS)
+    pool = PrefixCachingBlockPool(5, BS)  # 4 usable blocks: vLLM keeps one as its null block
     a = Request(spec(0, 9, (10, 11)))  # 3 blocks: two full named ones + a partial tail
     compute_prompt(pool, a)
-    finish(pool, a)                     # queue: [fresh] tail, a1, a0 -> tail block first
-    b = Request(spec(1, 4, None))       # takes the never-used block, then the head of the queue
+    finish(pool, a)                     # queue: tail (no hash: back at the head), [never used], a1, a0
+    b = Request(spec(1, 4, None))       # takes a's partial tail block, then the never-used one
     pool.admit(b)
     pool.grow(b, 8)
-    assert pool.num_evicted_blocks == 0  # the head was a's unnamed partial block
+    assert pool.num_evicted_blocks == 0
     c = Request(spec(2, 4, None))
     pool.admit(c)
     pool.grow(c, 4)                     # next head: a's block 1 (deepest first) is evicted
@@ -162,9 +162,17 @@ def test_config_switch_and_summary():
         resolve_point({**base, "engine": {"policy": "static", "enable_prefix_caching": True}})
 
 
-def test_allocation_in_a_step_cannot_evict_another_admitted_requests_hit():
+def test_an_allocation_earlier_in_the_step_evicts_a_later_requests_hit_as_in_vllm():
     specs = [spec(0, 64, range(4), 1, 0.0), spec(1, 64, None, 1, 0.0),    # fill and free all 8 blocks
              spec(2, 48, None, 1, 10.0), spec(3, 65, range(4), 1, 10.0)]  # 2 allocates from the LRU head
-    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=512), specs, True, num_gpu_blocks=8)
-    assert [r[2] for r in log.iterations] == [128, 48 + 1]  # request 3 recomputes only its last token
-    assert eng.pool.stats()["num_cached_prompt_tokens"] == 64
+    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=512), specs, True, num_gpu_blocks=9)  # 8 usable
+    # vLLM allocates request by request: 2 takes request 0's blocks 3, 2, 1 (freed tail first), so 3 hits
+    # only block 0 and computes 49 tokens (vLLM 0.32's Scheduler does the same: tests/test_vllm_scheduler.py)
+    assert [r[2] for r in log.iterations] == [128, 48 + 49]
+    assert eng.pool.stats()["num_cached_prompt_tokens"] == 16
+
+
+def test_a_request_admitted_later_in_the_step_hits_blocks_registered_earlier_in_it():
+    specs = [spec(0, 40, (7, 8), 3, 0.0), spec(1, 40, (7, 8), 3, 0.0)]
+    df, log, eng = run(ChunkedPrefill(max_num_batched_tokens=256), specs, True)
+    assert log.iterations[0][2] == 40 + 8  # vLLM caches at scheduling: request 1 shares request 0's 2 blocks

