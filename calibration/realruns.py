@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
 
@@ -51,7 +52,7 @@ class RealRun:
             {"start_s": [], "duration_s": [], "prefill_tokens": [], "decode_tokens": [], "padding_tokens": [],
              "num_seqs": [], "num_preempted": [], "num_waiting": [], "num_running": [], "kv_blocks_used": []})
         gaps = self.itl_gaps_s if self.itl_gaps_s is not None else []
-        return summarize(self.requests, it, gaps, int(self.meta.get("num_gpu_blocks", 1)))
+        return summarize(self.requests, it, gaps, max(1, num_usable_blocks(int(self.meta.get("num_gpu_blocks") or 2))))
 
     def specs(self) -> list[RequestSpec]:
         """The run's requests as our engine takes them: same send times, same lengths and priorities."""

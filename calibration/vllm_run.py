@@ -49,6 +49,7 @@ from costmodels.catalog import MODELS, CatalogError, get_model
 from experiments.config import ConfigError, Point, PointConfig, expand, load_sweep_file
 from experiments.simulate import memory_plan
 from experiments.sweep import flatten
+from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
 from workloads.synthetic import generate
@@ -325,7 +326,8 @@ def tables(cfg: PointConfig, t0: float, recs: list[ClientRecord], steps: list[di
     requests = requests_frame_from_columns(cols)
     requests["engine_arrival_s"] = requests["request_id"].map(lambda i: arrivals.get(i, np.nan) - t0)
     requests["engine_first_token_s"] = requests["request_id"].map(lambda i: first_step_end.get(i, np.nan) - t0)
-    summary = summarize(requests, iterations, gaps_s, num_gpu_blocks)
+    summary = summarize(requests, iterations, gaps_s, num_usable_blocks(num_gpu_blocks))
+    summary["num_gpu_blocks"] = num_gpu_blocks
     return requests, iterations, gaps_s, summary
 
 

@@ -18,7 +18,7 @@ from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
-from simcore.kvcache import MemoryPlan, plan_memory, prefix_cache_stats
+from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
@@ -168,16 +168,17 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
                               f"{sum(len(e.running) for e in engines)} running)")
     requests = client_view(requests_frame(log), latency_s)
     iterations = iterations_frame(log)
-    summary = summarize(requests, iterations, log.itl_gaps_s, plan.num_gpu_blocks * num_replicas)
+    usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
+    summary = summarize(requests, iterations, log.itl_gaps_s, usable * num_replicas)
     replicas = None
     if disagg is not None:
         requests = disaggregation.add_handoff_columns(requests, disagg)
         iterations["role"] = [disaggregation.role_of(r, len(disagg.prefill)) for r in iterations["replica_id"]]
-        replicas = disaggregation.replicas_by_role(requests, iterations, plan.num_gpu_blocks,
+        replicas = disaggregation.replicas_by_role(requests, iterations, usable,
                                                    len(disagg.prefill), len(disagg.decode))
         summary.update(disaggregation.summary_keys(requests, replicas, disagg, cfg))
     elif num_replicas > 1:
-        replicas = replicas_frame(requests, iterations, plan.num_gpu_blocks, num_replicas)
+        replicas = replicas_frame(requests, iterations, usable, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
@@ -227,7 +228,7 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
     requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
     requests = client_view(requests, latency_s)
-    summary = summarize(requests, iterations, itl[:2], plan.num_gpu_blocks)
+    summary = summarize(requests, iterations, itl[:2], num_usable_blocks(plan.num_gpu_blocks))
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
                      *itl[2:])
