@@ -124,10 +124,26 @@ def errors(grid: LogGrid, points: np.ndarray, latency_s: np.ndarray) -> np.ndarr
     return np.abs(pred / np.asarray(latency_s, dtype=float) - 1.0)
 
 
-def split(n: int, held_out_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks (train, held_out): a seeded random fraction is kept aside from the fit."""
+def split(n: int, held_out_fraction: float, seed: int = 0,
+          eligible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, held_out): a seeded random fraction of the n points is kept aside from the
+    fit, drawn from the `eligible` ones (default: all)."""
     rng = np.random.default_rng(seed)
     held = np.zeros(n, dtype=bool)
     if n >= 5:
-        held[rng.permutation(n)[: int(round(held_out_fraction * n))]] = True
+        pool = np.flatnonzero(np.ones(n, dtype=bool) if eligible is None else eligible)
+        held[rng.permutation(pool)[: int(round(held_out_fraction * n))]] = True
     return ~held, held
+
+
+def interior(points: np.ndarray) -> np.ndarray:
+    """Points neither smallest nor largest along the first axis among those sharing their other
+    coordinates: a held-out edge point is extrapolated, which the fitted profile never is inside the
+    measured grid (its edges are always fitted), so holding it out would test what is never used."""
+    points = np.asarray(points, dtype=float)
+    _, group = np.unique(points[:, 1:], axis=0, return_inverse=True)
+    group = group.ravel()
+    first = points[:, 0]
+    lo = np.array([first[group == g].min() for g in range(group.max() + 1)])[group]
+    hi = np.array([first[group == g].max() for g in range(group.max() + 1)])[group]
+    return (first > lo) & (first < hi)

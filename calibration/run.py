@@ -3,7 +3,10 @@
     python -m calibration.run --model llama-3-8b --device cuda --out calib/h200 [--tp 1] [--dtype bf16] [--steps]
 
 Writes DIR/measurements.csv + DIR/meta.json (calibration.measurements), then DIR/profile.json,
-DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit. With --steps it also runs whole
+DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit; a family whose held-out error
+exceeds --max-holdout-error-pct refuses the profile (exit 3) unless --keep-bad-fit. On a CPU kernels run
+in fp32 on one torch thread, timed by that thread's CPU time (a shared machine's other load then costs
+no stalls). With --steps it also runs whole
 engine iterations of the static, continuous and chunked-prefill policies through the real backend
 (calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
 its held-out error. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
@@ -20,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from calibration import grid, measurements
+from calibration import fit, grid, measurements
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
@@ -84,26 +88,45 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
-            progress: bool = True, repeats: int | None = None, notes: set | None = None) -> list[dict]:
+            progress: bool = True, repeats: int | None = None, notes: set | None = None,
+            clock: str = "wall") -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
-    Kernel fallbacks taken are added to `notes`."""
+    The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
+    seeded random order: a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x here)
+    then hit scattered points in one pass, not a whole family in every pass, and the fastest run on a
+    CPU skips them. Kernel fallbacks taken are added to `notes`. `clock`: calibration.kernels.Timer's."""
     b = Builder(device, dtype)
-    warmup, default_repeats = grid.timing_settings(size)
-    timer = Timer(device, warmup, repeats or default_repeats)
-    rows = []
-    for p in tqdm(grid.design(model, tp, size), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr):
-        row = dict(p)
-        try:
-            run, flops, bytes_ = kernel(b, model, tp, p)
-            row.update(timer.measure(run), flops=flops, bytes=bytes_, status="ok")
-        except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            tqdm.write(f"skipped {p['family']} {p.get('op', '')} {_shape(p)}: {row['status']}", file=sys.stderr)
-        finally:
-            run = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        rows.append(row)
+    warmup, default_repeats, rounds = grid.timing_settings(size)
+    timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
+    per_round = -(-timer.repeats // rounds)
+    rows = [dict(p, status="ok") for p in grid.design(model, tp, size)]
+    samples: list[list[float]] = [[] for _ in rows]
+    launches = [0] * len(rows)
+    rng = np.random.default_rng(0)
+    bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
+    for r in range(rounds):
+        for i in rng.permutation(len(rows)) if r else range(len(rows)):
+            row = rows[i]
+            bar.update()
+            if row["status"] != "ok":
+                continue
+            try:
+                run, row["flops"], row["bytes"] = kernel(b, model, tp, row)
+                times, n = timer.runs(run, per_round)
+                samples[i] += times
+                launches[i] += n
+            except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                tqdm.write(f"skipped {row['family']} {row.get('op', '')} {_shape(row)}: {row['status']}",
+                           file=sys.stderr)
+            finally:
+                run = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    bar.close()
+    for row, times, n in zip(rows, samples, launches):
+        if row["status"] == "ok":
+            row.update(timer.summary(times, n))
     if notes is not None:
         notes.update(b.notes)
     return rows
@@ -162,11 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: time the per-GPU shards")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: fp32 on cpu, bf16 on cuda")
     ap.add_argument("--grid", choices=["full", "small"], help="default: full on cuda, small on cpu")
     ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
-    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15 full, 3 small)")
+    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (cpu; default 1: with more, "
+                    "a kernel waits whenever the OS deschedules one of them on a shared machine)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], help="cpu: the timing thread's CPU time (needs --threads "
+                    "1; the default on cpu); wall: elapsed time")
     ap.add_argument("--no-fit", action="store_true")
+    fit.add_quality_options(ap)
     ap.add_argument("--steps", action="store_true", help="also fit a whole-step model on real engine iterations "
                     "(DIR/stepfit.json; the profile to validate on CPU)")
     ap.add_argument("--steps-requests", type=int, default=48, help="requests per --steps calibration run")
@@ -178,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
+    args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    args.clock = args.clock or ("cpu" if args.device == "cpu" and args.threads == 1 else "wall")
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        ap.error("--clock cpu: needs --device cpu and --threads 1")
+    if args.threads < 1:
+        ap.error(f"--threads: expected at least 1, got {args.threads}")
     if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
         from calibration.validate import reexec_with_tunables
         reexec_with_tunables("calibration.run", sys.argv[1:])
@@ -188,20 +222,28 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.gpu or meta.get("catalog_gpu") or args.device
     t0 = time.perf_counter()
     notes: set[str] = set()
-    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                   notes=notes)
+    threads = torch.get_num_threads()
+    try:
+        if device.type == "cpu":
+            torch.set_num_threads(args.threads)
+            meta["threads"] = args.threads
+        rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
+                       notes=notes, clock=args.clock)
+    finally:
+        torch.set_num_threads(threads)  # tests call main() in-process
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
-                 "kernel_notes": sorted(notes)})
+                 "clock": "cuda events" if device.type == "cuda" else args.clock, "kernel_notes": sorted(notes)})
     meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
     rc = 0
     if not args.no_fit:
-        from calibration import fit
-        rc = fit.main([str(args.out), "--out", str(args.out / "profile.json")])
+        quality = [f"--max-holdout-error-pct={x}" for x in args.max_holdout_error_pct or []]
+        rc = fit.main([str(args.out), "--out", str(args.out / "profile.json"), *quality,
+                       *(["--keep-bad-fit"] if args.keep_bad_fit else [])])
     if args.steps and rc == 0:
         calibrate_steps(args.model, args.device, args.out, args.quiet, ["--num-requests", str(args.steps_requests)])
     return rc
