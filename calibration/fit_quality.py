@@ -51,7 +51,8 @@ def bad_fits(report: dict, limits: dict[str, float]) -> dict[str, dict]:
 def bad_fit_lines(bad: dict[str, dict], kept: bool, folder: Path, out: Path) -> list[str]:
     """The loud report of families that failed their held-out limit."""
     rule = "!" * 100
-    lines = [rule, f"BAD FIT: {len(bad)} kernel famil{'y' if len(bad) == 1 else 'ies'} of {folder} predict "
+    one = len(bad) == 1
+    lines = [rule, f"BAD FIT: {len(bad)} kernel famil{'y' if one else 'ies'} of {folder} predict{'s' if one else ''} "
              "held-out timings worse than allowed:"]
     for name, b in bad.items():
         lines.append(f"  {name:24s} held-out median error {b['held_out_median_ape']:.1f}% > {b['limit_pct']:g}% "
