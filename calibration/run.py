@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         quality = [f"--max-holdout-error-pct={x}" for x in args.max_holdout_error_pct or []]
         rc = fit.main([str(args.out), "--out", str(args.out / "profile.json"), *quality,
                        *(["--keep-bad-fit"] if args.keep_bad_fit else [])])
-    if args.steps and rc == 0:
+    if args.steps and rc in (0, fit.BAD_FIT_RC):  # the step model does not use the kernel profile
         calibrate_steps(args.model, args.device, args.out, args.quiet, ["--num-requests", str(args.steps_requests)])
     return rc
 
