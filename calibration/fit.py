@@ -24,7 +24,7 @@ import pandas as pd
 
 from calibration import measurements
 from calibration.fit_quality import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
-from calibration.fitting import choose_knots, errors, fit_loggrid, interior, monotone, split
+from calibration.fitting import choose_knots, errors, fit_loggrid, monotone, split_interior
 from calibration.overheads import fit_overheads, prior_family
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,
@@ -122,10 +122,10 @@ def roofline_baseline(f: Family, fit_rows: np.ndarray, peaks: tuple[float, float
 
 
 def fit_family(f: Family, peaks: tuple[float, float] | None = None, seed: int = 0) -> tuple[LogGrid, dict, np.ndarray]:
-    """Fit on the training split. The held-out fifth is drawn from interior points (fitting.interior),
-    so it is interpolated, as the profile is everywhere inside the measured grid. The curvature penalty is the family's SMOOTHING times the multiple that cross-validation on the
+    """Fit on the training split. The held-out fifth is drawn from interior points with fitted neighbours
+    (fitting.split_interior), so it is interpolated, as the profile is inside the measured grid. The curvature penalty is the family's SMOOTHING times the multiple that cross-validation on the
     training points chose (held-out points are never seen)."""
-    train, held = split(len(f.latency_s), HELD_OUT_FRACTION, seed, eligible=interior(f.points))
+    train, held = split_interior(f.points, HELD_OUT_FRACTION, seed)
     knots = [choose_knots(f.points[:, a]) for a in range(f.points.shape[1])]
     scale = choose_smoothing(f, train, knots, peaks, seed)
     grid = _fit(f, train, knots, peaks, scale)

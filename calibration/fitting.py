@@ -124,26 +124,35 @@ def errors(grid: LogGrid, points: np.ndarray, latency_s: np.ndarray) -> np.ndarr
     return np.abs(pred / np.asarray(latency_s, dtype=float) - 1.0)
 
 
-def split(n: int, held_out_fraction: float, seed: int = 0,
-          eligible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks (train, held_out): a seeded random fraction of the n points is kept aside from the
-    fit, drawn from the `eligible` ones (default: all)."""
+def split(n: int, held_out_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, held_out): a seeded random fraction is kept aside from the fit."""
     rng = np.random.default_rng(seed)
     held = np.zeros(n, dtype=bool)
     if n >= 5:
-        pool = np.flatnonzero(np.ones(n, dtype=bool) if eligible is None else eligible)
-        held[rng.permutation(pool)[: int(round(held_out_fraction * n))]] = True
+        held[rng.permutation(n)[: int(round(held_out_fraction * n))]] = True
     return ~held, held
 
 
-def interior(points: np.ndarray) -> np.ndarray:
-    """Points neither smallest nor largest along the first axis among those sharing their other
-    coordinates: a held-out edge point is extrapolated, which the fitted profile never is inside the
-    measured grid (its edges are always fitted), so holding it out would test what is never used."""
+def split_interior(points: np.ndarray, held_out_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Like `split`, but along the first axis, among the points sharing their other coordinates (a row),
+    a held-out point is never a row's smallest or largest, and both its row neighbours stay in the fit:
+    the fitted grid (the one the profile keeps) then has every measured edge and never a gap of two
+    sizes, and each held-out point tests an interpolation between measured neighbours, which is all the
+    profile is asked inside its grid. Fewer are held out where a family has too few such points."""
     points = np.asarray(points, dtype=float)
-    _, group = np.unique(points[:, 1:], axis=0, return_inverse=True)
-    group = group.ravel()
-    first = points[:, 0]
-    lo = np.array([first[group == g].min() for g in range(group.max() + 1)])[group]
-    hi = np.array([first[group == g].max() for g in range(group.max() + 1)])[group]
-    return (first > lo) & (first < hi)
+    n = len(points)
+    _, row = np.unique(points[:, 1:], axis=0, return_inverse=True)
+    row = row.ravel()
+    order = np.lexsort((points[:, 0], row))           # by row, then along the first axis
+    rank = np.empty(n, dtype=int)
+    rank[order] = np.arange(n)
+    first = np.r_[True, row[order][1:] != row[order][:-1]][rank]   # a row's smallest / largest
+    last = np.r_[row[order][1:] != row[order][:-1], True][rank]
+    held = np.zeros(n, dtype=bool)
+    want = int(round(held_out_fraction * n)) if n >= 5 else 0
+    for i in np.random.default_rng(seed).permutation(n):
+        if held.sum() == want:
+            break
+        if not (first[i] or last[i] or held[order[rank[i] - 1]] or held[order[rank[i] + 1]]):
+            held[i] = True
+    return ~held, held

@@ -9,7 +9,7 @@ import pytest
 
 from calibration import fit, measurements
 from calibration.fit_quality import bad_fits, holdout_limits
-from calibration.fitting import choose_knots, fit_loggrid, interior, monotone, split
+from calibration.fitting import choose_knots, fit_loggrid, monotone, split, split_interior
 from calibration.overheads import fit_overheads
 from costmodels import get_gpu, get_model, load_cost_model
 from costmodels.profile import attention_heads, gemm_shapes, profile_cost_model
@@ -200,12 +200,17 @@ def test_a_bad_held_out_bar_is_a_usage_error(tmp_path, capsys):
     assert e.value.code == 2 and "unknown family 'gemmm'" in capsys.readouterr().err
 
 
-def test_held_out_points_are_interior_so_they_are_interpolated():
-    points = np.array([[1, 8], [2, 8], [4, 8], [8, 8], [1, 16], [4, 16], [16, 16]], dtype=float)
-    assert interior(points).tolist() == [False, True, True, False, False, True, False]
-    train, held = split(len(points), 0.4, seed=0, eligible=interior(points))
-    assert held.sum() == 3 and not (held & ~interior(points)).any()
-    assert np.array_equal(split(100, 0.2, seed=3)[1], split(100, 0.2, seed=3, eligible=np.ones(100, bool))[1])
+def test_held_out_points_are_interior_with_fitted_neighbours():
+    m = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    points = np.array([[x, n] for n in (8, 16, 32) for x in m], dtype=float)
+    for seed in range(5):
+        train, held = split_interior(points, 0.2, seed)
+        assert held.sum() == round(0.2 * len(points)) and np.array_equal(train, ~held)
+        grid = held.reshape(3, len(m))
+        assert not grid[:, [0, -1]].any()                      # every row's edges are fitted
+        assert not (grid[:, 1:] & grid[:, :-1]).any()          # no two neighbours held out
+    assert np.array_equal(split_interior(points, 0.2, 3)[1], split_interior(points, 0.2, 3)[1])
+    assert not split_interior(points[:4], 0.5)[1].any()        # too few points to hold any out
 
 
 def test_a_cpu_fit_follows_its_own_roofline_not_a_datasheet():

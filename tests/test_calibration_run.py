@@ -19,7 +19,9 @@ from experiments.simulate import simulate  # noqa: E402
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("calib_cpu")
-    assert run.main(["--model", "tiny", "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    # --keep-bad-fit: the held-out bar judges timings, which this module never asserts (a loaded CI
+    # machine can fail it; test_run_refuses_a_bad_kernel_fit_unless_told_to_keep_it tests the bar)
+    assert run.main(["--model", "tiny", "--device", "cpu", "--out", str(out), "--quiet", "--keep-bad-fit"]) == 0
     return out
 
 
@@ -41,6 +43,7 @@ def test_cpu_run_times_every_family_and_records_metadata(cpu_run):
 def test_cpu_profile_drives_a_simulation(cpu_run):
     profile = json.loads((cpu_run / "profile.json").read_text())
     assert profile["provenance"]["source"] == "calibration.run"
+    assert profile["fit_quality"]["max_holdout_error_pct"] == {"*": 25.0}
     assert profile["overheads"]["source"].startswith("fitted to")
     assert set(profile["fit_report"]) >= {"gemm", "prefill_attn", "decode_attn", "sampling"}
     assert profile["dtype"] == "fp32"   # the CPU default; a sweep names it (its own default is bf16)
