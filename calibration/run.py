@@ -32,6 +32,8 @@ from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
 
+PROBE_GEMM = (64, 256, 256)  # the CPU speed probe (capture): about 0.1 ms in fp32
+SLOW_PROBE = 1.1             # a pass whose probe took longer than this x its best ran on a slowed machine
 GPU_NAMES = {"H200": "h200-sxm", "H100": "h100-sxm", "A100-SXM4-40GB": "a100-40gb", "A100-SXM4-80GB": "a100-80gb",
              "A100 80GB": "a100-80gb", "L40S": "l40s", "L4": "l4"}
 
@@ -89,47 +91,66 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
             progress: bool = True, repeats: int | None = None, notes: set | None = None,
-            clock: str = "wall") -> list[dict]:
+            clock: str = "wall", speed: dict | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
     The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
-    seeded random order: a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x here)
-    then hit scattered points in one pass, not a whole family in every pass, and the fastest run on a
-    CPU skips them. Kernel fallbacks taken are added to `notes`. `clock`: calibration.kernels.Timer's."""
+    seeded random order, so a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x
+    here) hit scattered points in one pass, not a whole family in every pass. On a CPU a probe kernel is
+    timed before each point: a pass whose probe ran more than SLOW_PROBE x its best is slow, a point
+    with only slow passes is timed again in up to `rounds` more passes, and only its passes at full
+    speed count when it has any (`speed` receives how many had none). Kernel fallbacks taken are added
+    to `notes`. `clock`: calibration.kernels.Timer's."""
     b = Builder(device, dtype)
     warmup, default_repeats, rounds = grid.timing_settings(size)
     timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
     per_round = -(-timer.repeats // rounds)
+    probe = b.gemm(*PROBE_GEMM)[0] if device.type == "cpu" else None
     rows = [dict(p, status="ok") for p in grid.design(model, tp, size)]
-    samples: list[list[float]] = [[] for _ in rows]
-    launches = [0] * len(rows)
+    passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # (times, launches, probe s)
     rng = np.random.default_rng(0)
     bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
-    for r in range(rounds):
-        for i in rng.permutation(len(rows)) if r else range(len(rows)):
-            row = rows[i]
+    for r in range(2 * rounds):
+        if r < rounds:
+            todo = rng.permutation(len(rows)) if r else range(len(rows))
+        else:  # the points with no pass at full speed yet
+            best = min(p for point in passes for *_, p in point)
+            todo = [i for i, point in enumerate(passes) if point and min(p for *_, p in point) > SLOW_PROBE * best]
+            bar.total += len(todo)
+        for i in todo:
             bar.update()
-            if row["status"] != "ok":
-                continue
-            try:
-                run, row["flops"], row["bytes"] = kernel(b, model, tp, row)
-                times, n = timer.runs(run, per_round)
-                samples[i] += times
-                launches[i] += n
-            except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
-                row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                tqdm.write(f"skipped {row['family']} {row.get('op', '')} {_shape(row)}: {row['status']}",
-                           file=sys.stderr)
-            finally:
-                run = None
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+            if rows[i]["status"] == "ok":
+                _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
     bar.close()
-    for row, times, n in zip(rows, samples, launches):
+    best = min((p for point in passes for *_, p in point), default=1.0)
+    for row, point in zip(rows, passes):
+        fast = [x for x in point if x[2] <= SLOW_PROBE * best] or point
         if row["status"] == "ok":
-            row.update(timer.summary(times, n))
+            row.update(timer.summary([t for times, *_ in fast for t in times], sum(n for _, n, _ in fast)))
+    if speed is not None and probe:
+        speed.update({"probe_gemm": list(PROBE_GEMM), "slow_probe": SLOW_PROBE,
+                      "passes": sum(map(len, passes)), "slow_passes": sum(p > SLOW_PROBE * best for point in passes
+                                                                           for *_, p in point),
+                      "points_without_a_full_speed_pass": sum(bool(point) and min(p for *_, p in point) >
+                                                              SLOW_PROBE * best for point in passes)})
     if notes is not None:
         notes.update(b.notes)
     return rows
+
+
+def _time_point(b: Builder, model: ModelShape, tp: int, row: dict, timer: Timer, repeats: int, probe,
+                passes: list) -> None:
+    """One pass over one point: built afresh, probed (CPU), warmed up, timed; a failure is recorded."""
+    try:
+        run, row["flops"], row["bytes"] = kernel(b, model, tp, row)
+        probe_s = min(timer.runs(probe, 2)[0]) if probe else 1.0
+        passes.append((*timer.runs(run, repeats), probe_s))
+    except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        tqdm.write(f"skipped {row['family']} {row.get('op', '')} {_shape(row)}: {row['status']}", file=sys.stderr)
+    finally:
+        run = None
+        if timer.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _shape(p: dict) -> str:
@@ -227,14 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
             meta["threads"] = args.threads
+        speed: dict = {}
         rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                       notes=notes, clock=args.clock)
+                       notes=notes, clock=args.clock, speed=speed)
     finally:
         torch.set_num_threads(threads)  # tests call main() in-process
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
                  "clock": "cuda events" if device.type == "cuda" else args.clock, "kernel_notes": sorted(notes)})
+    if speed:
+        meta["speed"] = speed
     meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))

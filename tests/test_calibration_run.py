@@ -173,3 +173,28 @@ def test_run_refuses_a_bad_kernel_fit_unless_told_to_keep_it(tmp_path, monkeypat
     assert run.main([*argv, "--keep-bad-fit"]) == 0
     quality = json.loads((tmp_path / "profile.json").read_text())["fit_quality"]
     assert quality["kept_despite_bad_fit"] and "gemm" in quality["bad_families"]
+
+
+def test_points_timed_only_on_a_slowed_machine_are_timed_again(monkeypatch):
+    """A fake timer: the machine is slow (probe 2x, kernels 5x) for every pass of the grid but the very
+    first point's; those points are timed again, and only their full-speed passes count."""
+    from calibration.kernels import Timer
+    num_points = len(grid.design(get_model("tiny"), 1, "small"))
+    _, _, rounds = grid.timing_settings("small")
+
+    class SlowSpells(Timer):
+        probes, slow = 0, False
+
+        def runs(self, run, repeats=None):
+            if repeats == 2:   # the probe
+                SlowSpells.probes += 1
+                SlowSpells.slow = 1 < SlowSpells.probes <= rounds * num_points
+                return [2.0 if SlowSpells.slow else 1.0] * 2, 2
+            return [5.0 if SlowSpells.slow else 1.0] * repeats, repeats
+    monkeypatch.setattr(run, "Timer", SlowSpells)
+    monkeypatch.setattr(run, "kernel", lambda b, model, tp, p: ((lambda: None), 1.0, 1.0))
+    speed = {}
+    rows = run.capture(get_model("tiny"), 1, "fp32", torch.device("cpu"), "small", progress=False, speed=speed)
+    assert all(r["latency_s"] == 1.0 and r["p90_s"] == 1.0 for r in rows)
+    assert speed["passes"] == rounds * num_points + num_points - 1
+    assert speed["slow_passes"] == rounds * num_points - 1 and speed["points_without_a_full_speed_pass"] == 0
