@@ -71,7 +71,7 @@ class Timer:
     def summary(self, samples: list[float], launches: int) -> dict:
         """latency_s (the median on a GPU, the fastest run elsewhere), p10_s, p90_s and launches timed."""
         samples = sorted(samples)
-        q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
+        q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 9
         latency_s = statistics.median(samples) if self.device.type == "cuda" else samples[0]
         return {"latency_s": latency_s, "p10_s": q[0], "p90_s": q[-1], "repeats": launches}
 

@@ -6,7 +6,7 @@ Writes DIR/measurements.csv + DIR/meta.json (calibration.measurements), then DIR
 DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit; a family whose held-out error
 exceeds --max-holdout-error-pct refuses the profile (exit 3) unless --keep-bad-fit. On a CPU kernels run
 in fp32 on one torch thread, timed by that thread's CPU time (a shared machine's other load then costs
-no stalls). With --steps it also runs whole
+no scheduler stalls). With --steps it also runs whole
 engine iterations of the static, continuous and chunked-prefill policies through the real backend
 (calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
 its held-out error. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
@@ -106,44 +106,52 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
     per_round = -(-timer.repeats // rounds)
     probe = b.gemm(*PROBE_GEMM)[0] if device.type == "cpu" else None
     rows = [dict(p, status="ok") for p in grid.design(model, tp, size)]
-    passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # (times, launches, probe s)
+    passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # per point: (times, launches, probe s)
     rng = np.random.default_rng(0)
     bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
     for r in range(2 * rounds):
         if r < rounds:
             todo = rng.permutation(len(rows)) if r else range(len(rows))
-        else:  # the points with no pass at full speed yet
-            best = min(p for point in passes for *_, p in point)
-            todo = [i for i, point in enumerate(passes) if point and min(p for *_, p in point) > SLOW_PROBE * best]
+        else:  # the points that have no pass at full speed yet
+            best = _best_probe(passes)
+            todo = [i for i, point in enumerate(passes) if point and not _full_speed(point, best)]
             bar.total += len(todo)
         for i in todo:
             bar.update()
             if rows[i]["status"] == "ok":
                 _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
     bar.close()
-    best = min((p for point in passes for *_, p in point), default=1.0)
+    best = _best_probe(passes)
     for row, point in zip(rows, passes):
-        fast = [x for x in point if x[2] <= SLOW_PROBE * best] or point
         if row["status"] == "ok":
-            row.update(timer.summary([t for times, *_ in fast for t in times], sum(n for _, n, _ in fast)))
+            kept = _full_speed(point, best) or point
+            row.update(timer.summary([t for times, _, _ in kept for t in times], sum(n for _, n, _ in kept)))
     if speed is not None and probe:
-        speed.update({"probe_gemm": list(PROBE_GEMM), "slow_probe": SLOW_PROBE,
-                      "passes": sum(map(len, passes)), "slow_passes": sum(p > SLOW_PROBE * best for point in passes
-                                                                           for *_, p in point),
-                      "points_without_a_full_speed_pass": sum(bool(point) and min(p for *_, p in point) >
-                                                              SLOW_PROBE * best for point in passes)})
+        speed.update({"probe_gemm": list(PROBE_GEMM), "slow_probe": SLOW_PROBE, "passes": sum(map(len, passes)),
+                      "slow_passes": sum(len(point) - len(_full_speed(point, best)) for point in passes),
+                      "points_without_a_full_speed_pass": sum(bool(point) and not _full_speed(point, best)
+                                                              for point in passes)})
     if notes is not None:
         notes.update(b.notes)
     return rows
 
 
+def _best_probe(passes: list) -> float:
+    return min((probe_s for point in passes for _, _, probe_s in point), default=1.0)
+
+
+def _full_speed(point: list, best_probe_s: float) -> list:
+    """A point's passes whose probe ran within SLOW_PROBE of the best probe of the capture."""
+    return [x for x in point if x[2] <= SLOW_PROBE * best_probe_s]
+
+
 def _time_point(b: Builder, model: ModelShape, tp: int, row: dict, timer: Timer, repeats: int, probe,
-                passes: list) -> None:
+                point_passes: list) -> None:
     """One pass over one point: built afresh, probed (CPU), warmed up, timed; a failure is recorded."""
     try:
         run, row["flops"], row["bytes"] = kernel(b, model, tp, row)
         probe_s = min(timer.runs(probe, 2)[0]) if probe else 1.0
-        passes.append((*timer.runs(run, repeats), probe_s))
+        point_passes.append((*timer.runs(run, repeats), probe_s))
     except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
         row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         tqdm.write(f"skipped {row['family']} {row.get('op', '')} {_shape(row)}: {row['status']}", file=sys.stderr)
