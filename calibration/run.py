@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from calibration import fit, grid, measurements
+from calibration.fit_quality import BAD_FIT_RC, add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=["cpu", "wall"], help="cpu: the timing thread's CPU time (needs --threads "
                     "1; the default on cpu); wall: elapsed time")
     ap.add_argument("--no-fit", action="store_true")
-    fit.add_quality_options(ap)
+    add_quality_options(ap)
     ap.add_argument("--steps", action="store_true", help="also fit a whole-step model on real engine iterations "
                     "(DIR/stepfit.json; the profile to validate on CPU)")
     ap.add_argument("--steps-requests", type=int, default=48, help="requests per --steps calibration run")
@@ -241,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--clock cpu: needs --device cpu and --threads 1")
     if args.threads < 1:
         ap.error(f"--threads: expected at least 1, got {args.threads}")
+    try:
+        holdout_limits(args.max_holdout_error_pct)   # before minutes of capture, not after
+    except ValueError as e:
+        ap.error(str(e))
     if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
         from calibration.validate import reexec_with_tunables
         reexec_with_tunables("calibration.run", sys.argv[1:])
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         quality = [f"--max-holdout-error-pct={x}" for x in args.max_holdout_error_pct or []]
         rc = fit.main([str(args.out), "--out", str(args.out / "profile.json"), *quality,
                        *(["--keep-bad-fit"] if args.keep_bad_fit else [])])
-    if args.steps and rc in (0, fit.BAD_FIT_RC):  # the step model does not use the kernel profile
+    if args.steps and rc in (0, BAD_FIT_RC):  # the step model does not use the kernel profile
         calibrate_steps(args.model, args.device, args.out, args.quiet, ["--num-requests", str(args.steps_requests)])
     return rc
 

@@ -173,6 +173,9 @@ def test_run_refuses_a_bad_kernel_fit_unless_told_to_keep_it(tmp_path, monkeypat
     assert "BAD FIT" in err and "gemm" in err and not (tmp_path / "profile.json").exists()
     assert run.main([*argv, "--max-holdout-error-pct", "1e9"]) == 0   # the bar passes through to the fit
     assert run.main([*argv, "--keep-bad-fit"]) == 0
+    with pytest.raises(SystemExit) as e:   # a bad bar is refused before the capture
+        run.main([*argv, "--max-holdout-error-pct", "foo"])
+    assert e.value.code == 2 and "--max-holdout-error-pct foo" in capsys.readouterr().err
     quality = json.loads((tmp_path / "profile.json").read_text())["fit_quality"]
     assert quality["kept_despite_bad_fit"] and "gemm" in quality["bad_families"]
 
