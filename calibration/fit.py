@@ -4,7 +4,9 @@ points; the other 20% are held out and their median / p90 absolute percentage er
     python -m calibration.fit MEASUREMENTS_DIR --out PROFILE.json
 
 Writes PROFILE.json (the profile the simulator loads, with provenance and held-out errors), and next to
-it fit_report.json and fit.png (measured vs predicted, held-out points marked). Families the measurements
+it fit_report.json and fit.png (measured vs predicted, held-out points marked). A family whose held-out
+median error exceeds --max-holdout-error-pct (default 25%) is reported loudly and PROFILE.json is not
+written (exit 3) unless --keep-bad-fit (calibration.fit_quality). Families the measurements
 lack (the published tables have no elementwise or sampling timings) come from the roofline prior and the
 profile says so per family.
 """
@@ -21,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from calibration import measurements
-from calibration.fitting import choose_knots, errors, fit_loggrid, monotone, split
+from calibration.fit_quality import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
+from calibration.fitting import choose_knots, errors, fit_loggrid, monotone, split_interior
 from calibration.overheads import fit_overheads, prior_family
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,
@@ -32,8 +35,11 @@ HELD_OUT_FRACTION = 0.2
 # prefill attention ~ sequences x length^2; decode attention ~ sequences x context (streams KV).
 SLOPES = {"gemm": (1.0, 1.0, 1.0), "prefill_attn": (1.0, 2.0), "decode_attn": (1.0, 1.0), "1d": (1.0,)}
 # Curvature penalty per axis. GEMM: firm along tokens (neighbouring m differ by tile effects and noise),
-# light across weight shapes (few, far apart). Chosen on held-out splits with seeds 1-5, reported on seed 0.
+# light across weight shapes (few, far apart). Chosen on held-out splits of the H100 tables with seeds 1-5;
+# cross-validation on each fit's training points scales it (choose_smoothing).
 SMOOTHING = {"gemm": (3.0, 0.1, 0.1), "prefill_attn": 0.3, "decode_attn": 0.3, "1d": 0.3}
+SMOOTHING_SCALES = (0.1, 0.3, 1.0, 3.0)   # multiples of SMOOTHING that cross-validation chooses from
+CV_FOLDS = 5
 
 
 @dataclass(frozen=True)
@@ -44,33 +50,27 @@ class Family:
     latency_s: np.ndarray
     slopes: tuple[float, ...]
     smoothing: float | tuple[float, ...]
-    baseline: Callable[[np.ndarray], np.ndarray]   # roofline time at the datasheet peaks, seconds
+    work: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]   # (FLOPs, bytes) at sizes
     monotone_axes: tuple[int, ...] | None = None   # None: every axis
 
 
-def peaks(gpu_name: str) -> tuple[float, float]:
-    """(FLOP/s, bytes/s) for the baselines: the catalog GPU's datasheet, else H100's (shape only)."""
-    gpu = GPUS.get(gpu_name, GPUS["h100-sxm"])
-    return gpu.bf16_flops_per_s, gpu.hbm_bytes_per_s
+def datasheet_peaks(gpu_name: str) -> tuple[float, float] | None:
+    """(FLOP/s, bytes/s) of a catalog GPU; None for a device without a datasheet (a CPU)."""
+    gpu = GPUS.get(gpu_name)
+    return (gpu.bf16_flops_per_s, gpu.hbm_bytes_per_s) if gpu else None
 
 
-def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, gpu: str = "h100-sxm",
-                  dtype: str = "bf16") -> dict[str, Family]:
+def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = "bf16") -> dict[str, Family]:
     """The fitted families present in the measurements, in their fit coordinates."""
-    flops_s, bytes_s = peaks(gpu)
     e = DTYPE_BYTES[dtype]
     heads, kv_heads, head_dim = attention_heads(model, tp)
-
-    def roof(flops, bytes_, fixed_s):
-        return np.maximum(flops / flops_s, bytes_ / bytes_s) + fixed_s
-
     out = {}
     g = frame[frame["family"] == "gemm"]
     if len(g):
         out["gemm"] = Family(("m", "n", "k"), g[["m", "n", "k"]].to_numpy(float), g["latency_s"].to_numpy(),
                              SLOPES["gemm"], SMOOTHING["gemm"],
-                             lambda p, c=_fixed_s(g): roof(2 * p[:, 0] * p[:, 1] * p[:, 2],
-                                            e * (p[:, 0] * p[:, 2] + p[:, 1] * p[:, 2] + p[:, 0] * p[:, 1]), c), (0,))
+                             lambda p: (2 * p[:, 0] * p[:, 1] * p[:, 2],
+                                        e * (p[:, 0] * p[:, 2] + p[:, 1] * p[:, 2] + p[:, 0] * p[:, 1])), (0,))
     attn = frame[(frame["num_heads"] == heads) & (frame["num_kv_heads"] == kv_heads) & (frame["head_dim"] == head_dim)]
     p = attn[attn["family"] == "prefill_attn"]
     if len(p):
@@ -79,48 +79,87 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, gpu: str = "h
         out["prefill_attn"] = Family(
             ("sequences", "length"), np.array(pts), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
             SMOOTHING["prefill_attn"],
-            lambda x, c=_fixed_s(p): roof(2 * head_dim * heads * x[:, 0] * x[:, 1] * (x[:, 1] + 1),
-                                          e * head_dim * x[:, 0] * x[:, 1] * (2 * heads + 2 * kv_heads), c))
+            lambda x: (2 * head_dim * heads * x[:, 0] * x[:, 1] * (x[:, 1] + 1),
+                       e * head_dim * x[:, 0] * x[:, 1] * (2 * heads + 2 * kv_heads)))
     d = attn[(attn["family"] == "decode_attn") & (attn["op"] != "mixed")]  # mixed lengths: a check, below
     if len(d):
         out["decode_attn"] = Family(
             ("sequences", "context"), d[["batch_size", "context_len"]].to_numpy(float), d["latency_s"].to_numpy(),
-            SLOPES["decode_attn"],
-            SMOOTHING["decode_attn"],
-            lambda x, c=_fixed_s(d): roof(4 * head_dim * heads * x[:, 0] * x[:, 1],
-                                          e * head_dim * x[:, 0] * (2 * kv_heads * x[:, 1] + 2 * heads), c))
+            SLOPES["decode_attn"], SMOOTHING["decode_attn"],
+            lambda x: (4 * head_dim * heads * x[:, 0] * x[:, 1],
+                       e * head_dim * x[:, 0] * (2 * kv_heads * x[:, 1] + 2 * heads)))
     for op in sorted(set(ELEMENTWISE_PER_LAYER) | set(ELEMENTWISE_PER_STEP)):
         rows = frame[(frame["family"] == "elementwise") & (frame["op"] == op)]
         if len(rows):
-            per_token = float((rows["bytes"] / rows["m"]).median())
-            out[f"elementwise_{op}"] = Family(("m",), rows[["m"]].to_numpy(float), rows["latency_s"].to_numpy(),
-                                              SLOPES["1d"], SMOOTHING["1d"],
-                                              lambda x, b=per_token, c=_fixed_s(rows): roof(0, b * x[:, 0], c))
+            out[f"elementwise_{op}"] = _memory_bound(rows)
     s = frame[frame["family"] == "sampling"]
     if len(s):
-        per_seq = float((s["bytes"] / s["m"]).median())
-        out["sampling"] = Family(("m",), s[["m"]].to_numpy(float), s["latency_s"].to_numpy(), SLOPES["1d"],
-                                 SMOOTHING["1d"], lambda x, c=_fixed_s(s): roof(0, per_seq * x[:, 0], c))
+        out["sampling"] = _memory_bound(s)
     return out
 
 
-def _fixed_s(rows: pd.DataFrame) -> float:
-    """The baseline's fixed cost: most of the family's fastest time (launch-bound at the smallest shapes)."""
-    return 0.8 * float(rows["latency_s"].min())
+def _memory_bound(rows: pd.DataFrame) -> Family:
+    """A 1-D family over tokens / sequences that streams a fixed number of bytes per one."""
+    per_item = float((rows["bytes"] / rows["m"]).median())
+    return Family(("m",), rows[["m"]].to_numpy(float), rows["latency_s"].to_numpy(), SLOPES["1d"], SMOOTHING["1d"],
+                  lambda x, b=per_item: (np.zeros(len(x)), b * x[:, 0]))
 
 
-def fit_family(f: Family, seed: int = 0) -> tuple[LogGrid, dict, np.ndarray]:
-    """Fit on the training split; knots cover every measured size, so held-out points are interpolated."""
-    train, held = split(len(f.latency_s), HELD_OUT_FRACTION, seed)
+def roofline_baseline(f: Family, fit_rows: np.ndarray, peaks: tuple[float, float] | None):
+    """The roofline time `max(FLOPs / peak, bytes / bandwidth) + fixed` the fit divides out. Peaks: the
+    datasheet's, else (a CPU) the best the fitted points achieved: the H100's would make the roofline a
+    constant on a device 1000x slower, leaving every kink to the curvature penalty. Fixed: most of the
+    fastest fitted time (launch-bound at the smallest shapes). Only fitted points are used."""
+    flops, bytes_ = f.work(f.points[fit_rows])
+    latency = f.latency_s[fit_rows]
+    fixed_s = 0.8 * float(latency.min())
+    flops_s, bytes_s = peaks or (max(float((flops / latency).max()), 1.0), max(float((bytes_ / latency).max()), 1.0))
+
+    def baseline(points: np.ndarray) -> np.ndarray:
+        fl, by = f.work(points)
+        return np.maximum(fl / flops_s, by / bytes_s) + fixed_s
+    return baseline
+
+
+def fit_family(f: Family, peaks: tuple[float, float] | None = None, seed: int = 0) -> tuple[LogGrid, dict, np.ndarray]:
+    """Fit on the training split. The held-out fifth is drawn from interior points with fitted neighbours
+    (fitting.split_interior), so it is interpolated, as the profile is inside the measured grid. The curvature penalty is the family's SMOOTHING times the multiple that cross-validation on the
+    training points chose (held-out points are never seen)."""
+    train, held = split_interior(f.points, HELD_OUT_FRACTION, seed)
     knots = [choose_knots(f.points[:, a]) for a in range(f.points.shape[1])]
-    grid = fit_loggrid(f.axes, f.points[train], f.latency_s[train], knots, f.slopes, f.smoothing, spaced=True,
-                       baseline=f.baseline, monotone_axes=f.monotone_axes)
+    scale = choose_smoothing(f, train, knots, peaks, seed)
+    grid = _fit(f, train, knots, peaks, scale)
     err = errors(grid, f.points[held], f.latency_s[held]) if held.any() else np.array([])
     train_err = errors(grid, f.points[train], f.latency_s[train])
     report = {"num_points": int(len(f.latency_s)), "num_held_out": int(held.sum()),
               "held_out_median_ape": _pct(err, 50), "held_out_p90_ape": _pct(err, 90),
-              "train_median_ape": _pct(train_err, 50)}
+              "train_median_ape": _pct(train_err, 50), "smoothing_scale": scale}
     return grid, report, held
+
+
+def _fit(f: Family, rows: np.ndarray, knots: list[np.ndarray], peaks, scale: float) -> LogGrid:
+    smoothing = tuple(scale * w for w in f.smoothing) if isinstance(f.smoothing, tuple) else scale * f.smoothing
+    return fit_loggrid(f.axes, f.points[rows], f.latency_s[rows], knots, f.slopes, smoothing, spaced=True,
+                       baseline=roofline_baseline(f, rows, peaks), monotone_axes=f.monotone_axes)
+
+
+def choose_smoothing(f: Family, train: np.ndarray, knots: list[np.ndarray], peaks, seed: int = 0) -> float:
+    """The multiple of SMOOTHING with the lowest median error over CV_FOLDS folds of the training points.
+    No one weight suits every device: H100 GEMM tables want the default, a CPU's sharp kink between
+    overhead- and compute-bound wants a tenth of it. Too few points to fold: the default."""
+    rows = np.flatnonzero(train)
+    if len(rows) < 2 * CV_FOLDS:
+        return 1.0
+    folds = np.array_split(np.random.default_rng(seed).permutation(rows), CV_FOLDS)
+
+    def cv_error(scale: float) -> float:
+        err = []
+        for fold in folds:
+            fit_rows = train.copy()
+            fit_rows[fold] = False
+            err.append(errors(_fit(f, fit_rows, knots, peaks, scale), f.points[fold], f.latency_s[fold]))
+        return float(np.median(np.concatenate(err)))
+    return min(SMOOTHING_SCALES, key=cv_error)
 
 
 def _pct(err: np.ndarray, q: float) -> float | None:
@@ -142,8 +181,8 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
     model = get_model(meta["model"]) if "model_shape" not in meta else ModelShape(**meta["model_shape"])
     tp, dtype, gpu = int(meta.get("tp", 1)), meta.get("dtype", "bf16"), gpu_override or meta["gpu"]
     fitted, report, plots = {}, {}, {}
-    for name, fam in family_points(frame, model, tp, gpu, dtype).items():
-        grid, report[name], held = fit_family(fam)
+    for name, fam in family_points(frame, model, tp, dtype).items():
+        grid, report[name], held = fit_family(fam, datasheet_peaks(gpu))
         fitted[name] = grid
         plots[name] = (fam.latency_s, np.array([grid(*p) for p in fam.points]), held)
     if "gemm" not in fitted:
@@ -221,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="profile name (default: model@gpu tp dtype (source))")
     ap.add_argument("--report-dir", type=Path, help="where fit_report.json and fit.png go (default: the "
                     "profile's folder)")
+    add_quality_options(ap)
     args = ap.parse_args(argv)
+    try:
+        limits = holdout_limits(args.max_holdout_error_pct)
+    except ValueError as e:
+        ap.error(str(e))
     try:
         frame, meta = measurements.read(args.measurements)
         if args.name:
@@ -230,13 +274,25 @@ def main(argv: list[str] | None = None) -> int:
     except (measurements.MeasurementError, CatalogError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(profile, indent=1) + "\n")
+    bad = bad_fits(report, limits)
+    quality = {"max_holdout_error_pct": limits, "bad_families": bad,
+               "kept_despite_bad_fit": bool(bad) and args.keep_bad_fit}
     report_dir = args.report_dir or args.out.parent
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "fit_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (report_dir / "fit_report.json").write_text(json.dumps(report | {"fit_quality": quality}, indent=2) + "\n")
     plot(plots, report_dir / "fit.png")
     print("\n".join(report_lines(report)))
+    if bad and not args.keep_bad_fit:
+        lines = bad_fit_lines(bad, False, args.measurements, args.out)
+        if args.out.exists():  # an earlier fit's profile would pass for a fit of these measurements
+            args.out.unlink()
+            lines.insert(-1, f"Removed the {args.out} an earlier fit had left there.")
+        print("\n".join(lines), file=sys.stderr)
+        return BAD_FIT_RC
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(profile | {"fit_quality": quality}, indent=1) + "\n")
+    if bad:
+        print("\n".join(bad_fit_lines(bad, True, args.measurements, args.out)), file=sys.stderr)
     print(f"wrote {args.out}, {report_dir / 'fit_report.json'}, {report_dir / 'fit.png'}")
     return 0
 

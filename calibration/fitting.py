@@ -131,3 +131,28 @@ def split(n: int, held_out_fraction: float, seed: int = 0) -> tuple[np.ndarray, 
     if n >= 5:
         held[rng.permutation(n)[: int(round(held_out_fraction * n))]] = True
     return ~held, held
+
+
+def split_interior(points: np.ndarray, held_out_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Like `split`, but along the first axis, among the points sharing their other coordinates (a row),
+    a held-out point is never a row's smallest or largest, and both its row neighbours stay in the fit:
+    the fitted grid (the one the profile keeps) then has every measured edge and never a gap of two
+    sizes, and each held-out point tests an interpolation between measured neighbours, which is all the
+    profile is asked inside its grid. Fewer are held out where a family has too few such points."""
+    points = np.asarray(points, dtype=float)
+    n = len(points)
+    _, row = np.unique(points[:, 1:], axis=0, return_inverse=True)
+    row = row.ravel()
+    order = np.lexsort((points[:, 0], row))           # by row, then along the first axis
+    rank = np.empty(n, dtype=int)
+    rank[order] = np.arange(n)
+    first = np.r_[True, row[order][1:] != row[order][:-1]][rank]   # a row's smallest / largest
+    last = np.r_[row[order][1:] != row[order][:-1], True][rank]
+    held = np.zeros(n, dtype=bool)
+    want = int(round(held_out_fraction * n)) if n >= 5 else 0
+    for i in np.random.default_rng(seed).permutation(n):
+        if held.sum() == want:
+            break
+        if not (first[i] or last[i] or held[order[rank[i] - 1]] or held[order[rank[i] + 1]]):
+            held[i] = True
+    return ~held, held

@@ -24,23 +24,23 @@ FULL = {
     "steps": [  # (prefill [(new, cached)], decode [context]): mixed chunked-prefill style iterations
         ([], [512] * 32), ([], [2048] * 128), ([(2048, 0)], []), ([(512, 0)], [1024] * 16),
         ([(256, 1024)], [300] * 64), ([(4096, 0), (1024, 2048)], [800] * 8)],
-    "warmup": 3, "repeats": 15,
+    "warmup": 3, "repeats": 15, "rounds": 1,
 }
 
-SMALL = {
-    "gemm_m": [1, 4, 16, 64, 256, 1024],
-    "prefill_b": [1, 2, 4],
-    "prefill_new": [16, 64, 256],
+SMALL = {  # sizes 2x apart: a CPU's kinks are sharp, and a fifth of each family must be held out
+    "gemm_m": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
+    "prefill_b": [1, 2, 4, 8],
+    "prefill_new": [16, 32, 64, 128, 256],
     "prefill_max_tokens": 1024,
-    "cached": [(1, 32, 128), (2, 16, 64)],
-    "decode_b": [1, 4, 16],
-    "decode_ctx": [16, 64, 256],
+    "cached": [(1, 32, 128), (2, 16, 64), (1, 64, 192), (4, 32, 32)],
+    "decode_b": [1, 2, 4, 8, 16],
+    "decode_ctx": [16, 32, 64, 128, 256],
     "decode_max_kv_tokens": 4096,
     "mixed": [[16, 200], [32, 64, 128, 256]],
-    "elementwise_m": [1, 16, 256, 1024],
-    "sampling_m": [1, 16, 64],
+    "elementwise_m": [2**i for i in range(13)],   # 1 ... 4096: 13 points, 3 held out
+    "sampling_m": sorted({round(2 ** (i / 2)) for i in range(21)}),   # 1 ... 1024: 20 points, 4 held out
     "steps": [([], [64] * 4), ([(64, 0)], [32] * 2), ([(32, 16)], [])],
-    "warmup": 1, "repeats": 3,
+    "warmup": 3, "repeats": 15, "rounds": 3,   # a CPU shared with other load: see calibration.run.capture
 }
 
 
@@ -80,6 +80,7 @@ def design(model: ModelShape, tp: int, size: str) -> list[dict]:
     return points
 
 
-def timing_settings(size: str) -> tuple[int, int]:
+def timing_settings(size: str) -> tuple[int, int, int]:
+    """(warm-up runs, timed runs, passes over the grid the timed runs are split over)."""
     g = FULL if size == "full" else SMALL
-    return g["warmup"], g["repeats"]
+    return g["warmup"], g["repeats"], g["rounds"]

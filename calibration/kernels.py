@@ -17,14 +17,30 @@ import torch.nn.functional as F
 
 L2_BYTES = 64 * 1024**2  # above the L2 of H100 (50 MB) and H200 (60 MB)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cuda: events, whatever the clock
 
 
 class Timer:
-    """Median of `repeats` timed runs after `warmup` runs: CUDA events on a GPU, perf_counter with
-    synchronisation elsewhere. Short kernels are launched `inner` times per timed run."""
+    """Timed runs of one kernel after `warmup` runs. On a GPU: CUDA events, the median of `repeats` runs.
+    Elsewhere: the calling thread's CPU time (`clock="cpu"`, needs one torch thread: a thread the OS
+    deschedules on a shared machine is not charged for the wait) or wall time (`clock="wall"`), and the
+    fastest run: other load on a shared CPU only ever adds time (evicted caches, interrupts), so the
+    minimum is the kernel's own time and repeats best. Short kernels are launched `inner` times per run,
+    enough for `min_run_s` (default 0.2 ms on a GPU; 1 ms elsewhere, where a run of a 2 us kernel would
+    otherwise be as short as the clock's own cost)."""
 
-    def __init__(self, device: torch.device, warmup: int, repeats: int, min_run_s: float = 2e-4):
-        self.device, self.warmup, self.repeats, self.min_run_s = device, warmup, repeats, min_run_s
+    def __init__(self, device: torch.device, warmup: int, repeats: int, min_run_s: float | None = None,
+                 clock: str = "wall"):
+        if clock not in CLOCKS:
+            raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
+        if clock == "cpu" and (device.type != "cpu" or torch.get_num_threads() != 1):
+            raise ValueError("clock cpu needs device cpu and one torch thread (torch.set_num_threads(1)): "
+                             "the calling thread's CPU time must cover all of the kernel's work")
+        cuda = device.type == "cuda"
+        self.device, self.warmup, self.repeats = device, warmup, repeats
+        self.min_run_s = min_run_s or (2e-4 if cuda else 1e-3)
+        self.max_inner = 50 if cuda else 1000
+        self.clock, self._now = clock, CLOCKS[clock]
 
     def sync(self):
         if self.device.type == "cuda":
@@ -40,21 +56,27 @@ class Timer:
             end.synchronize()
             return start.elapsed_time(end) / 1e3 / inner
         self.sync()
-        t0 = time.perf_counter()
+        t0 = self._now()
         for _ in range(inner):
             run()
         self.sync()
-        return (time.perf_counter() - t0) / inner
+        return (self._now() - t0) / inner
+
+    def runs(self, run, repeats: int | None = None) -> tuple[list[float], int]:
+        """(seconds per launch of each timed run, launches) after the warm-up."""
+        first = min(self._once(run, 1) for _ in range(max(1, self.warmup)))  # the fastest warm-up run
+        inner = max(1, min(self.max_inner, int(self.min_run_s / max(first, 1e-7))))
+        return [self._once(run, inner) for _ in range(repeats or self.repeats)], (repeats or self.repeats) * inner
+
+    def summary(self, samples: list[float], launches: int) -> dict:
+        """latency_s (the median on a GPU, the fastest run elsewhere), p10_s, p90_s and launches timed."""
+        samples = sorted(samples)
+        q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 9
+        latency_s = statistics.median(samples) if self.device.type == "cuda" else samples[0]
+        return {"latency_s": latency_s, "p10_s": q[0], "p90_s": q[-1], "repeats": launches}
 
     def measure(self, run) -> dict:
-        for _ in range(self.warmup):
-            run()
-        first = self._once(run, 1)
-        inner = max(1, min(50, int(self.min_run_s / max(first, 1e-7))))
-        samples = sorted(self._once(run, inner) for _ in range(self.repeats))
-        q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
-        return {"latency_s": statistics.median(samples), "p10_s": q[0], "p90_s": q[-1],
-                "repeats": len(samples) * inner}
+        return self.summary(*self.runs(run))
 
 
 class Builder:

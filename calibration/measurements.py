@@ -9,7 +9,8 @@ Families and the columns that describe their shape (unused columns stay empty):
 - elementwise:   op (rmsnorm, rotary, silu_mul, residual_add, embedding), m (tokens)
 - sampling:      m (sequences sampled)
 - layer / iteration: batch = JSON {"prefill": [[new, cached], ...], "decode": [context, ...]}
-latency_s is the median over repeats; p10_s/p90_s the spread; status "ok" or why the point failed.
+latency_s is the median over repeats on a GPU, the fastest repeat on a CPU (calibration.kernels.Timer);
+p10_s/p90_s the spread; status "ok" or why the point failed.
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
     python -m calibration.run --model llama-3-8b --device cuda --out calib/h200 [--tp 1] [--dtype bf16] [--steps]
 
 Writes DIR/measurements.csv + DIR/meta.json (calibration.measurements), then DIR/profile.json,
-DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit. With --steps it also runs whole
+DIR/fit_report.json and DIR/fit.png (calibration.fit) unless --no-fit; a family whose held-out error
+exceeds --max-holdout-error-pct refuses the profile (exit 3) unless --keep-bad-fit. On a CPU kernels run
+in fp32 on one torch thread, timed by that thread's CPU time (a shared machine's other load then costs
+no scheduler stalls). With --steps it also runs whole
 engine iterations of the static, continuous and chunked-prefill policies through the real backend
 (calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
 its held-out error. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
@@ -20,14 +23,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from calibration import grid, measurements
+from calibration import fit, grid, measurements
+from calibration.fit_quality import BAD_FIT_RC, add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
 
+PROBE_GEMM = (64, 256, 256)  # the CPU speed probe (capture): about 0.1 ms in fp32
+SLOW_PROBE = 1.1             # a pass whose probe took longer than this x its best ran on a slowed machine
 GPU_NAMES = {"H200": "h200-sxm", "H100": "h100-sxm", "A100-SXM4-40GB": "a100-40gb", "A100-SXM4-80GB": "a100-80gb",
              "A100 80GB": "a100-80gb", "L40S": "l40s", "L4": "l4"}
 
@@ -84,29 +91,75 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
-            progress: bool = True, repeats: int | None = None, notes: set | None = None) -> list[dict]:
+            progress: bool = True, repeats: int | None = None, notes: set | None = None,
+            clock: str = "wall", speed: dict | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
-    Kernel fallbacks taken are added to `notes`."""
+    The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
+    seeded random order, so a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x
+    here) hit scattered points in one pass, not a whole family in every pass. On a CPU a probe kernel is
+    timed before each point: a pass whose probe ran more than SLOW_PROBE x its best is slow, a point
+    with only slow passes is timed again in up to `rounds` more passes, and only its passes at full
+    speed count when it has any (`speed` receives how many had none). Kernel fallbacks taken are added
+    to `notes`. `clock`: calibration.kernels.Timer's."""
     b = Builder(device, dtype)
-    warmup, default_repeats = grid.timing_settings(size)
-    timer = Timer(device, warmup, repeats or default_repeats)
-    rows = []
-    for p in tqdm(grid.design(model, tp, size), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr):
-        row = dict(p)
-        try:
-            run, flops, bytes_ = kernel(b, model, tp, p)
-            row.update(timer.measure(run), flops=flops, bytes=bytes_, status="ok")
-        except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            tqdm.write(f"skipped {p['family']} {p.get('op', '')} {_shape(p)}: {row['status']}", file=sys.stderr)
-        finally:
-            run = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        rows.append(row)
+    warmup, default_repeats, rounds = grid.timing_settings(size)
+    timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
+    per_round = -(-timer.repeats // rounds)
+    probe = b.gemm(*PROBE_GEMM)[0] if device.type == "cpu" else None
+    rows = [dict(p, status="ok") for p in grid.design(model, tp, size)]
+    passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # per point: (times, launches, probe s)
+    rng = np.random.default_rng(0)
+    bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
+    for r in range(2 * rounds):
+        if r < rounds:
+            todo = rng.permutation(len(rows)) if r else range(len(rows))
+        else:  # the points that have no pass at full speed yet
+            best = _best_probe(passes)
+            todo = [i for i, point in enumerate(passes) if point and not _full_speed(point, best)]
+            bar.total += len(todo)
+        for i in todo:
+            bar.update()
+            if rows[i]["status"] == "ok":
+                _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
+    bar.close()
+    best = _best_probe(passes)
+    for row, point in zip(rows, passes):
+        if row["status"] == "ok":
+            kept = _full_speed(point, best) or point
+            row.update(timer.summary([t for times, _, _ in kept for t in times], sum(n for _, n, _ in kept)))
+    if speed is not None and probe:
+        speed.update({"probe_gemm": list(PROBE_GEMM), "slow_probe": SLOW_PROBE, "passes": sum(map(len, passes)),
+                      "slow_passes": sum(len(point) - len(_full_speed(point, best)) for point in passes),
+                      "points_without_a_full_speed_pass": sum(bool(point) and not _full_speed(point, best)
+                                                              for point in passes)})
     if notes is not None:
         notes.update(b.notes)
     return rows
+
+
+def _best_probe(passes: list) -> float:
+    return min((probe_s for point in passes for _, _, probe_s in point), default=1.0)
+
+
+def _full_speed(point: list, best_probe_s: float) -> list:
+    """A point's passes whose probe ran within SLOW_PROBE of the best probe of the capture."""
+    return [x for x in point if x[2] <= SLOW_PROBE * best_probe_s]
+
+
+def _time_point(b: Builder, model: ModelShape, tp: int, row: dict, timer: Timer, repeats: int, probe,
+                point_passes: list) -> None:
+    """One pass over one point: built afresh, probed (CPU), warmed up, timed; a failure is recorded."""
+    try:
+        run, row["flops"], row["bytes"] = kernel(b, model, tp, row)
+        probe_s = min(timer.runs(probe, 2)[0]) if probe else 1.0
+        point_passes.append((*timer.runs(run, repeats), probe_s))
+    except (RuntimeError, ValueError, NotImplementedError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        tqdm.write(f"skipped {row['family']} {row.get('op', '')} {_shape(row)}: {row['status']}", file=sys.stderr)
+    finally:
+        run = None
+        if timer.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _shape(p: dict) -> str:
@@ -162,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: time the per-GPU shards")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: fp32 on cpu, bf16 on cuda")
     ap.add_argument("--grid", choices=["full", "small"], help="default: full on cuda, small on cpu")
     ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
-    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15 full, 3 small)")
+    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (cpu; default 1: with more, "
+                    "a kernel waits whenever the OS deschedules one of them on a shared machine)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], help="cpu: the timing thread's CPU time (needs --threads "
+                    "1; the default on cpu); wall: elapsed time")
     ap.add_argument("--no-fit", action="store_true")
+    add_quality_options(ap)
     ap.add_argument("--steps", action="store_true", help="also fit a whole-step model on real engine iterations "
                     "(DIR/stepfit.json; the profile to validate on CPU)")
     ap.add_argument("--steps-requests", type=int, default=48, help="requests per --steps calibration run")
@@ -178,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
+    args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    args.clock = args.clock or ("cpu" if args.device == "cpu" and args.threads == 1 else "wall")
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        ap.error("--clock cpu: needs --device cpu and --threads 1")
+    if args.threads < 1:
+        ap.error(f"--threads: expected at least 1, got {args.threads}")
+    try:
+        holdout_limits(args.max_holdout_error_pct)   # before minutes of capture, not after
+    except ValueError as e:
+        ap.error(str(e))
     if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
         from calibration.validate import reexec_with_tunables
         reexec_with_tunables("calibration.run", sys.argv[1:])
@@ -188,21 +256,32 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.gpu or meta.get("catalog_gpu") or args.device
     t0 = time.perf_counter()
     notes: set[str] = set()
-    rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                   notes=notes)
+    threads = torch.get_num_threads()
+    try:
+        if device.type == "cpu":
+            torch.set_num_threads(args.threads)
+            meta["threads"] = args.threads
+        speed: dict = {}
+        rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
+                       notes=notes, clock=args.clock, speed=speed)
+    finally:
+        torch.set_num_threads(threads)  # tests call main() in-process
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
-                 "kernel_notes": sorted(notes)})
+                 "clock": "cuda events" if device.type == "cuda" else args.clock, "kernel_notes": sorted(notes)})
+    if speed:
+        meta["speed"] = speed
     meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
     rc = 0
     if not args.no_fit:
-        from calibration import fit
-        rc = fit.main([str(args.out), "--out", str(args.out / "profile.json")])
-    if args.steps and rc == 0:
+        quality = [f"--max-holdout-error-pct={x}" for x in args.max_holdout_error_pct or []]
+        rc = fit.main([str(args.out), "--out", str(args.out / "profile.json"), *quality,
+                       *(["--keep-bad-fit"] if args.keep_bad_fit else [])])
+    if args.steps and rc in (0, BAD_FIT_RC):  # the step model does not use the kernel profile
         calibrate_steps(args.model, args.device, args.out, args.quiet, ["--num-requests", str(args.steps_requests)])
     return rc
 

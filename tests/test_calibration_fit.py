@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from calibration import fit, measurements
-from calibration.fitting import choose_knots, fit_loggrid, monotone, split
+from calibration.fit_quality import bad_fits, holdout_limits
+from calibration.fitting import choose_knots, fit_loggrid, monotone, split, split_interior
 from calibration.overheads import fit_overheads
 from costmodels import get_gpu, get_model, load_cost_model
 from costmodels.profile import attention_heads, gemm_shapes, profile_cost_model
@@ -144,3 +145,83 @@ def test_overheads_recover_known_per_step_and_per_request_costs(synthetic_profil
 def test_fit_of_an_empty_folder_is_a_one_line_error(tmp_path, capsys):
     assert fit.main([str(tmp_path), "--out", str(tmp_path / "p.json")]) == 2
     assert "measurements.csv: missing" in capsys.readouterr().err
+
+
+def noisy(rows, family, sigma=0.8, seed=0):
+    """The rows with one family's timings scattered by a log-normal factor (a machine with other load)."""
+    rng = np.random.default_rng(seed)
+    return [dict(r, latency_s=r["latency_s"] * float(np.exp(sigma * rng.standard_normal())))
+            if r["family"] == family else r for r in rows]
+
+
+def test_a_family_above_the_held_out_bar_refuses_the_profile_loudly(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fit, "plot", lambda plots, path: None)   # seconds of matplotlib per fit
+    measurements.write(tmp_path, noisy(synthetic_rows(), "prefill_attn"),
+                       {"source": "synthetic", "model": "tiny", "gpu": "h100-sxm", "tp": 1, "dtype": "bf16"})
+    out = tmp_path / "profile.json"
+    out.write_text("{}")   # an earlier fit's profile must not pass for a fit of these measurements
+    assert fit.main([str(tmp_path), "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "BAD FIT: 1 kernel family" in err and "prefill_attn" in err and "> 25%" in err
+    assert "gemm " not in err and "--keep-bad-fit" in err and "NOT written" in err
+    assert not out.exists()
+    quality = json.loads((tmp_path / "fit_report.json").read_text())["fit_quality"]
+    assert set(quality["bad_families"]) == {"prefill_attn"} and not quality["kept_despite_bad_fit"]
+    assert quality["bad_families"]["prefill_attn"]["held_out_median_ape"] > 25
+
+    assert fit.main([str(tmp_path), "--out", str(out), "--keep-bad-fit"]) == 0   # told to keep it
+    assert "BAD FIT" in capsys.readouterr().err
+    profile = json.loads(out.read_text())
+    assert profile["fit_quality"]["kept_despite_bad_fit"] and set(profile["fit_quality"]["bad_families"]) == {
+        "prefill_attn"}
+    load_cost_model(str(out), TINY, get_gpu("h100-sxm"))    # still a profile the simulator loads
+
+    assert fit.main([str(tmp_path), "--out", str(out), "--max-holdout-error-pct", "prefill_attn=1000"]) == 0
+    assert json.loads(out.read_text())["fit_quality"]["bad_families"] == {}
+    assert fit.main([str(tmp_path), "--out", str(out), "--max-holdout-error-pct", "0.001"]) == 3   # every family
+
+
+def test_held_out_limits_parse_a_default_and_per_family_values():
+    assert holdout_limits(None) == {"*": 25.0}
+    assert holdout_limits(["10", "gemm=30", "elementwise=50"]) == {"*": 10.0, "gemm": 30.0, "elementwise": 50.0}
+    report = {"elementwise_rmsnorm": {"held_out_median_ape": 40.0, "held_out_p90_ape": 60.0, "num_held_out": 3},
+              "sampling": {"held_out_median_ape": 40.0, "held_out_p90_ape": 40.0, "num_held_out": 1},  # not judged
+              "gemm": {"held_out_median_ape": 20.0, "held_out_p90_ape": 20.0, "num_held_out": 11}}
+    assert set(bad_fits(report, holdout_limits(["10"]))) == {"elementwise_rmsnorm", "gemm"}
+    assert set(bad_fits(report, holdout_limits(["10", "elementwise=50", "gemm=25"]))) == set()
+    for bad in (["gemmm=3"], ["x"], ["-1"], ["gemm=nan"]):
+        with pytest.raises(ValueError, match="max-holdout-error-pct"):
+            holdout_limits(bad)
+
+
+def test_a_bad_held_out_bar_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        fit.main([str(tmp_path), "--out", str(tmp_path / "p.json"), "--max-holdout-error-pct", "gemmm=3"])
+    assert e.value.code == 2 and "unknown family 'gemmm'" in capsys.readouterr().err
+
+
+def test_held_out_points_are_interior_with_fitted_neighbours():
+    m = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    points = np.array([[x, n] for n in (8, 16, 32) for x in m], dtype=float)
+    for seed in range(5):
+        train, held = split_interior(points, 0.2, seed)
+        assert held.sum() == round(0.2 * len(points)) and np.array_equal(train, ~held)
+        grid = held.reshape(3, len(m))
+        assert not grid[:, [0, -1]].any()                      # every row's edges are fitted
+        assert not (grid[:, 1:] & grid[:, :-1]).any()          # no two neighbours held out
+    assert np.array_equal(split_interior(points, 0.2, 3)[1], split_interior(points, 0.2, 3)[1])
+    assert not split_interior(points[:4], 0.5)[1].any()        # too few points to hold any out
+
+
+def test_a_cpu_fit_follows_its_own_roofline_not_a_datasheet():
+    """A device 1000x slower than an H100 with no datasheet: the baseline uses the peaks the fitted points
+    achieved, so the overhead-to-compute kink is the roofline's, not left to the curvature penalty (an
+    H100 roofline is a constant here)."""
+    def cpu_gemm_s(m, n, k):
+        return max(2 * m * n * k / 1e11, 4 * (n * k + m * k + m * n) / 2e10) + 1e-5
+    rows = [{"family": "gemm", "op": op, "m": m, "n": n, "k": k, "latency_s": cpu_gemm_s(m, n, k), "status": "ok"}
+            for op, (n, k) in gemm_shapes(TINY).items() for m in [2 ** i for i in range(11)]]
+    family = fit.family_points(measurements.to_frame(rows), TINY, 1, "fp32")["gemm"]
+    own = fit.fit_family(family, fit.datasheet_peaks("cpu"))[1]
+    assert fit.datasheet_peaks("cpu") is None
+    assert own["held_out_median_ape"] < 1.0 and own["train_median_ape"] < 1.0, own
