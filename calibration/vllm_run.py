@@ -526,9 +526,10 @@ def _check_builds(AsyncEngineArgs, groups: dict, model: str) -> None:
         try:
             AsyncEngineArgs(**json.loads(key)).create_engine_config()
         except Exception as e:
-            msg = str(e).strip().splitlines()
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+            said = next((ln for ln in lines if "error" in ln.lower() and ln is not lines[0]), lines[-1] if lines else "")
             raise VllmRunError(f"--model {model}: vLLM cannot build this engine "
-                               f"({e.__class__.__name__}: {msg[-1] if msg else ''})"[:400]) from None
+                               f"({e.__class__.__name__}: {said})"[:400]) from None
 
 
 if __name__ == "__main__":
