@@ -6,7 +6,7 @@ the simulator on runs the fit never saw (other loads, other lengths, other seeds
 Per model shape (`tiny`: 4 layers, hidden 256, the shape this work was developed on; `wide8`: 8 layers,
 hidden 512, not tuned on):
 1. calibration: `calibration.vllm_run` of a saturated run and closed loops of 1, 2 and 4 users (seed 100,
-   calibration lengths), then `calibration.fit_engine` on them -> profile.json (with its own
+   calibration lengths, `--calib-repeats` round robin), then `calibration.fit_engine` on them -> profile.json (with its own
    leave-one-point-out report);
 2. capacity: `--repeats` saturated runs (everything sent at t = 0; seed 0, validation lengths);
 3. below saturation: Poisson arrivals at 50% and 80% of the measured capacity, `--repeats` runs each,
@@ -82,7 +82,8 @@ def one_shape(name: str, model, out: Path, args) -> dict:
     calib = sweep(d / "calib.yaml", n, 100, CALIB_LENGTHS,
                   [{"process": "poisson", "rate_per_s": float("inf")}] +
                   [{"process": "closed", "concurrency": c} for c in (1, 2, 4)])
-    run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"))
+    run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"),
+        "--repeats", str(args.calib_repeats))
     profile = d / "profile.json"
     run("calibration.fit_engine", str(d / "calib"), "--out", str(profile))
     if not profile.exists():
@@ -124,6 +125,8 @@ def main() -> int:
     ap.add_argument("--models", default="tiny,wide8")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--calib-repeats", type=int, default=2,
+                    help="repeats of each calibration point, round robin (averages the machine's drift)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
