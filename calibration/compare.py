@@ -135,9 +135,13 @@ def run_report(metrics, steps, kind: str, args) -> str:
         lines += ["", f"{int(metrics['in_range'].sum())} of {len(metrics)} simulated values inside the real range; "
                       f"{int((metrics['err_to_median_pct'].abs() <= 5).sum())} within 5% of the real median."]
     if len(steps):
-        lines += ["", "| point | steps | step error median | p90 | total time |", "|---|---|---|---|---|"]
+        lines += ["", "| point | steps | step error median | p90 | total time | noise floor median | p90 |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['point']} | {r['steps']} | {r['median_ape_pct']}% | {r['p90_ape_pct']}% | "
-                  f"{r['total_time_err_pct']:+}% |" for _, r in steps.iterrows()]
+                  f"{r['total_time_err_pct']:+}% | {r.get('noise_floor_median_ape_pct', float('nan'))}% | "
+                  f"{r.get('noise_floor_p90_ape_pct', float('nan'))}% |" for _, r in steps.iterrows()]
+        lines += ["", "Noise floor: each step against the median of its run's steps of the same shape (seen 5+ "
+                      "times), the error of a model that knew every shape's typical time."]
     return "\n".join(lines) + "\n"
 
 

@@ -69,16 +69,31 @@ def step_data(runs: list[RealRun]) -> tuple[list[dict], np.ndarray]:
 
 
 def step_errors(cost_model, runs: list[RealRun]) -> dict | None:
-    """Relative error of the model's price of every recorded step: median and p90 of |error|, and the bias
-    of the summed time (throughput)."""
+    """Relative error of the model's price of every recorded step: median and p90 of |error|, the bias of
+    the summed time (throughput), and the noise floor: the same statistics for the best any model of the
+    step's shape could do, each step against the median of the steps of its run with the same shape
+    (prefills, number of decodes, decode context to 64 tokens), over shapes seen at least 5 times."""
     args, y = step_data(runs)
     if not len(y):
         return None
     pred = np.array([cost_model.step_time_s(**a) for a in args])
     err = pred / y - 1
-    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
-            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
-            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+    out = {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
+           "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
+           "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+    floor = []
+    for r in runs:
+        a, t = step_data([r])
+        keys = [(tuple(map(tuple, x["prefill"])), len(x["decode"]), round(sum(x["decode"]) / 64)) for x in a]
+        df = pd.DataFrame({"key": keys, "y": t})
+        med = df.groupby("key")["y"].transform("median")
+        n = df.groupby("key")["y"].transform("size")
+        floor.extend((np.abs(df["y"] / med - 1))[n >= 5].tolist())
+    if floor:
+        out["noise_floor_median_ape_pct"] = round(float(np.median(floor) * 100), 2)
+        out["noise_floor_p90_ape_pct"] = round(float(np.percentile(floor, 90) * 100), 2)
+        out["noise_floor_steps"] = len(floor)
+    return out
 
 
 def measured_latency(runs: list[RealRun]) -> dict | None:

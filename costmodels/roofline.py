@@ -45,11 +45,11 @@ class Efficiencies:
     # Fixed latency per request outside the engine's steps: the front end receiving the request and
     # processing its input before the scheduler sees it, and output processing and streaming after its
     # tokens leave the engine core (IPC between the processes, detokenisation). It adds to TTFT and E2E,
-    # not to TPOT or ITL (experiments.simulate applies it as `request_latency_s`). 3 ms: measured on real
+    # not to TPOT or ITL (experiments.simulate applies it as `request_latency_s`). 2.3 ms: measured on real
     # vLLM 0.32 through AsyncLLM on this project's CPU machine (README, Fidelity against real vLLM); an
     # HTTP server in front (`vllm serve`) adds its own time, not measured here. Fit yours with
     # calibration.fit_engine.
-    request_latency_s: float = 3.0e-3
+    request_latency_s: float = 2.3e-3
 
 
 class RooflineCostModel:
