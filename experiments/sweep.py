@@ -156,6 +156,14 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
             bar.set_postfix_str(f"{result.num_skipped} skipped as finished" if result.num_skipped else "")
             bar.close()
         if out is not None:
+            for p in points:  # exactly the points saved: an interrupt may land between a save and its row
+                saved = (out / "points" / p.point_id / "summary.json").exists()
+                if p.point_id in rows and not saved:
+                    del rows[p.point_id]
+                elif p.point_id not in rows and saved:
+                    done = _load_finished(out, p)
+                    if done is not None:
+                        rows[p.point_id] = done
             _write_results(out, points, rows)
     result.results = _frame(points, rows)
     return result
