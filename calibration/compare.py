@@ -18,6 +18,7 @@ representative shapes (ratio above 1: B predicts slower).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -75,7 +76,6 @@ def compare_runs(runs, point: dict | None, profile: str | None):
     for label, group in by_point.items():
         cfg = replay_config(group[0], point)
         if profile is not None:
-            import dataclasses
             cfg = dataclasses.replace(cfg, profile=profile)
         cost = point_cost_model(cfg)
         real = [g.summary for g in group]

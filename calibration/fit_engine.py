@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         held = _summarise_errors(rows) if rows else {"runs": 0, "note": "one point only: nothing held out"}
         held["scheme"] = ("--holdout " + " ".join(args.holdout)) if args.holdout else (
             "leave-one-point-out" if folds else "none")
-        in_sample = model.held_out or {}
-        held["in_fit_steps_holdout"] = in_sample  # fit_step_model's random 20% of steps, for runs with steps
+        # the fit's own check: fit_step_model's random 20% of steps, or a replay fit's final log error
+        held["within_fit"] = model.held_out or {}
         lat = measured_latency([runs[i] for i in final_idx])
         prov = {"runs": [r.name for r in runs], "fitted_on": [runs[i].name for i in final_idx],
                 "formats": sorted({r.format for r in runs}), "engines": sorted({str(r.meta.get("vllm_version") or
@@ -308,7 +308,7 @@ def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: di
     lines += [f"| {t} | {c:.4g} |" for t, c in zip(TERMS, model.coefficients) if c]
     lines += [f"| request_latency_s | {model.request_latency_s:.4g} |", ""]
     lines += [f"Held out ({held.get('scheme')}): " + ", ".join(f"{k} {v}" for k, v in held.items()
-                                                              if k not in ("scheme", "in_fit_steps_holdout")), ""]
+                                                              if k not in ("scheme", "within_fit")), ""]
     if rows:
         df = pd.DataFrame(rows)
         lines += ["| run | metric | real | sim | error % |", "|---|---|---|---|---|"]

@@ -106,7 +106,7 @@ def read_runs(path: str | Path) -> list[RealRun]:
             data = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RealRunError(f"{p}: not valid JSON ({str(e).splitlines()[0]})") from None
-        if isinstance(data, dict) and "ttfts" in data or isinstance(data, dict) and "input_lens" in data:
+        if isinstance(data, dict) and ("ttfts" in data or "input_lens" in data):
             return [_read_vllm_bench(p, data)]
         if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
             return _read_guidellm(p, data)

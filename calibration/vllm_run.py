@@ -49,6 +49,7 @@ from costmodels.catalog import MODELS, CatalogError, get_model
 from experiments.config import ConfigError, Point, PointConfig, expand, load_sweep_file
 from experiments.simulate import memory_plan
 from experiments.sweep import flatten
+from simcore.batch import split_shape
 from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
@@ -258,14 +259,6 @@ def read_trace(path: Path, t_from: float, t_to: float) -> tuple[list[dict], dict
     return steps, arrivals
 
 
-def step_shape(reqs) -> tuple[list, list, int]:
-    """(prefill [(new, cached)], decode [context incl. the new token], sampled) of one recorded step, with the
-    engine's own rule (simcore.engine): a one-token step of a request with KV is a decode."""
-    prefill = [(n, c) for _, n, c, _ in reqs if n > 1 or c == 0]
-    decode = [c + 1 for _, n, c, _ in reqs if n == 1 and c > 0]
-    return prefill, decode, sum(s for *_, s in reqs)
-
-
 def tables(cfg: PointConfig, t0: float, recs: list[ClientRecord], steps: list[dict],
            arrivals: dict[int, float], num_gpu_blocks: int) -> tuple[pd.DataFrame, pd.DataFrame, list, dict]:
     """Our request and iteration tables, pooled ITL gaps and the summary, from one run's records."""
@@ -278,13 +271,14 @@ def tables(cfg: PointConfig, t0: float, recs: list[ClientRecord], steps: list[di
     for i, r in enumerate(steps):
         nxt = steps[i + 1]["t_sched"] if i + 1 < len(steps) else None
         end = nxt if (r["busy_after"] and nxt is not None) else r["t_update_end"] + loop_s
-        prefill, decode, samples = step_shape(r["reqs"])
-        for rid_s, n, c, s in r["reqs"]:
+        prefill, decode = split_shape([(n, c) for _, n, c, _ in r["reqs"]])  # the engine's own rule
+        for rid_s, n, c, sampled in r["reqs"]:
             m = _ID.match(rid_s)
-            if not m:
-                continue
-            rid = int(m.group(1))
-            admitted.setdefault(rid, r["t_sched"])
+            if m:
+                rid = int(m.group(1))
+                admitted.setdefault(rid, r["t_sched"])
+                if sampled:
+                    first_step_end.setdefault(rid, r["t_update_end"])
         for rid_s in r["preempted"]:
             m = _ID.match(rid_s)
             if m:
@@ -295,13 +289,10 @@ def tables(cfg: PointConfig, t0: float, recs: list[ClientRecord], steps: list[di
                      "num_waiting": r["num_waiting"], "num_running": r["num_running"],
                      "kv_blocks_used": r["kv_blocks_used"], "replica_id": 0,
                      "forward_s": r["t_update"] - r["t_sched_end"], "sched_s": r["t_sched_end"] - r["t_sched"],
-                     "update_s": r["t_update_end"] - r["t_update"], "num_logits": samples,
+                     "update_s": r["t_update_end"] - r["t_update"],
+                     "num_logits": sum(s for *_, s in r["reqs"]),
                      "prefill_json": json.dumps(prefill, separators=(",", ":")),
                      "decode_json": json.dumps(decode, separators=(",", ":"))})
-        for rid_s, n, c, s in r["reqs"]:
-            m = _ID.match(rid_s)
-            if m and s and int(m.group(1)) not in first_step_end:
-                first_step_end[int(m.group(1))] = r["t_update_end"]
     iterations = pd.DataFrame(rows)
     cols = {k: [] for k in ("request_id", "replica_id", "arrival_s", "prompt_tokens", "output_tokens",
                             "admitted_s", "first_token_s", "finish_s", "num_preemptions", "status",
@@ -406,13 +397,14 @@ async def _serve(args, groups, out: Path, meta: dict, AsyncEngineArgs, AsyncLLM)
     total = sum(len(ps) * args.repeats for ps in groups.values())
     done = 0
     for key, points in groups.items():
-        todo = [(p, k) for k in range(args.repeats) for p in points
-                if not (run_dir(out, p, k) / "summary.json").exists()]
+        todo = []  # repeats round robin over the points; a finished run is read back, not rerun
         for p, k in [(p, k) for k in range(args.repeats) for p in points]:
             f = run_dir(out, p, k) / "summary.json"
             if f.exists():
                 rows.append(json.loads(f.read_text()))
                 done += 1
+            else:
+                todo.append((p, k))
         if not todo:
             continue
         cfg0 = todo[0][0].config

@@ -23,6 +23,7 @@ import simpy
 
 from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import Continuous
+from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
 from simcore.kvcache import num_usable_blocks
@@ -308,9 +309,8 @@ def step_latencies(steps: list[Step], case: Case, cost_model) -> dict[str, np.nd
             arrival[rid] = t
         if not st.scheduled:  # an empty schedule runs no forward pass
             continue
-        t += cost_model.step_time_s(prefill=[(n, c) for _, n, c in st.scheduled if n > 1 or c == 0],
-                                    decode=[c + 1 for _, n, c in st.scheduled if n == 1 and c > 0],
-                                    num_logits=len(st.sampled))
+        prefill, decode = split_shape([(n, c) for _, n, c in st.scheduled])
+        t += cost_model.step_time_s(prefill=prefill, decode=decode, num_logits=len(st.sampled))
         for rid in st.sampled:
             first.setdefault(rid, t)
             last[rid] = t

@@ -4,6 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def split_shape(shape) -> tuple[list[tuple[int, int]], list[int]]:
+    """A step's `(new_tokens, cached_tokens)` rows as a cost model prices them: a one-token row of a
+    request that already holds KV is a decode (its context, the new token included), anything else a
+    prefill (chunk). The one rule the engine, the real-run readers and the vLLM comparison share."""
+    return ([(n, c) for n, c in shape if n > 1 or c == 0], [c + 1 for n, c in shape if n == 1 and c > 0])
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """One request in an iteration.

@@ -11,7 +11,7 @@ from typing import Callable
 
 import simpy
 
-from simcore.batch import Batch
+from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog
@@ -192,9 +192,8 @@ class Engine:
             if shape is None:
                 shape = [(s.num_new_tokens, self.requests[s.request_id].num_computed_tokens)
                          for s in batch.scheduled]
-            cost_args = dict(prefill=[(n, c) for n, c in shape if n > 1 or c == 0],
-                             decode=[c + 1 for n, c in shape if n == 1 and c > 0],
-                             num_logits=self._num_logits(batch, shape))
+            prefill, decode = split_shape(shape)
+            cost_args = dict(prefill=prefill, decode=decode, num_logits=self._num_logits(batch, shape))
             if self.executor is None:
                 duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
             else:  # real hardware: measured wall time of this very batch (see __init__)
@@ -245,7 +244,8 @@ class Engine:
         transfer_s = 0.0
         admitted = []
         cache = self.prefix_cache
-        victims = deque(zip(batch.preempt_at, batch.preempt))  # interleaved with the allocations, as vLLM
+        # victims interleaved with the allocations, as vLLM (only with prefix caching: Batch.preempt_at)
+        victims = deque(zip(batch.preempt_at, batch.preempt)) if batch.preempt_at else None
         for i, s in enumerate(batch.scheduled):  # in order, as vLLM allocates (it may evict a later hit)
             while victims and victims[0][0] <= i:
                 transfer_s += self._preempt((victims.popleft()[1],))
