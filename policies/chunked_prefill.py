@@ -1,5 +1,5 @@
 """vLLM V1 / Sarathi-Serve chunked prefill: running requests first, then waiting ones FCFS,
-all under one token budget per step (../shared/docs/engines.md sections 1.2 and 6).
+all under one token budget per step (docs/engines.md sections 1.2 and 6).
 
 Checked step by step against vLLM 0.32's own Scheduler (vllm/v1/core/sched/scheduler.py) on random
 workloads: same tokens per request, admissions, preemptions, finishes and KV blocks in every step

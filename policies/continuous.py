@@ -1,5 +1,5 @@
 """Iteration-level (continuous) batching with whole-prompt prefills: Orca (OSDI'22) and vLLM V0's
-default scheduler (../shared/docs/engines.md sections 1.8, 5 and 10).
+default scheduler (docs/engines.md sections 1.8, 5 and 10).
 
 Prefix caching (engine.enable_prefix_caching, vLLM V0's APC): a prompt's cached prefix is not recomputed.
 

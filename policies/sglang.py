@@ -1,5 +1,5 @@
 """SGLang 0.5.10 scheduler (`sglang/srt/managers/{scheduler,schedule_policy,schedule_batch}.py`,
-`server_args.py`, `environ.py`): ../shared/docs/engines.md section 4.
+`server_args.py`, `environ.py`): docs/engines.md section 4.
 
 Simplifications: no radix prefix cache (so no evictable tokens and `fcfs` order only), no overlap
 scheduling, no priority preemption; the page size is the engine's KV block size (SGLang's default is 1).

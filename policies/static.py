@@ -1,5 +1,5 @@
 """Request-level (static) batching: FasterTransformer / Hugging Face `generate` behind a Triton-style
-dynamic batcher (../shared/docs/engines.md section 7).
+dynamic batcher (docs/engines.md section 7).
 
 Simplifications: outputs are streamed (TTFT = queueing + padded prefill; finish = the request's own last
 token), though its slot and KV stay held until the batch drains; no token budget on the padded prefill.

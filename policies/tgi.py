@@ -1,5 +1,5 @@
 """Hugging Face TGI router v3 (`backends/v3/src/{backend,queue}.rs` at HEAD db931fcf; server chunk sizing
-in `server/text_generation_server/models/flash_causal_lm.py`): ../shared/docs/engines.md section 2.
+in `server/text_generation_server/models/flash_causal_lm.py`): docs/engines.md section 2.
 
 Simplifications: no prefix cache (radix allocator), no speculation, no padding path (models without a
 block allocator), no 1024-token `max_new_tokens` segments with re-queueing (the whole max output is

@@ -1,6 +1,6 @@
 """TensorRT-LLM in-flight batching (`cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`,
 `microBatchScheduler.cpp`, `trtGptModelInflightBatching.cpp`; knobs from `tensorrt_llm/llmapi/llm_args.py`):
-../shared/docs/engines.md section 3.
+docs/engines.md section 3.
 
 Simplifications: no KV block reuse (so no `beneficialToSkip`), beam width 1, no draft tokens, no pipeline
 or overlap micro-batches, one attention window; the context chunk unit is the engine's KV block size
