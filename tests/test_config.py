@@ -70,6 +70,10 @@ def test_python_and_yaml_build_the_same_policy(name, hardware):
     in Python, with and without knobs, on a GPU under 70 GiB and on an H100."""
     gpu, max_model_len = get_gpu(hardware), get_model("llama-3-8b").max_model_len
     assert point({"policy": name}, hardware).policy == POLICIES[name].for_gpu(gpu, max_model_len)
+    # ... and that is the plain constructor except where the engine's default depends on the GPU
+    by_gpu = {("h100-sxm", "chunked_prefill"): ChunkedPrefill(max_num_seqs=1024, max_num_batched_tokens=8192),
+              ("l4", "sglang"): Sglang(chunked_prefill_size=2048)}
+    assert point({"policy": name}, hardware).policy == by_gpu.get((hardware, name), POLICIES[name]())
     knob = {"static": ("max_num_seqs", 64), "continuous": ("mix_prefill_decode", True),
             "chunked_prefill": ("long_prefill_token_threshold", 256), "tgi": ("max_waiting_tokens", 5),
             "trtllm": ("enable_chunked_context", True), "sglang": ("max_prefill_tokens", 4096)}[name]
