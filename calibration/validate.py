@@ -120,7 +120,8 @@ def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = No
     engine.setdefault("max_model_len", args.prompt_max + args.output_max if not args.config else None)
     if engine["max_model_len"] is None:
         del engine["max_model_len"]
-    engine.setdefault("max_num_seqs", args.max_num_seqs)
+    if "max_num_seqs" in ALL_POLICIES[policy].__dataclass_fields__:  # another policy's knob is an error
+        engine.setdefault("max_num_seqs", args.max_num_seqs)
     if policy == "chunked_prefill":
         engine.setdefault("max_num_batched_tokens", args.chunk_tokens)
     elif policy == "continuous":

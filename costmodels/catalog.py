@@ -1,8 +1,8 @@
 """Catalogs of GPUs (datasheet figures) and decoder model shapes: dense, mixture-of-experts (MoE) and
 multi-head latent attention (MLA) families, from public config.json files (costmodels/hfconfig.py).
 
-Sources: NVIDIA datasheets (dense BF16/FP8, no sparsity) and each model's Hugging Face config.json,
-as tabulated in ../shared/docs/references.md. Only what the cost and memory models need is kept.
+Sources: NVIDIA's product datasheets (dense BF16/FP8, no sparsity) and each model's config.json on the
+Hugging Face Hub, listed per entry in docs/sources.md. Only what the cost and memory models need is kept.
 """
 from __future__ import annotations
 

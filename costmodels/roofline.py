@@ -23,7 +23,7 @@ from costmodels import deployment as _deployment
 class Efficiencies:
     """Fractions of datasheet peaks that kernels reach, with the measurement behind each."""
     # bf16 GEMM: aiconfigurator's H100 tables peak near 937 and sit near 820 TFLOP/s for large shapes
-    # (0.83 of 989); decode-shaped GEMMs reach 63-88% of HBM bandwidth (references.md).
+    # (0.83 of 989); decode-shaped GEMMs reach 63-88% of HBM bandwidth (docs/sources.md).
     gemm_compute: float = 0.80
     gemm_memory: float = 0.75
     # Fused (flash) attention reaches roughly 50-70% of peak in prefill; decode attention streams KV.

@@ -1,5 +1,5 @@
 """vLLM V1 / Sarathi-Serve chunked prefill: running requests first, then waiting ones FCFS,
-all under one token budget per step (../shared/docs/engines.md sections 1.2 and 6).
+all under one token budget per step (docs/engines.md sections 1.2 and 6).
 
 Checked step by step against vLLM 0.32's own Scheduler (vllm/v1/core/sched/scheduler.py) on random
 workloads: same tokens per request, admissions, preemptions, finishes and KV blocks in every step
@@ -26,6 +26,8 @@ import heapq
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import (GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs,
+                               vllm_server_batch_defaults)
 from simcore.batch import Batch, Scheduled
 from simcore.request import Request, RequestSpec
 from simcore.view import EngineView
@@ -73,6 +75,19 @@ class ChunkedPrefill:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"engine.scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"not {self.scheduling_policy!r}")
+        check_at_least(self, 1, "max_num_seqs", "max_num_batched_tokens")
+        check_at_least(self, 0, "long_prefill_token_threshold")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "ChunkedPrefill":
+        """The policy as vLLM 0.32's server sets it up on `gpu` (what a sweep's `engine: {policy:
+        chunked_prefill}` builds): unset max_num_seqs / max_num_batched_tokens take the per-GPU defaults
+        (1024 / 8192 on an H100, 256 / 2048 under 70 GiB: policies/defaults.py), and a budget below
+        max_num_seqs is refused, as vLLM does. The field defaults are those of a GPU under 70 GiB."""
+        seqs, tokens = vllm_server_batch_defaults(gpu)
+        policy = cls(**vllm_batch_knobs(knobs, seqs, tokens, max_model_len))
+        check_vllm_budget(policy)
+        return policy
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         return spec.num_prompt_tokens + spec.num_output_tokens

@@ -1,5 +1,5 @@
 """Iteration-level (continuous) batching with whole-prompt prefills: Orca (OSDI'22) and vLLM V0's
-default scheduler (../shared/docs/engines.md sections 1.8, 5 and 10).
+default scheduler (docs/engines.md sections 1.8, 5 and 10).
 
 Prefix caching (engine.enable_prefix_caching, vLLM V0's APC): a prompt's cached prefix is not recomputed.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs
 from simcore.batch import Batch, Scheduled
 from simcore.request import RequestSpec, Status
 from simcore.view import EngineView, max_total_tokens
@@ -50,6 +51,20 @@ class Continuous:
     def __post_init__(self):
         if self.kv_reservation not in KV_RESERVATIONS:
             raise ValueError(f"engine.kv_reservation must be one of {KV_RESERVATIONS}, not {self.kv_reservation!r}")
+        check_at_least(self, 1, "max_num_seqs", "max_num_batched_tokens")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"engine.watermark: must be in [0, 1), got {self.watermark!r}")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "Continuous":
+        """The policy as vLLM V0 (0.8.5, chunked prefill off) sets it up, whatever the GPU: max_num_seqs 256
+        and a budget of max(max_model_len, 2048) tokens when unset (vllm/config.py SchedulerConfig; vLLM 0.32
+        keeps the max(max_model_len, ...) rule without chunked prefill, vllm/engine/arg_utils.py). A budget
+        below max_num_seqs or below max_model_len is refused, as vLLM does (no prompt could be scheduled).
+        `gpu` is unused: the signature is every policy's."""
+        policy = cls(**vllm_batch_knobs(knobs, 256, max(max_model_len, 2048), None))
+        check_vllm_budget(policy, max_model_len)
+        return policy
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         if self.kv_reservation == "max":

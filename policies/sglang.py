@@ -1,5 +1,5 @@
 """SGLang 0.5.10 scheduler (`sglang/srt/managers/{scheduler,schedule_policy,schedule_batch}.py`,
-`server_args.py`, `environ.py`): ../shared/docs/engines.md section 4.
+`server_args.py`, `environ.py`): docs/engines.md section 4.
 
 Simplifications: no radix prefix cache (so no evictable tokens and `fcfs` order only), no overlap
 scheduling, no priority preemption; the page size is the engine's KV block size (SGLang's default is 1).
@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import GpuLike, check_at_least, sglang_chunked_prefill_size
 from simcore.batch import Batch, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -64,11 +65,16 @@ class Sglang:
     enable_mixed_chunk: bool = False
 
     def __post_init__(self):
-        n = self.max_running_requests
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"engine.max_running_requests: must be a positive integer, got {n!r}")
-        if self.max_prefill_tokens < 1 or self.new_token_ratio_decay_steps < 1:
-            raise ValueError("engine.max_prefill_tokens and engine.new_token_ratio_decay_steps must be at least 1")
+        check_at_least(self, 1, "max_running_requests", "max_prefill_tokens", "new_token_ratio_decay_steps")
+        check_at_least(self, 0, "chunked_prefill_size")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "Sglang":
+        """The policy as SGLang's server sets it up on `gpu` (what the sweep file calls): an unset
+        chunked_prefill_size follows the GPU's memory (2048 on an L4, 4096 on an A100-40GB or L40S, 8192 on an
+        H100 or H200, 16384 on a B200: policies/defaults.py). The field default is the H100's."""
+        knobs.setdefault("chunked_prefill_size", sglang_chunked_prefill_size(gpu))
+        return cls(**knobs)
 
     @property
     def init_ratio(self) -> float:

@@ -1,5 +1,5 @@
 """Request-level (static) batching: FasterTransformer / Hugging Face `generate` behind a Triton-style
-dynamic batcher (../shared/docs/engines.md section 7).
+dynamic batcher (docs/engines.md section 7).
 
 Simplifications: outputs are streamed (TTFT = queueing + padded prefill; finish = the request's own last
 token), though its slot and KV stay held until the batch drains; no token budget on the padded prefill.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import GpuLike, check_at_least
 from simcore.batch import Batch, Scheduled
 from simcore.kvcache import cdiv
 from simcore.request import RequestSpec
@@ -27,6 +28,17 @@ class Static:
     holds_slots_until_drained: ClassVar[bool] = True
     max_num_seqs: int = 256
     batch_timeout_s: float = 0.0
+
+    def __post_init__(self):
+        check_at_least(self, 1, "max_num_seqs")
+        if not self.batch_timeout_s >= 0:
+            raise ValueError(f"engine.batch_timeout_s: must be >= 0, got {self.batch_timeout_s!r}")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "Static":
+        """Every policy's deployment constructor (what the sweep file calls); static batching has no
+        GPU-dependent default, so this is `Static(**knobs)`."""
+        return cls(**knobs)
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         return max_total_tokens(spec, max_model_len)

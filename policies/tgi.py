@@ -1,5 +1,5 @@
 """Hugging Face TGI router v3 (`backends/v3/src/{backend,queue}.rs` at HEAD db931fcf; server chunk sizing
-in `server/text_generation_server/models/flash_causal_lm.py`): ../shared/docs/engines.md section 2.
+in `server/text_generation_server/models/flash_causal_lm.py`): docs/engines.md section 2.
 
 Simplifications: no prefix cache (radix allocator), no speculation, no padding path (models without a
 block allocator), no 1024-token `max_new_tokens` segments with re-queueing (the whole max output is
@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import GpuLike, check_at_least
 from simcore.batch import Batch, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -57,12 +58,15 @@ class Tgi:
     prefill_chunking: bool = True
 
     def __post_init__(self):
-        for k in ("max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size"):
-            v = getattr(self, k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"engine.{k}: must be a positive integer, got {v!r}")
-        if self.max_waiting_tokens < 1:
-            raise ValueError(f"engine.max_waiting_tokens: must be at least 1, got {self.max_waiting_tokens}")
+        check_at_least(self, 1, "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size",
+                       "max_waiting_tokens")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "Tgi":
+        """Every policy's deployment constructor (what the sweep file calls). TGI's launcher sizes
+        max_batch_prefill_tokens and max_batch_total_tokens at warmup; we keep its 4096 fallback and the KV
+        pool (None), so this is `Tgi(**knobs)`."""
+        return cls(**knobs)
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         return self.reserved_tokens(spec, max_model_len)

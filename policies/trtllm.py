@@ -1,6 +1,6 @@
 """TensorRT-LLM in-flight batching (`cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`,
 `microBatchScheduler.cpp`, `trtGptModelInflightBatching.cpp`; knobs from `tensorrt_llm/llmapi/llm_args.py`):
-../shared/docs/engines.md section 3.
+docs/engines.md section 3.
 
 Simplifications: no KV block reuse (so no `beneficialToSkip`), beam width 1, no draft tokens, no pipeline
 or overlap micro-batches, one attention window; the context chunk unit is the engine's KV block size
@@ -15,6 +15,7 @@ import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.defaults import GpuLike, check_at_least
 from simcore.batch import Batch, Scheduled
 from simcore.engine import SimulationError
 from simcore.request import Request, RequestSpec, Status
@@ -58,9 +59,14 @@ class TrtLlm:
         if self.context_chunking_policy not in CHUNKING_POLICIES:
             raise ValueError(f"engine.context_chunking_policy must be one of {', '.join(CHUNKING_POLICIES)}, "
                              f"not {self.context_chunking_policy!r}")
-        for k in ("max_batch_size", "max_num_tokens"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"engine.{k}: must be at least 1")
+        check_at_least(self, 1, "max_batch_size", "max_num_tokens")
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "TrtLlm":
+        """Every policy's deployment constructor (what the sweep file calls). TensorRT-LLM's defaults
+        (max_batch_size 2048, max_num_tokens 8192, tensorrt_llm/llmapi/llm_args.py) do not depend on the
+        GPU, so this is `TrtLlm(**knobs)`."""
+        return cls(**knobs)
 
     @property
     def guaranteed_no_evict(self) -> bool:

@@ -1,6 +1,6 @@
 """Pure functions from an engine log to per-request and per-iteration tables and a summary.
 
-Definitions follow the benchmark tools (../shared/docs/engines.md, section 9): TTFT = first token -
+Definitions follow the benchmark tools (docs/engines.md, section 9): TTFT = first token -
 arrival (queueing and every prefill chunk included); ITL = every gap between consecutive tokens, pooled
 over requests (vllm bench serve); TPOT = (e2e - TTFT) / (output tokens - 1) per request; E2E = finish -
 arrival. Throughput divides by the whole run (t = 0 to the last completion), as vllm bench serve does.

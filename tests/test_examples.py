@@ -122,3 +122,17 @@ def test_every_example_sweep_file_loads_and_expands(path):
     if "/" in model and not model.endswith(".json") and importlib.util.find_spec("aiconfigurator_core") is None:
         pytest.skip("names a Hugging Face id whose config.json the [aic] extra ships")
     assert expand(load_sweep_file(path))
+
+
+def test_citations_point_inside_the_repository():
+    """Docstrings, docs and examples cite docs/engines.md and docs/sources.md, never notes outside the
+    repository (data paths such as ../shared/traces, read when present, are not citations)."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = [f"{p.relative_to(root)}:{i}" for ext in ("py", "md", "yaml", "sh")
+                 for p in root.rglob(f"*.{ext}") if ".venv" not in p.parts
+                 for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+                 if "shared/docs" in line and "test_citations_point_inside" not in line]
+    assert not offenders
+    engines = (root / "docs" / "engines.md").read_text()
+    for section in ("1.2", "1.3", "1.8", "2.", "3.", "4.", "5.", "6.", "7.", "9.", "10."):
+        assert f"\n## {section}" in engines or f"\n### {section}" in engines, section

@@ -1,4 +1,4 @@
-"""SGLang scheduler decisions on hand-built views (../shared/docs/engines.md section 4)."""
+"""SGLang scheduler decisions on hand-built views (docs/engines.md section 4)."""
 import pytest
 
 from policies.sglang import Sglang, SglangState

@@ -1,4 +1,4 @@
-"""TGI router v3 decisions on hand-built views (../shared/docs/engines.md section 2)."""
+"""TGI router v3 decisions on hand-built views (docs/engines.md section 2)."""
 import pytest
 
 from policies.tgi import Tgi, TgiState

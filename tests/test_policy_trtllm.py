@@ -1,4 +1,4 @@
-"""TensorRT-LLM capacity + micro-batch scheduler decisions on hand-built views (engines.md section 3)."""
+"""TensorRT-LLM capacity + micro-batch scheduler decisions on hand-built views (docs/engines.md section 3)."""
 import pytest
 
 from policies.trtllm import TrtLlm

@@ -63,6 +63,8 @@ def test_bad_points_are_one_line_errors(tmp_path, capsys, change, message):
     """Checked before vLLM is even imported (so these run without it)."""
     raw = json.loads(json.dumps({k: v for k, v in SMALL.items() if k != "grid"}))
     raw["engine"].update(change["engine"])
+    if raw["engine"]["policy"] != "chunked_prefill":  # its knobs go in its own section (experiments/engine_config.py)
+        raw["engine"]["chunked_prefill"] = {k: raw["engine"].pop(k) for k in ("max_num_seqs", "max_num_batched_tokens")}
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     assert vllm_run.main(["--model", "tiny", "--config", str(cfg), "--out", str(tmp_path / "o"),

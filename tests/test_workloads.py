@@ -54,3 +54,20 @@ def test_bad_distribution_keys():
         parse_length_dist({"dist": "lognormal", "median": 5, "sigma": 1, "mean": 3}, "workload.prompt_tokens")
     with pytest.raises(WorkloadError, match=r"k.sigma: expected a number > 0"):
         parse_length_dist({"dist": "lognormal", "median": 5, "sigma": -1}, "k")
+
+
+def test_workload_modules_import_one_way():
+    """synthetic.py imports traces.py and never the reverse: the pieces both need (Arrival,
+    GeneratedRequests, clip_to_model, parse_long_prompts) live in workloads/requests.py. No module below
+    synthetic.py names it, not even in a function-level import (which is how the cycle used to hide)."""
+    from pathlib import Path
+
+    import workloads.requests as shared
+    import workloads.synthetic as synthetic
+    import workloads.traces as traces
+    root = Path(__file__).resolve().parents[1] / "workloads"
+    for name in ("traces.py", "requests.py", "prefix.py", "distributions.py", "errors.py"):
+        assert "workloads.synthetic" not in (root / name).read_text(), name
+    for name in ("Arrival", "GeneratedRequests", "clip_to_model", "parse_long_prompts"):
+        assert getattr(synthetic, name) is getattr(shared, name)  # old import paths keep working
+    assert traces.Arrival is shared.Arrival

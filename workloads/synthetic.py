@@ -12,28 +12,9 @@ from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError, check_keys, finite_number
 from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
                               parse_shared_prefix, prefix_block_ids, sample_mix, session_layout)
+from workloads.requests import (LONG_PROMPTS, OPEN_LOOP_PROCESSES, PROCESSES, Arrival, GeneratedRequests,  # noqa: F401
+                               clip_to_model, parse_long_prompts)
 from workloads.traces import TraceWorkload, parse_trace_workload, trace_specs
-
-PROCESSES = ("poisson", "gamma", "constant", "closed")
-OPEN_LOOP_PROCESSES = ("poisson", "gamma", "constant")
-LONG_PROMPTS = ("reject", "clip")  # a prompt longer than max_model_len - 1: rejected (as vLLM) or cut
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """`poisson`/`gamma`/`constant`: open loop at `rate_per_s` (inf: everything at t = 0), gamma inter-arrivals
-    with coefficient of variation `cv` (cv = 1 is Poisson, > 1 bursty), constant: evenly spaced sends 1 /
-    rate apart from t = 0 (inference-perf's and GuideLLM's constant mode). `closed`: `concurrency` users, each
-    sending its next request `think_time_s` after its previous one finishes."""
-    process: str
-    rate_per_s: float | None = None
-    cv: float = 1.0
-    concurrency: int | None = None
-    think_time_s: float = 0.0
-
-    @property
-    def is_closed(self) -> bool:
-        return self.process == "closed"
 
 
 @dataclass(frozen=True)
@@ -57,28 +38,6 @@ class Workload:
     sessions: Sessions | None = None
     mix: tuple[RequestClass, ...] | None = None
     long_prompts: str = "reject"  # LONG_PROMPTS: the engine rejects a prompt >= max_model_len, or it is cut
-
-
-@dataclass(frozen=True)
-class GeneratedRequests:
-    specs: tuple[RequestSpec, ...]   # arrival_s is 0 for closed-loop traffic (set when a user sends it)
-    num_clipped_prompts: int         # prompts cut to max_model_len - 1 (only with long_prompts: clip)
-    num_clipped_outputs: int         # outputs cut so prompt + output <= max_model_len
-
-
-def clip_to_model(prompts: np.ndarray, outputs: np.ndarray, max_model_len: int, long_prompts: str):
-    """Fit lengths to the model's hard limit. A prompt of max_model_len tokens or more is left as it is
-    (the engine rejects it, as vLLM does) unless `long_prompts` is "clip", which cuts it to max_model_len - 1.
-    An output is cut so prompt + output <= max_model_len (generation stops at the context limit). Returns
-    (prompts, outputs, clipped prompt mask, clipped output mask)."""
-    long = prompts > max_model_len - 1
-    if long_prompts == "clip":
-        prompts = np.minimum(prompts, max_model_len - 1)
-    fits = prompts <= max_model_len - 1
-    room = np.maximum(1, max_model_len - prompts)
-    clipped_o = fits & (outputs > room)
-    outputs = np.where(fits, np.minimum(outputs, room), outputs)
-    return prompts, outputs, long & (long_prompts == "clip"), clipped_o
 
 
 _ARRIVAL_KEYS = {"poisson": {"rate_per_s"}, "gamma": {"rate_per_s", "cv"}, "constant": {"rate_per_s"},
@@ -156,13 +115,6 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
     return Workload(n, arrival, dist("prompt_tokens"), dist("output_tokens"), priority,
                     parse_shared_prefix(spec["shared_prefix"], f"{key}.shared_prefix") if "shared_prefix" in spec else None,
                     sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None, long_prompts)
-
-
-def parse_long_prompts(v, key: str) -> str:
-    if v not in LONG_PROMPTS:
-        raise WorkloadError(f"{key}: expected reject (the engine refuses a prompt >= max_model_len, as vLLM) or "
-                            f"clip (cut it to max_model_len - 1), got {v!r}")
-    return v
 
 
 # Peak memory per simulated request, measured on the fast path (benchmarks.speed: 1.77 GB for 1M requests)

@@ -31,6 +31,8 @@ import pandas as pd
 
 from simcore.request import RequestSpec
 from workloads.errors import WorkloadError, check_keys, finite_number
+from workloads.prefix import prefix_block_ids
+from workloads.requests import Arrival, GeneratedRequests, clip_to_model, parse_long_prompts
 
 FORMATS = ("azure", "mooncake", "burstgpt", "csv", "jsonl")
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids each name 512 prompt tokens (FAST'25 release README)
@@ -299,11 +301,10 @@ class TraceWorkload:
     think_time_s: float = 0.0
     max_new_tokens: int | None = None
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
-    long_prompts: str = "reject"  # or "clip" (workloads/synthetic.py LONG_PROMPTS)
+    long_prompts: str = "reject"  # or "clip" (workloads/requests.py LONG_PROMPTS)
 
     @property
     def arrival(self):
-        from workloads.synthetic import Arrival
         if self.concurrency is not None:
             return Arrival("closed", concurrency=self.concurrency, think_time_s=self.think_time_s)
         return Arrival("trace")
@@ -327,7 +328,6 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
         raise WorkloadError(f"{key}.format: expected one of {', '.join(FORMATS)}, got {spec['format']!r}")
     out = {"path": spec["path"], "format": spec["format"]}
     if "long_prompts" in spec:
-        from workloads.synthetic import parse_long_prompts
         out["long_prompts"] = parse_long_prompts(spec["long_prompts"], f"{key}.long_prompts")
     for k in ("time_scale", "start_s", "end_s", "think_time_s"):
         if spec.get(k) is not None:
@@ -345,8 +345,6 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
 def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = 16):
     """The trace's requests as RequestSpecs (ids = row order after selection), fitted only to the model's
     hard limits (and counted; a too-long prompt is left for the engine to reject unless long_prompts: clip), with prefix ids mapped to `block_size`-token engine blocks."""
-    from workloads.prefix import prefix_block_ids
-    from workloads.synthetic import GeneratedRequests, clip_to_model
     tr = w.load()
     if not len(tr):
         raise WorkloadError(f"{w.path}: no request in the selected window")

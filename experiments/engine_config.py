@@ -1,0 +1,143 @@
+"""The sweep file's `engine:` section: engine-level settings (KV pool, preemption mode, prefix caching) and
+the scheduling policy with its knobs.
+
+The rule for knobs: a knob given directly under `engine:` belongs to `engine.policy`, and a knob of
+another policy is an error. Knobs for a policy that only some grid points select go in that policy's own
+section, `engine.<policy>: {knob: value}`, used when (and only when) that policy runs:
+
+    engine:
+      policy: chunked_prefill
+      static: {max_num_seqs: 64}
+      chunked_prefill: {max_num_batched_tokens: 512}
+    grid:
+      engine.policy: [static, chunked_prefill]
+
+Unset knobs come from the policy itself, `POLICIES[name].for_gpu(gpu, max_model_len, **knobs)`
+(policies/defaults.py: the engines' per-GPU defaults), which Python callers use too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from experiments.configcheck import ConfigError, check_type
+from policies import POLICIES
+
+DEFAULT_POLICY = "chunked_prefill"
+PREEMPTION_MODES = ("recompute", "swap")
+FAST_PATH_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine-level settings (not a policy's knobs)."""
+    block_size: int = 16                  # vLLM CacheConfig.DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = 0.9   # vLLM default
+    num_gpu_blocks: int | None = None     # overrides the derived block count
+    max_model_len: int | None = None      # overrides the model's limit
+    preemption_mode: str = "recompute"    # vLLM V1 only recomputes; "swap" is vLLM V0's option
+    swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
+    check_invariants: bool = True
+    enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
+    fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError("engine.block_size: must be at least 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        # simcore.engine.Engine refuses a bad mode too, but only when a run starts; a sweep checks every
+        # point before the first one runs.
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"engine.preemption_mode: expected recompute or swap, got {self.preemption_mode!r}")
+        if self.fast_path not in FAST_PATH_MODES:
+            raise ValueError(f"engine.fast_path: expected auto, on or off, got {self.fast_path!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("engine.max_model_len: must be at least 2")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError("engine.num_gpu_blocks: must be at least 1")
+
+
+ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}
+KNOBS = {name: {f.name: f for f in dataclasses.fields(cls)} for name, cls in POLICIES.items()}
+
+
+def parse_engine_settings(engine: dict) -> EngineSettings:
+    """The engine-level keys of an `engine:` mapping, typed and checked."""
+    values = {k: check_type(f"engine.{k}", engine[k], f.default, allow_none=f.default is None)
+              for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings)) if k in engine}
+    try:
+        return EngineSettings(**values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def policy_name(engine: dict) -> str:
+    name = engine.get("policy", DEFAULT_POLICY)
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ConfigError(f"engine.policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return name
+
+
+def _owners(knob: str) -> list[str]:
+    return [p for p, fields in KNOBS.items() if knob in fields]
+
+
+def policy_knobs(engine: dict, name: str) -> dict:
+    """The knobs of policy `name` in an `engine:` mapping (flat keys and `engine.<name>:`), typed. Every key
+    is checked, including the sections of policies this point does not run."""
+    flat = {}
+    for k, v in engine.items():
+        if k == "policy" or k in ENGINE_KEYS:
+            continue
+        if k in POLICIES:
+            _check_section(k, v)
+        elif k in KNOBS[name]:
+            flat[k] = v
+        elif _owners(k):
+            raise ConfigError(
+                f"engine.{k}: not a knob of policy {name} (its knobs: {', '.join(sorted(KNOBS[name]))}); "
+                f"it belongs to {', '.join(_owners(k))}: put it under engine.{_owners(k)[0]} so that it applies "
+                "to the points that run that policy")
+        else:
+            raise ConfigError(f"engine.{k}: unknown key; engine keys are policy, {', '.join(sorted(ENGINE_KEYS))}, "
+                              f"the knobs of policy {name} ({', '.join(sorted(KNOBS[name]))}) and one section per "
+                              f"policy ({', '.join(POLICIES)})")
+    section = engine.get(name) or {}
+    for k in section:
+        if k in flat:
+            raise ConfigError(f"engine.{k}: given both directly and under engine.{name}; keep one")
+    merged = {**flat, **section}
+    where = {k: f"engine.{k}" if k in flat else f"engine.{name}.{k}" for k in merged}
+    return {k: check_type(where[k], v, KNOBS[name][k].default) for k, v in merged.items()}
+
+
+def _check_section(name: str, section) -> None:
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise ConfigError(f"engine.{name}: expected a mapping of policy {name}'s knobs, got {section!r}")
+    for k, v in section.items():
+        if k not in KNOBS[name]:
+            raise ConfigError(f"engine.{name}.{k}: not a knob of policy {name}; its knobs: "
+                              f"{', '.join(sorted(KNOBS[name]))}")
+        check_type(f"engine.{name}.{k}", v, KNOBS[name][k].default)
+
+
+def resolve_policy(engine: dict, gpu, max_model_len: int):
+    """The policy value a point runs: `POLICIES[name].for_gpu(gpu, max_model_len, **knobs)`."""
+    name = policy_name(engine)
+    try:
+        return POLICIES[name].for_gpu(gpu, max_model_len, **policy_knobs(engine, name))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_prefix_caching(settings: EngineSettings, policy) -> None:
+    """Up front, what simcore.engine.Engine would refuse at the start of a run."""
+    if not settings.enable_prefix_caching:
+        return
+    if not getattr(policy, "supports_prefix_caching", False):
+        raise ConfigError(f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching")
+    if settings.preemption_mode != "recompute":
+        raise ConfigError("engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)")
