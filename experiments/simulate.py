@@ -18,6 +18,7 @@ from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.pipeline import PIPELINE_COLUMNS, PipelinedEngine, pipeline_summary
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
@@ -91,6 +92,30 @@ def check_runnable(cfg: PointConfig) -> None:
     that cannot be loaded."""
     memory_plan(cfg)
     point_cost_model(cfg)
+    pipeline_stages(cfg)
+
+
+# vLLM's schedulers; the others' engines pipeline differently (TRT-LLM, SGLang) or not at all (TGI).
+PIPELINE_POLICIES = ("chunked_prefill", "continuous")
+
+
+def pipeline_stages(cfg: PointConfig) -> int:
+    """`pipeline_parallel_size` of the point (1 without a deployment); a layout the pipelined engine
+    (simcore/pipeline.py) does not model is one line."""
+    pp = cfg.deployment.pipeline_parallel_size if cfg.deployment is not None else 1
+    if pp > 1:
+        if cfg.policy.name not in PIPELINE_POLICIES:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is modelled for the vLLM policies "
+                                  f"({', '.join(PIPELINE_POLICIES)}), not {cfg.policy.name}")
+        if cfg.disaggregation is not None:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is not modelled with disaggregation")
+        if cfg.engine.preemption_mode != "recompute" or cfg.engine.enable_prefix_caching:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is modelled with recompute preemption and "
+                                  f"no prefix caching only")
+        if getattr(cfg.engine, "fast_path", "auto") == "on":
+            raise SimulationError("engine.fast_path: on, but pipeline parallelism (pipeline_parallel_size > 1) "
+                                  "is not modelled by the fast path")
+    return pp
 
 
 def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> dict:
@@ -130,7 +155,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
-    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+    num_stages = pipeline_stages(cfg)
+    if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
         return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s)
     env = simpy.Environment()
     log = EngineLog()
@@ -144,7 +170,11 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         num_replicas = len(engines)
         submit = disagg.submit
     else:
-        engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+        if num_stages > 1:   # microbatches in flight through the stages (simcore/pipeline.py)
+            engines = [PipelinedEngine(env, cfg.policy, cost_model, limits, log, replica_id=i, num_stages=num_stages)
+                       for i in range(num_replicas)]
+        else:
+            engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
         submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
@@ -180,6 +210,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
+    if num_stages > 1:
+        add_pipeline_columns(iterations, engines)
+        summary.update(pipeline_summary(engines, iterations, summary["duration_s"], usable))
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
@@ -188,6 +221,18 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def add_pipeline_columns(iterations: pd.DataFrame, engines) -> None:
+    """The pipelined engines' PIPELINE_COLUMNS beside their iteration rows (in place): each engine's rows
+    are in its own logging order within the shared log."""
+    for name in PIPELINE_COLUMNS:
+        iterations[name] = np.nan
+    for e in engines:
+        mask = (iterations["replica_id"] == e.replica_id).to_numpy()
+        if e.pipeline_rows:
+            iterations.loc[mask, list(PIPELINE_COLUMNS)] = np.asarray(e.pipeline_rows, dtype=float)
+    iterations["num_batches_in_flight"] = iterations["num_batches_in_flight"].astype(np.int64)
 
 
 def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:
