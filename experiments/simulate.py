@@ -91,17 +91,16 @@ def check_runnable(cfg: PointConfig) -> None:
     """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
     that cannot be loaded."""
     memory_plan(cfg)
-    point_cost_model(cfg)
-    pipeline_stages(cfg)
+    pipeline_stages(cfg, point_cost_model(cfg))
 
 
 # vLLM's schedulers; the others' engines pipeline differently (TRT-LLM, SGLang) or not at all (TGI).
 PIPELINE_POLICIES = ("chunked_prefill", "continuous")
 
 
-def pipeline_stages(cfg: PointConfig) -> int:
+def pipeline_stages(cfg: PointConfig, cost_model) -> int:
     """`pipeline_parallel_size` of the point (1 without a deployment); a layout the pipelined engine
-    (simcore/pipeline.py) does not model is one line."""
+    (simcore/pipeline.py) does not model, or a cost model that cannot price its stages, is one line."""
     pp = cfg.deployment.pipeline_parallel_size if cfg.deployment is not None else 1
     if pp > 1:
         if cfg.policy.name not in PIPELINE_POLICIES:
@@ -112,6 +111,10 @@ def pipeline_stages(cfg: PointConfig) -> int:
         if cfg.engine.preemption_mode != "recompute" or cfg.engine.enable_prefix_caching:
             raise SimulationError(f"pipeline_parallel_size: {pp} is modelled with recompute preemption and "
                                   f"no prefix caching only")
+        if not hasattr(cost_model, "stage_times_s"):
+            raise SimulationError(f"pipeline_parallel_size: {pp} needs per-stage prices, which the "
+                                  f"{cost_model.describe().get('kind', '?')} cost model does not give "
+                                  f"(use the roofline or aic cost model)")
         if getattr(cfg.engine, "fast_path", "auto") == "on":
             raise SimulationError("engine.fast_path: on, but pipeline parallelism (pipeline_parallel_size > 1) "
                                   "is not modelled by the fast path")
@@ -155,7 +158,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
-    num_stages = pipeline_stages(cfg)
+    num_stages = pipeline_stages(cfg, cost_model)
     if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
         return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s)
     env = simpy.Environment()

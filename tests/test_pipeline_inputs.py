@@ -1,0 +1,61 @@
+"""Pipeline parallelism through `python -m experiments.run`: each layout the pipelined engine does not model
+is one line naming the key, exit 2 (the pattern of tests/test_bad_inputs.py); a good one runs the pipelined
+engine and never the fast path; PP=1 is the plain engine as before."""
+import math
+
+import pytest
+
+from experiments.config import resolve_point
+from experiments.fast import use_fast_path
+from experiments.run import main
+from experiments.simulate import simulate
+from tests.test_bad_inputs import BASE, run_case
+
+DISAGG = {"num_prefill_replicas": 1, "num_decode_replicas": 1, "link_bandwidth_gb_per_s": 50}
+
+CASES = [
+    ("pp-beyond-layers", {"pipeline_parallel_size": 33}, "pipeline_parallel_size: 33 exceeds llama-3-8b's 32 layers"),
+    ("pp-zero", {"pipeline_parallel_size": 0}, "pipeline_parallel_size: expected a positive integer"),
+    ("pp-string", {"pipeline_parallel_size": "two"}, "pipeline_parallel_size: expected a positive integer"),
+    ("pp-tgi", {"pipeline_parallel_size": 2, "engine.policy": "tgi"}, "pipeline_parallel_size: 2 is modelled for"),
+    ("pp-static", {"pipeline_parallel_size": 2, "engine.policy": "static"}, "not static"),
+    ("pp-fast-path-on", {"pipeline_parallel_size": 2, "engine.fast_path": "on"}, "engine.fast_path: on, but pipeline"),
+    ("pp-prefix-caching", {"pipeline_parallel_size": 2, "engine.enable_prefix_caching": True},
+     "pipeline_parallel_size: 2 is modelled with recompute preemption and no prefix caching"),
+    ("pp-swap", {"pipeline_parallel_size": 2, "engine.preemption_mode": "swap"}, "recompute preemption"),
+    ("pp-constant-cost", {"pipeline_parallel_size": 2, "profile": "constant:per_step_s=0.01"},
+     "pipeline_parallel_size: 2 needs per-stage prices"),
+    ("pp-disaggregation", {"pipeline_parallel_size": 2, "disaggregation": DISAGG},
+     "pipeline_parallel_size: 2 is not modelled with disaggregation"),
+]
+
+
+@pytest.mark.parametrize("spec, expected", [pytest.param(s, e, id=i) for i, s, e in CASES])
+def test_bad_pipeline_input_is_one_line_naming_it(spec, expected, tmp_path, capsys):
+    argv, _ = run_case(spec, tmp_path)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, f"exit {rc}; stderr: {err!r}"
+    assert err.count("\n") == 1 and err.startswith("error: "), f"not one error line: {err!r}"
+    assert expected in err, f"{expected!r} not named in {err!r}"
+    assert "Traceback" not in err and not out
+
+
+def test_pipelined_point_runs_the_pipelined_engine_not_the_fast_path():
+    cfg = resolve_point({**BASE, "pipeline_parallel_size": 2})
+    res = simulate(cfg)
+    # today's fast path would take this point (it does not look at the deployment): simulate keeps it off
+    assert use_fast_path(cfg, ()) is True
+    assert res.summary["pipeline_parallel_size"] == 2
+    assert {"pipeline_enter_s", "bubble_s", "num_batches_in_flight"} <= set(res.iterations.columns)
+    assert res.summary["num_finished"] == 4
+
+
+def test_pp1_is_the_plain_engine_as_before():
+    for raw in (BASE, {**BASE, "pipeline_parallel_size": 1}):
+        res = simulate(resolve_point(raw))
+        assert "pipeline_parallel_size" not in res.summary and "bubble_s" not in res.iterations.columns
+    a = simulate(resolve_point(BASE)).summary
+    b = simulate(resolve_point({**BASE, "pipeline_parallel_size": 1})).summary
+    assert {k: v for k, v in a.items() if not (isinstance(v, float) and math.isnan(v))} == \
+        {k: v for k, v in b.items() if not (isinstance(v, float) and math.isnan(v))}
