@@ -152,3 +152,20 @@ def test_bubble_fraction_falls_with_load():
         assert {"pipeline_enter_s", "num_batches_in_flight", "bubble_s"} <= set(it.columns)
         assert (it["bubble_s"] >= 0).all() and it["num_batches_in_flight"].max() <= 4
         assert 0 < res.summary["busy_fraction"] <= 1
+
+
+def test_roofline_stages_add_up_to_the_back_to_back_step():
+    from costmodels.catalog import get_gpu, get_model
+    from costmodels.deployment import Deployment, stage_layers
+    from costmodels.roofline import RooflineCostModel
+    assert stage_layers(80, 3) == (27, 27, 26) and stage_layers(7, 4) == (2, 2, 2, 1)   # vLLM get_pp_indices
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("h100-sxm")
+    one = RooflineCostModel(model, gpu)
+    assert one.stage_times_s(decode=[900] * 8) == ((one.step_time_s(decode=[900] * 8),), 0.0)
+    pp4 = RooflineCostModel(model, gpu, deployment=Deployment(pipeline_parallel_size=4))
+    for shape in ({"decode": [1000] * 64}, {"prefill": [(2048, 0)]}, {"prefill": [(512, 512)], "decode": [300] * 4}):
+        stages, send_s = pp4.stage_times_s(**shape)
+        assert len(stages) == 4 and send_s > 0
+        # the GPU terms dominate the CPU's here: stages plus sends are the back-to-back step
+        assert sum(stages) + 3 * send_s == pytest.approx(pp4.step_time_s(**shape), rel=1e-12)
+        assert stages[-1] > stages[1] and stages[0] > stages[1]   # LM head last, embedding first
