@@ -216,6 +216,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     if num_stages > 1:
         add_pipeline_columns(iterations, engines)
         summary.update(pipeline_summary(engines, iterations, summary["duration_s"], usable))
+        if replicas is not None:   # each replica's share of the run with a batch in flight (rows overlap)
+            replicas["busy_fraction"] = [e.active_s / summary["duration_s"] for e in engines]
+            summary["replica_busy_max"] = float(replicas["busy_fraction"].max())
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))

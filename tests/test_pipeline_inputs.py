@@ -59,3 +59,15 @@ def test_pp1_is_the_plain_engine_as_before():
     b = simulate(resolve_point({**BASE, "pipeline_parallel_size": 1})).summary
     assert {k: v for k, v in a.items() if not (isinstance(v, float) and math.isnan(v))} == \
         {k: v for k, v in b.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def test_a_cluster_of_pipelined_replicas():
+    raw = {**BASE, "pipeline_parallel_size": 2, "cluster": {"num_replicas": 2, "router": "round_robin"},
+           "workload": {**BASE["workload"], "num_requests": 20, "arrival": {"process": "poisson", "rate_per_s": 50}}}
+    res = simulate(resolve_point(raw))
+    assert res.summary["num_finished"] == 20 and res.summary["num_gpus"] == 4
+    assert res.iterations.groupby("replica_id")["bubble_s"].count().tolist() == \
+        res.iterations.groupby("replica_id").size().tolist()   # every row of both replicas has its columns
+    busy = res.replicas["busy_fraction"]
+    assert (busy > 0).all() and (busy <= 1).all()
+    assert res.summary["busy_fraction"] == pytest.approx(busy.mean())
