@@ -8,7 +8,8 @@ of `pipeline_parallel_size` batches. It schedules a new batch whenever the queue
 the queue comes before collecting outputs) and otherwise blocks on the oldest batch's output. The scheduler
 advances `num_computed_tokens` when it schedules, so a request whose prompt has more chunks left can get its
 next chunk in the very next batch, while one whose every token is in flight (a decode, a last chunk) gets
-no tokens until its sampled token comes back. Each batch passes the stages in order (point-to-point sends
+no tokens until its sampled token comes back (`num_new_tokens == 0`: "PP>1 and we have already scheduled all
+prompt tokens but they are not finished yet", in `Scheduler.schedule`). Each batch passes the stages in order (point-to-point sends
 of the hidden states); the last stage samples.
 
 What is modelled here, the same way: the queue of batches in flight; the scheduler called when a slot frees
@@ -25,7 +26,9 @@ Ignored: vLLM 0.32's default on CUDA (the V2 model runner with async scheduling)
 its token broadcast on the GPU; in steady state that is the same cadence as waiting for the output, and the
 extra slot only hides the CPU's scheduling time, which `stage_times_s` already overlaps with the first stage.
 The V1 model runner, which turns async scheduling off with PP, holds `pipeline_parallel_size`, as here.
-Not modelled: swap preemption, prefix caching, static batching's drained slots, real execution, disaggregation.
+The policy sees, and so can preempt, only requests not in flight; vLLM's may pick one in flight as its
+victim (the tail of `running`) and drop its output. Not modelled: swap preemption, prefix caching, static
+batching's drained slots, real execution, disaggregation.
 
 Iteration table (simcore.log ITERATION_COLUMNS plus `PIPELINE_COLUMNS`, one row per batch when its output
 returns): `start_s` is when the batch was scheduled and `duration_s` until its output came back (batches
