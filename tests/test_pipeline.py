@@ -169,3 +169,17 @@ def test_roofline_stages_add_up_to_the_back_to_back_step():
         # the GPU terms dominate the CPU's here: stages plus sends are the back-to-back step
         assert sum(stages) + 3 * send_s == pytest.approx(pp4.step_time_s(**shape), rel=1e-12)
         assert stages[-1] > stages[1] and stages[0] > stages[1]   # LM head last, embedding first
+
+
+def test_aic_stages_add_up_to_its_back_to_back_step():
+    from costmodels import aic
+    from costmodels.catalog import get_gpu, get_model
+    from costmodels.deployment import Deployment
+    if aic.tables_root() is None:
+        pytest.skip("aiconfigurator-core ([aic] extra) not installed")
+    pytest.importorskip("pyarrow")
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("h200-sxm")
+    cost = aic.aic_cost_model("aic", model, gpu, Deployment(pipeline_parallel_size=2))
+    for shape in ({"decode": [1000] * 64}, {"prefill": [(2048, 0)]}):
+        stages, send_s = cost.stage_times_s(**shape)
+        assert sum(stages) + send_s == pytest.approx(cost.step_time_s(**shape), rel=1e-12)
