@@ -71,3 +71,24 @@ def test_a_cluster_of_pipelined_replicas():
     busy = res.replicas["busy_fraction"]
     assert (busy > 0).all() and (busy <= 1).all()
     assert res.summary["busy_fraction"] == pytest.approx(busy.mean())
+
+
+def test_the_pp_example_runs_end_to_end_with_its_report(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+    if importlib.util.find_spec("aiconfigurator_core") is None:
+        pytest.skip("the example names a Hugging Face id whose config.json the [aic] extra ships")
+    sweep = yaml.safe_load((Path(__file__).parent.parent / "examples" / "llama70b_pp2_h200.yaml").read_text())
+    sweep["workload"]["num_requests"] = 8
+    sweep["grid"] = {"workload.arrival.concurrency": [1, 4]}
+    f = tmp_path / "pp.yaml"
+    f.write_text(yaml.safe_dump(sweep))
+    assert main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    results = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert (results["pipeline_parallel_size"] == 2).all()
+    low, high = results.sort_values("workload.arrival.concurrency")["pipeline_bubble_fraction"]
+    assert low == pytest.approx(0.5, abs=0.01) and high < low   # one user: one stage of two works at a time
+    assert (tmp_path / "out" / "summary.md").exists() and any((tmp_path / "out" / "plots").glob("*.png"))
