@@ -18,11 +18,11 @@ from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
-from simcore.pipeline import PIPELINE_COLUMNS, PipelinedEngine, pipeline_summary
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
+from simcore.pipeline import PipelinedEngine, add_pipeline_results
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -89,7 +89,7 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
 
 def check_runnable(cfg: PointConfig) -> None:
     """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
-    that cannot be loaded."""
+    that cannot be loaded, a pipeline-parallel layout that is not modelled."""
     memory_plan(cfg)
     pipeline_stages(cfg, point_cost_model(cfg))
 
@@ -213,12 +213,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
-    if num_stages > 1:
-        add_pipeline_columns(iterations, engines)
-        summary.update(pipeline_summary(engines, iterations, summary["duration_s"], usable))
-        if replicas is not None:   # each replica's share of the run with a batch in flight (rows overlap)
-            replicas["busy_fraction"] = [e.active_s / summary["duration_s"] for e in engines]
-            summary["replica_busy_max"] = float(replicas["busy_fraction"].max())
+    if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
+        add_pipeline_results(engines, iterations, summary, replicas, usable)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
@@ -227,18 +223,6 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
-
-
-def add_pipeline_columns(iterations: pd.DataFrame, engines) -> None:
-    """The pipelined engines' PIPELINE_COLUMNS beside their iteration rows (in place): each engine's rows
-    are in its own logging order within the shared log."""
-    for name in PIPELINE_COLUMNS:
-        iterations[name] = np.nan
-    for e in engines:
-        mask = (iterations["replica_id"] == e.replica_id).to_numpy()
-        if e.pipeline_rows:
-            iterations.loc[mask, list(PIPELINE_COLUMNS)] = np.asarray(e.pipeline_rows, dtype=float)
-    iterations["num_batches_in_flight"] = iterations["num_batches_in_flight"].astype(np.int64)
 
 
 def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:

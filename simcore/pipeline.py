@@ -44,6 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+import numpy as np
 import simpy
 
 from simcore.batch import Batch, split_shape
@@ -260,6 +261,24 @@ class PipelinedEngine(Engine):
                 spans.popleft()
             busy += sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in spans)
         return max(0.0, self.num_stages * (hi - lo) - busy)
+
+
+def add_pipeline_results(engines: Sequence[PipelinedEngine], iterations, summary: dict, replicas,
+                         num_usable_blocks: int) -> None:
+    """The pipelined engines' results, in place: PIPELINE_COLUMNS beside their iteration rows, the pipeline
+    keys in `summary` (`pipeline_summary`), and with several replicas each one's `busy_fraction`."""
+    for name in PIPELINE_COLUMNS:
+        iterations[name] = np.nan
+    for e in engines:   # each engine's rows are in its own logging order within the shared log
+        if e.pipeline_rows:
+            mask = (iterations["replica_id"] == e.replica_id).to_numpy()
+            iterations.loc[mask, list(PIPELINE_COLUMNS)] = np.asarray(e.pipeline_rows, dtype=float)
+    iterations["num_batches_in_flight"] = iterations["num_batches_in_flight"].astype(np.int64)
+    duration_s = summary["duration_s"]
+    summary.update(pipeline_summary(engines, iterations, duration_s, num_usable_blocks))
+    if replicas is not None:   # each replica's share of the run with a batch in flight (its rows overlap)
+        replicas["busy_fraction"] = [e.active_s / duration_s for e in engines]
+        summary["replica_busy_max"] = float(replicas["busy_fraction"].max())
 
 
 def pipeline_summary(engines: Sequence[PipelinedEngine], iterations, duration_s: float,
