@@ -132,16 +132,20 @@ class PipelinedEngine(Engine):
         return EngineView(self.env.now, self.waiting, running, self.pool.num_free_blocks, self.pool.num_blocks,
                           self.limits.block_size, self.limits.max_model_len, (), self.policy_state, None)
 
-    def _policy_for(self, num_hidden: int) -> Policy:
-        """The policy with `max_num_seqs` lowered by the hidden requests: vLLM counts every running request,
-        in flight or not, against it."""
-        if not num_hidden or not hasattr(self.policy, "max_num_seqs"):
-            return self.policy
-        p = self._policies.get(num_hidden)
-        if p is None:
-            p = self._policies[num_hidden] = dataclasses.replace(
-                self.policy, max_num_seqs=max(0, self.policy.max_num_seqs - num_hidden))
-        return p
+    def _schedule(self) -> Batch:
+        """The policy's decision on the requests not in flight. vLLM counts every running request, in
+        flight or not, against `max_num_seqs`: the policy gets that limit lowered by the hidden requests,
+        and with no room left, no waiting request to admit."""
+        policy, view = self.policy, self.view()
+        num_hidden = len(self.running) - len(view.running)
+        if num_hidden and hasattr(policy, "max_num_seqs"):
+            room = policy.max_num_seqs - num_hidden
+            if room < 1:
+                view = dataclasses.replace(view, waiting=())
+            else:
+                policy = self._policies.get(room) or self._policies.setdefault(
+                    room, dataclasses.replace(policy, max_num_seqs=room))
+        return policy.schedule(view)
 
     # ---- the loop: fill the batch queue, else wait for an output or an arrival ----
     def _loop(self):
@@ -152,8 +156,7 @@ class PipelinedEngine(Engine):
                 self._wake = env.event()   # woken by a returning batch (_finish) or an arrival (submit)
                 yield self._wake
                 continue
-            num_hidden = sum(1 for r in self.running if not r.num_uncomputed_tokens)
-            batch = self._policy_for(num_hidden).schedule(self.view())
+            batch = self._schedule()
             self.policy_state = batch.policy_state
             if batch.scheduled:
                 self._launch(batch)
