@@ -106,6 +106,16 @@ def weight_bytes_per_gpu(model: ModelShape, d: Deployment) -> float:
     return layers / d.pipeline_parallel_size + max(ends, p["lm_head"] * half / d.tp)
 
 
+def stage_layers(num_layers: int, pipeline_parallel_size: int) -> tuple[int, ...]:
+    """Decoder layers of each pipeline stage, as vLLM splits them (vllm/distributed/utils.py
+    `get_pp_indices`, without VLLM_PP_LAYER_PARTITION): equal shares, the remainder one layer each to the
+    stages just before the last (the last holds the final norm and LM head)."""
+    parts = [num_layers // pipeline_parallel_size] * pipeline_parallel_size
+    for i in range(2, num_layers % pipeline_parallel_size + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
 def kv_bytes_per_token(model: ModelShape, d: Deployment) -> int:
     """KV of one token on one GPU: every layer's (of this pipeline stage) K and V, or MLA latent."""
     per_layer = model.kv_width(d.tp) * KV_BYTES[d.kv_format()]

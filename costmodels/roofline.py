@@ -60,8 +60,11 @@ class RooflineCostModel:
     experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's, and
     `per_step_s + per_request_s x sequences`, the CPU's; with async scheduling (vLLM V1's default on CUDA)
     the step takes the larger of the two, else their sum. `step_terms_s` returns each term (the overlap as
-    a negative `async_overlap`). Each request also pays `request_latency_s` outside the steps. Pipeline stages run one after the other for one batch (no microbatch overlap), plus
-    one activation send between consecutive stages."""
+    a negative `async_overlap`). Each request also pays `request_latency_s` outside the steps.
+
+    Pipeline parallelism: `step_time_s` is one batch through every stage back to back, plus one activation
+    send between consecutive stages; `stage_times_s` prices each stage on its own, for the pipelined
+    engine (simcore/pipeline.py), which overlaps the stages of successive batches as vLLM does."""
 
     def __init__(self, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
                  eff: Efficiencies = Efficiencies(), deployment: Deployment | None = None):
@@ -93,6 +96,7 @@ class RooflineCostModel:
         e = eff
         self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
         self._heads: dict[int, float] = {}
+        self._stage_memo: dict[int, tuple[float, float, float]] = {}   # stage_times_s, by token count
         if m.is_mla:   # absorbed MLA decode: scores over the latent + rope, values in the latent space
             flops_per_ctx = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:          # QK^T and PV: 4 * head_dim * heads FLOP per context token
@@ -309,6 +313,41 @@ class RooflineCostModel:
             hidden = min(gpu, t["per_step"] + t["per_request"])
             t["async_overlap"] = -hidden
         return t
+
+    def stage_times_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                      num_logits: int | None = None) -> tuple[tuple[float, ...], float]:
+        """One batch on each pipeline stage: (seconds on each stage, seconds of one stage-to-stage send).
+
+        A stage runs its share of the decoder layers (vLLM's split, `deployment.stage_layers`; each layer
+        term scaled by that share, exact for models whose layers are alike, an average over dense/MoE or
+        sliding/full layers otherwise), the first also the embedding, the last the LM head and sampling.
+        The CPU's per-step and per-sequence time is the first stage's: overlapped with it (the larger of
+        the two) under async scheduling, added otherwise, so the CPU limits how fast batches enter the
+        pipeline. The send carries the batch's hidden states to the next stage (`pipeline_sends` of
+        `step_terms_s`, per hop). Without PP: `((step_time_s,), 0.0)`, the same float."""
+        pp = self.deployment.pipeline_parallel_size
+        if pp == 1:
+            return (self.step_time_s(prefill, decode, num_logits),), 0.0
+        num_seqs, num_tokens = len(prefill) + len(decode), sum(n for n, _ in prefill) + len(decode)
+        if num_tokens == 0:
+            return (0.0,) * pp, 0.0
+        terms = self._stage_memo.get(num_tokens)
+        if terms is None:   # memoised: a pure function of the token count
+            t = self._layer_terms_s(num_tokens)
+            embed, sends = t.pop("embedding"), t.pop("pipeline_sends")
+            terms = self._stage_memo[num_tokens] = (sum(t.values()), embed, sends / (pp - 1))
+        layers, embed, send_s = terms
+        if prefill:
+            layers += self._prefill_attention_total_s(prefill)
+        if decode:
+            layers += float(self._decode_attention_s(float(sum(decode)), len(decode)))
+        stages = [layers * n / self.model.num_layers for n in _deployment.stage_layers(self.model.num_layers, pp)]
+        stages[0] += embed
+        stages[-1] += self._head_s(num_seqs if num_logits is None else num_logits)
+        e = self.eff
+        cpu = e.per_step_s + e.per_request_s * num_seqs
+        stages[0] = max(stages[0], cpu) if e.async_scheduling else stages[0] + cpu
+        return tuple(stages), send_s
 
     def _head_s(self, num_logits: int) -> float:
         """Final norm, LM head over the vocabulary shard, logits to fp32, sampling."""

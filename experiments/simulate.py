@@ -22,6 +22,7 @@ from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_c
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
+from simcore.pipeline import PipelinedEngine, add_pipeline_results
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -88,9 +89,36 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
 
 def check_runnable(cfg: PointConfig) -> None:
     """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
-    that cannot be loaded."""
+    that cannot be loaded, a pipeline-parallel layout that is not modelled."""
     memory_plan(cfg)
-    point_cost_model(cfg)
+    pipeline_stages(cfg, point_cost_model(cfg))
+
+
+# vLLM's schedulers; the others' engines pipeline differently (TRT-LLM, SGLang) or not at all (TGI).
+PIPELINE_POLICIES = ("chunked_prefill", "continuous")
+
+
+def pipeline_stages(cfg: PointConfig, cost_model) -> int:
+    """`pipeline_parallel_size` of the point (1 without a deployment); a layout the pipelined engine
+    (simcore/pipeline.py) does not model, or a cost model that cannot price its stages, is one line."""
+    pp = cfg.deployment.pipeline_parallel_size if cfg.deployment is not None else 1
+    if pp > 1:
+        if cfg.policy.name not in PIPELINE_POLICIES:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is modelled for the vLLM policies "
+                                  f"({', '.join(PIPELINE_POLICIES)}), not {cfg.policy.name}")
+        if cfg.disaggregation is not None:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is not modelled with disaggregation")
+        if cfg.engine.preemption_mode != "recompute" or cfg.engine.enable_prefix_caching:
+            raise SimulationError(f"pipeline_parallel_size: {pp} is modelled with recompute preemption and "
+                                  f"no prefix caching only")
+        if not hasattr(cost_model, "stage_times_s"):
+            raise SimulationError(f"pipeline_parallel_size: {pp} needs per-stage prices, which the "
+                                  f"{cost_model.describe().get('kind', '?')} cost model does not give "
+                                  f"(use the roofline or aic cost model)")
+        if getattr(cfg.engine, "fast_path", "auto") == "on":
+            raise SimulationError("engine.fast_path: on, but pipeline parallelism (pipeline_parallel_size > 1) "
+                                  "is not modelled by the fast path")
+    return pp
 
 
 def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> dict:
@@ -129,7 +157,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
-    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+    num_stages = pipeline_stages(cfg, cost_model)
+    if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
         return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s)
     env = simpy.Environment()
     log = EngineLog()
@@ -143,7 +172,11 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         num_replicas = len(engines)
         submit = disagg.submit
     else:
-        engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+        if num_stages > 1:   # microbatches in flight through the stages (simcore/pipeline.py)
+            engines = [PipelinedEngine(env, cfg.policy, cost_model, limits, log, replica_id=i, num_stages=num_stages)
+                       for i in range(num_replicas)]
+        else:
+            engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
         submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
@@ -179,6 +212,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
+    if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
+        add_pipeline_results(engines, iterations, summary, replicas, usable)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
