@@ -9,7 +9,9 @@ pad each expert's tokens to a tile only). Not a loop over experts (3 launches pe
 expert's weights even at batch 1, and charges imbalance as padding). Where _grouped_mm is missing or
 rejects the shapes, a loop over the experts that got tokens stands in and meta.json's notes say so.
 Which tokens go to which expert is fixed by the grid point (its top-k and imbalance), not by the random
-router, whose GEMM, softmax and top-k still run for their cost. Each `*_kernel` returns (run, flops, bytes).
+router, whose GEMM, softmax and top-k still run for their cost. MLA attention runs through torch's SDPA
+(no FlashMLA in torch): a 576-wide absorbed head may land on a slower SDPA backend than the engines'
+MLA kernels, so on a GPU its timings are an upper bound. Each `*_kernel` returns (run, flops, bytes).
 """
 from __future__ import annotations
 
@@ -145,15 +147,23 @@ def mla_decode_kernel(b: Builder, batch: int, context: int, heads: int, rank: in
     q_nope, q_pe = b.randn(heads, batch, nope), b.randn(batch, heads, 1, rope)
     w_uk, w_uv = b.randn(heads, nope, rank), b.randn(heads, rank, v_dim)
     cache = b.randn(batch, 1, context, rank + rope)   # vLLM's MLA cache entry: latent, then rope key
-    extra = {"enable_gqa": True} if b.gqa else {}
-    kv = cache if b.gqa else cache.expand(-1, heads, -1, -1)
     scale = 1.0 / math.sqrt(nope + rope)
 
-    def run():
-        q_lat = torch.bmm(q_nope, w_uk).transpose(0, 1)[:, :, None]          # [batch, heads, 1, rank]
-        q = torch.cat([q_lat, q_pe], dim=-1)
-        o = F.scaled_dot_product_attention(q, kv, kv[..., :rank], scale=scale, **extra)
-        return torch.bmm(o[:, :, 0].transpose(0, 1), w_uv)                  # [heads, batch, v_dim]
+    def absorbed(kv, extra):
+        def run():
+            q_lat = torch.bmm(q_nope, w_uk).transpose(0, 1)[:, :, None]          # [batch, heads, 1, rank]
+            q = torch.cat([q_lat, q_pe], dim=-1)
+            o = F.scaled_dot_product_attention(q, kv, kv[..., :rank], scale=scale, **extra)
+            return torch.bmm(o[:, :, 0].transpose(0, 1), w_uv)                  # [heads, batch, v_dim]
+        return run
+    run = absorbed(cache, {"enable_gqa": True}) if b.gqa else None
+    try:
+        if run is not None:
+            run()
+    except RuntimeError as e:   # the device's kernels reject one shared KV head here
+        b.notes.add(f"MLA decode: latent KV repeated over heads ({str(e).splitlines()[0][:100]})")
+        run = None
+    run = run or absorbed(cache.expand(-1, heads, -1, -1), {})
     flops = 2.0 * batch * heads * (nope * rank + rank * v_dim) + 2.0 * batch * heads * context * (2 * rank + rope)
     bytes_ = b.elem * (batch * context * (rank + rope) + heads * rank * (nope + v_dim) + batch * heads * (nope + rope))
     return run, flops, float(bytes_)
