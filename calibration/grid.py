@@ -57,7 +57,7 @@ def design(model: ModelShape, tp: int, size: str, fp8: bool = False) -> list[dic
     model's GEMMs in fp8 (the device supports them)."""
     g = FULL if size == "full" else SMALL
     points = []
-    gemms = {**gemm_shapes(model, tp), **extra_gemm_shapes(model, tp)}
+    gemms = {**timed_gemm_shapes(model, tp), **extra_gemm_shapes(model, tp)}
     for family in ("gemm", "gemm_fp8") if fp8 else ("gemm",):
         for op, (n, k) in gemms.items():
             for m in g["gemm_m"]:
@@ -81,6 +81,13 @@ def design(model: ModelShape, tp: int, size: str, fp8: bool = False) -> list[dic
             points.append({"family": family, "batch": str({"prefill": [list(p) for p in prefill],
                                                             "decode": decode}).replace("'", '"')})
     return points
+
+
+def timed_gemm_shapes(model: ModelShape, tp: int) -> dict[str, tuple[int, int]]:
+    """The dense GEMMs a step of this model runs: not GQA's qkv / o for an MLA model, nor the dense MLP
+    when every layer is MoE (the fit still gives them curves, from its (m, n, k) grid; nothing prices them)."""
+    unused = (("qkv", "o") if model.is_mla else ()) + (("gate_up", "down") if model.num_dense_layers == 0 else ())
+    return {op: s for op, s in gemm_shapes(model, tp).items() if op not in unused}
 
 
 def _prefill_shapes(g: dict) -> list[tuple[int, int, int]]:
