@@ -190,3 +190,27 @@ def test_allreduce_capture_runs_its_processes_on_gloo():
     rows = allreduce.capture([1, 4], 64, "fp32", world=2, warmup=1, repeats=3, backend="gloo")
     assert [(r["m"], r["n"], r["num_gpus"], r["op"]) for r in rows] == [(1, 64, 2, "tp2"), (4, 64, 2, "tp2")]
     assert all(r["latency_s"] > 0 and r["repeats"] == 3 for r in rows)
+
+
+def test_measured_fp8_gemms_and_all_reduce_price_the_step(tmp_path):
+    """Synthetic timings of a tiny dense model at TP 2 with fp8 GEMMs at half the bf16 time and a known
+    all-reduce: fp8 weights take the fp8 curves, the all-reduce its measured family."""
+    model = get_model("tiny")
+    rows = [dict(p, latency_s=synthetic_latency(p) * (0.5 if p["family"] == "gemm_fp8" else 1.0),
+                 bytes=1e3 * p.get("m", 1), flops=1.0, status="ok", repeats=10)
+            for p in grid.design(model, 2, "small", fp8=True) if p["family"] not in ("layer", "iteration")]
+    rows += [{"family": "allreduce", "op": "tp2", "m": m, "n": model.hidden_size, "num_gpus": 2,
+              "latency_s": 1e-5 + 1e-8 * m, "bytes": 1e3 * m, "flops": 1.0, "status": "ok", "repeats": 20}
+             for m in grid.SMALL["gemm_m"]]
+    measurements.write(tmp_path / "m", rows, {"model": "tiny", "gpu": "h100-sxm", "tp": 2, "dtype": "bf16"})
+    profile, report, _ = fit.build_profile(*measurements.read(tmp_path / "m"), "synthetic")
+    assert {"gemm_fp8", "allreduce_tp2"} <= set(report) and profile["family_sources"]["allreduce"].startswith("measured")
+    h100 = get_gpu("h100-sxm")
+    bf16 = profile_cost_model(profile, model, h100, 2, "bf16", deployment=Deployment(tensor_parallel_size=2))
+    fp8 = profile_cost_model(profile, model, h100, 2, "bf16",
+                             deployment=Deployment(tensor_parallel_size=2, quantization="fp8"))
+    assert bf16.weights == "bf16" and fp8.weights == "fp8"
+    assert fp8.layer_gemm["down"](512) == pytest.approx(0.5 * bf16.layer_gemm["down"](512), rel=0.1)
+    assert fp8.step_time_s(prefill=[(512, 0)]) < bf16.step_time_s(prefill=[(512, 0)])
+    assert bf16._allreduce_s(300) == pytest.approx(2 * (1e-5 + 1e-8 * 300), rel=0.05)
+    assert bf16.describe()["allreduce"] == "measured"
