@@ -94,7 +94,7 @@ def capture(tokens: list[int], hidden: int, dtype: str, world: int, warmup: int 
     try:
         mp.start_processes(_worker, args=(world, _free_port(), backend, tokens, hidden, dtype, warmup, repeats,
                                           results), nprocs=world, join=True, start_method="spawn")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:   # a rank died (NCCL init, out of memory): one line for the caller
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:   # a rank died: one line for the caller
         raise RuntimeError(f"all-reduce over {world} processes: {str(e).strip().splitlines()[-1][:200]}") from None
     elem = torch.finfo(TORCH_DTYPES[dtype]).bits // 8
     rows = []

@@ -76,7 +76,7 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = 
             out[name] = Family(("m", "n", "k"), g[["m", "n", "k"]].to_numpy(float), g["latency_s"].to_numpy(),
                                SLOPES["gemm"], SMOOTHING["gemm"],
                                lambda p, e=elem: (2 * p[:, 0] * p[:, 1] * p[:, 2],
-                                                  e * (p[:, 0] * p[:, 2] + p[:, 1] * p[:, 2] + p[:, 0] * p[:, 1])), (0,))
+                                                  e * (p[:, 0] * p[:, 2] + p[:, 1] * (p[:, 2] + p[:, 0]))), (0,))
     out.update(_model_families(frame, model, tp, e))
     attn = frame[(frame["num_heads"] == heads) & (frame["num_kv_heads"] == kv_heads) & (frame["head_dim"] == head_dim)]
     p = attn[attn["family"] == "prefill_attn"]
@@ -281,7 +281,7 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
                "families": families, "family_sources": sources}
     profile["overheads"], report["composition"] = fit_overheads(profile, frame, model)
     mixed = frame[(frame["family"] == "decode_attn") & (frame["op"] == "mixed")]
-    if len(mixed) and "decode_attn" in fitted and not model.is_mla:  # does (batch, mean context) stand for a mixed batch?
+    if len(mixed) and "decode_attn" in fitted:  # does (batch, mean context) stand for a mixed batch?
         pred = [fitted["decode_attn"](*decode_coords(json.loads(b))) for b in mixed["batch"]]
         report["composition"]["decode_mixed_lengths_error_pct"] = [
             round(float(x), 1) for x in (np.array(pred) / mixed["latency_s"].to_numpy() - 1) * 100]

@@ -115,7 +115,8 @@ def _mla_points(model: ModelShape, tp: int, g: dict) -> list[dict]:
     attn = {"num_heads": s["num_heads"], "num_kv_heads": 1, "head_dim": s["kv_lora_rank"]}
     points = [{"family": "mla_prefill", "batch_size": b, "new_tokens": new, "cached_tokens": cached, **attn}
               for b, new, cached in _prefill_shapes(g)]
-    return points + [{"family": "mla_decode", "batch_size": b, "context_len": ctx, **attn} for b, ctx in _decode_shapes(g)]
+    points += [{"family": "mla_decode", "batch_size": b, "context_len": ctx, **attn} for b, ctx in _decode_shapes(g)]
+    return points
 
 
 def moe_top_ks(model: ModelShape) -> list[int]:

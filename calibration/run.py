@@ -11,9 +11,10 @@ engine iterations of the static, continuous and chunked-prefill policies through
 (calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
 its held-out error. MoE and MLA models add their families (calibration.family_kernels), a CUDA GPU with
 fp8 tensor cores fp8 GEMMs, several local GPUs NCCL all-reduces (calibration.allreduce); a family this
-machine cannot time is listed with the reason in meta.json's `skipped_families`. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
-that is the profile to validate there; on CPU the step runs use the thread-CPU clock and speed
-normalisation (see calibration.validate --speed-normalise).
+machine cannot time is listed with the reason in meta.json's `skipped_families`. Kernel sums miss what
+dominates small models on a CPU (operator dispatch, Python), so that is the profile to validate there;
+on CPU the step runs use the thread-CPU clock and speed normalisation (see calibration.validate
+--speed-normalise).
 """
 from __future__ import annotations
 
