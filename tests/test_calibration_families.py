@@ -83,13 +83,25 @@ def test_the_calibrated_mla_moe_profile_drives_a_simulation(mla_moe_run, tmp_pat
     from experiments.simulate import simulate
     out, model = mla_moe_run
     cfg = {"model": config(tmp_path, TINY_MLA, "tiny_mla_moe"), "hardware": "l4",
-           "profile": str(out / "profile.json"), "dtype": "fp32",
+           "profile": str(out / "profile.json"), "dtype": "fp32", "expert_load_imbalance": 1.5,
            "engine": {"policy": "chunked_prefill", "max_num_seqs": 8, "max_num_batched_tokens": 256},
            "workload": {"num_requests": 12, "arrival": {"process": "poisson", "rate_per_s": 50},
                         "prompt_tokens": {"dist": "uniform", "min": 16, "max": 200},
                         "output_tokens": {"dist": "uniform", "min": 4, "max": 20}}}
     result = simulate(cfg, seed=0)
     assert result.summary["cost_model"] == "profile" and len(result.requests) == 12
+    assert result.resolved["cost_model"]["expert_load_imbalance"] == 1.5   # the sweep's knob reaches the price
+
+
+def test_the_held_out_bar_takes_the_new_families():
+    from calibration.fit_quality import bad_fits, holdout_limits
+    limits = holdout_limits(["moe=5", "allreduce=40"])
+    report = {"moe": {"held_out_median_ape": 6.0, "held_out_p90_ape": 9.0, "num_held_out": 20},
+              "allreduce_tp2": {"held_out_median_ape": 30.0, "held_out_p90_ape": 50.0, "num_held_out": 3},
+              "mla_decode": {"held_out_median_ape": 26.0, "held_out_p90_ape": 30.0, "num_held_out": 5}}
+    assert set(bad_fits(report, limits)) == {"moe", "mla_decode"}
+    with pytest.raises(ValueError, match="unknown family 'mla'"):
+        holdout_limits(["mla=5"])
 
 
 # ---- the fit on synthetic timings ----
