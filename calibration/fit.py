@@ -8,7 +8,9 @@ it fit_report.json and fit.png (measured vs predicted, held-out points marked). 
 median error exceeds --max-holdout-error-pct (default 25%) is reported loudly and PROFILE.json is not
 written (exit 3) unless --keep-bad-fit (calibration.fit_quality). Families the measurements
 lack (the published tables have no elementwise or sampling timings) come from the roofline prior and the
-profile says so per family.
+profile says so per family. MoE models get the `moe` family (tokens, top-k, imbalance), MLA models their
+MLA attention (in place of prefill_attn / decode_attn) and projection curves, fp8-capable GPUs `gemm_fp8_*`
+curves, several GPUs a measured `allreduce` at the profile's TP (costmodels.profile_families prices them).
 """
 from __future__ import annotations
 
@@ -29,15 +31,18 @@ from calibration.overheads import fit_overheads, prior_family
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,
                                 attention_heads, decode_coords, gemm_shapes, prefill_coords)
+from costmodels.profile_families import extra_gemm_shapes, mla_shape, moe_shape
 
 HELD_OUT_FRACTION = 0.2
 # Exponent of latency in each size beyond the measured grid: GEMM time ~ m, n, k once compute-bound;
 # prefill attention ~ sequences x length^2; decode attention ~ sequences x context (streams KV).
-SLOPES = {"gemm": (1.0, 1.0, 1.0), "prefill_attn": (1.0, 2.0), "decode_attn": (1.0, 1.0), "1d": (1.0,)}
+SLOPES = {"gemm": (1.0, 1.0, 1.0), "prefill_attn": (1.0, 2.0), "decode_attn": (1.0, 1.0), "1d": (1.0,),
+          "moe": (1.0, 1.0, 1.0)}   # MoE: routed pairs ~ tokens x top-k; the busiest expert's share
 # Curvature penalty per axis. GEMM: firm along tokens (neighbouring m differ by tile effects and noise),
 # light across weight shapes (few, far apart). Chosen on held-out splits of the H100 tables with seeds 1-5;
 # cross-validation on each fit's training points scales it (choose_smoothing).
-SMOOTHING = {"gemm": (3.0, 0.1, 0.1), "prefill_attn": 0.3, "decode_attn": 0.3, "1d": 0.3}
+SMOOTHING = {"gemm": (3.0, 0.1, 0.1), "prefill_attn": 0.3, "decode_attn": 0.3, "1d": 0.3,
+             "moe": (3.0, 0.3, 0.3)}   # as GEMMs along tokens; top-k and imbalance have 3 values each
 SMOOTHING_SCALES = (0.1, 0.3, 1.0, 3.0)   # multiples of SMOOTHING that cross-validation chooses from
 CV_FOLDS = 5
 
@@ -65,12 +70,14 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = 
     e = DTYPE_BYTES[dtype]
     heads, kv_heads, head_dim = attention_heads(model, tp)
     out = {}
-    g = frame[frame["family"] == "gemm"]
-    if len(g):
-        out["gemm"] = Family(("m", "n", "k"), g[["m", "n", "k"]].to_numpy(float), g["latency_s"].to_numpy(),
-                             SLOPES["gemm"], SMOOTHING["gemm"],
-                             lambda p: (2 * p[:, 0] * p[:, 1] * p[:, 2],
-                                        e * (p[:, 0] * p[:, 2] + p[:, 1] * p[:, 2] + p[:, 0] * p[:, 1])), (0,))
+    for name, elem in (("gemm", e), ("gemm_fp8", 1)):
+        g = frame[frame["family"] == name]
+        if len(g):
+            out[name] = Family(("m", "n", "k"), g[["m", "n", "k"]].to_numpy(float), g["latency_s"].to_numpy(),
+                               SLOPES["gemm"], SMOOTHING["gemm"],
+                               lambda p, e=elem: (2 * p[:, 0] * p[:, 1] * p[:, 2],
+                                                  e * (p[:, 0] * p[:, 2] + p[:, 1] * (p[:, 2] + p[:, 0]))), (0,))
+    out.update(_model_families(frame, model, tp, e))
     attn = frame[(frame["num_heads"] == heads) & (frame["num_kv_heads"] == kv_heads) & (frame["head_dim"] == head_dim)]
     p = attn[attn["family"] == "prefill_attn"]
     if len(p):
@@ -95,6 +102,46 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = 
     s = frame[frame["family"] == "sampling"]
     if len(s):
         out["sampling"] = _memory_bound(s)
+    return out
+
+
+def _model_families(frame: pd.DataFrame, model: ModelShape, tp: int, e: int) -> dict[str, Family]:
+    """The MoE, MLA and all-reduce families of the measurements, for this model's shapes."""
+    out = {}
+    mo = frame[frame["family"] == "moe"]
+    if len(mo) and model.num_moe_layers:
+        s = moe_shape(model, tp)
+        h, w, experts = s["hidden_size"], s["expert_width"], s["num_experts"]
+        mo = mo[(mo["n"] == w) & (mo["k"] == h) & (mo["batch_size"] == experts)]
+        out["moe"] = Family(("tokens", "top_k", "imbalance"), mo[["m", "top_k", "imbalance"]].to_numpy(float),
+                            mo["latency_s"].to_numpy(), SLOPES["moe"], SMOOTHING["moe"],
+                            lambda x: (2 * x[:, 0] * experts * h + 6 * x[:, 0] * x[:, 1] * h * w,
+                                       e * (np.minimum(experts, x[:, 0] * x[:, 1]) * 3 * h * w
+                                            + x[:, 0] * x[:, 1] * (2 * h + 3 * w))), (0, 1))
+    if model.is_mla:
+        s = mla_shape(model, tp)
+        heads, r, rope, nope, v = (s[k] for k in ("num_heads", "kv_lora_rank", "qk_rope_head_dim",
+                                                  "qk_nope_head_dim", "v_head_dim"))
+        mla = frame[(frame["num_heads"] == heads) & (frame["head_dim"] == r)]
+        p = mla[mla["family"] == "mla_prefill"]
+        if len(p):
+            pts = [prefill_coords(np.full(b, n, float), np.full(b, c, float))
+                   for b, n, c in p[["batch_size", "new_tokens", "cached_tokens"]].to_numpy(int)]
+            out["mla_prefill"] = Family(
+                ("sequences", "length"), np.array(pts), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
+                SMOOTHING["prefill_attn"],
+                lambda x: (heads * (nope + rope + v) * x[:, 0] * x[:, 1] * (x[:, 1] + 1)
+                           + 2 * x[:, 0] * x[:, 1] * r * heads * (nope + v),
+                           e * x[:, 0] * x[:, 1] * (r + rope + heads * (nope + rope + v))))
+        d = mla[mla["family"] == "mla_decode"]
+        if len(d):
+            out["mla_decode"] = Family(
+                ("sequences", "context"), d[["batch_size", "context_len"]].to_numpy(float), d["latency_s"].to_numpy(),
+                SLOPES["decode_attn"], SMOOTHING["decode_attn"],
+                lambda x: (2 * heads * x[:, 0] * (x[:, 1] * (2 * r + rope) + r * (nope + v)),
+                           e * (x[:, 0] * x[:, 1] * (r + rope) + heads * r * (nope + v))))
+    for world, rows in frame[frame["family"] == "allreduce"].groupby("num_gpus"):
+        out[f"allreduce_tp{int(world)}"] = _memory_bound(rows)
     return out
 
 
@@ -166,14 +213,34 @@ def _pct(err: np.ndarray, q: float) -> float | None:
     return round(float(np.percentile(err, q)) * 100, 2) if len(err) else None
 
 
-def gemm_curves(grid3: LogGrid, model: ModelShape, tp: int) -> dict[str, dict]:
-    """The model's GEMMs (N, K) as 1-D curves over tokens, on the fitted m knots."""
+def gemm_curves(grid3: LogGrid, model: ModelShape, tp: int, prefix: str = "gemm_") -> dict[str, dict]:
+    """The model's GEMMs (N, K) as 1-D curves over tokens, on the fitted m knots (MoE shared experts and
+    MLA projections included: costmodels.profile_families.extra_gemm_shapes)."""
     m_knots = np.exp(grid3.log_knots[0])
     curves = {}
-    for op, (n, k) in gemm_shapes(model, tp).items():
+    for op, (n, k) in {**gemm_shapes(model, tp), **extra_gemm_shapes(model, tp)}.items():
         values = monotone(np.log([grid3(m, n, k) for m in m_knots]), 0)
-        curves[f"gemm_{op}"] = LogGrid(("m",), (grid3.log_knots[0],), values, (1.0,)).to_dict()
+        curves[f"{prefix}{op}"] = LogGrid(("m",), (grid3.log_knots[0],), values, (1.0,)).to_dict()
     return curves
+
+
+def _add_model_families(families: dict, sources: dict, fitted: dict, model: ModelShape, tp: int,
+                        source: str) -> None:
+    """fp8 GEMM curves, the MoE grid, MLA attention as the profile's prefill_attn / decode_attn (same
+    coordinates: sequences x equivalent length, sequences x mean context), the all-reduce at this TP."""
+    if "gemm_fp8" in fitted:
+        families.update(gemm_curves(fitted["gemm_fp8"], model, tp, prefix="gemm_fp8_"))
+        sources["gemm_fp8"] = "measured"
+    if "moe" in fitted:
+        families["moe"], sources["moe"] = fitted["moe"].to_dict(), "measured"
+    if model.is_mla:
+        for name, mla in (("prefill_attn", "mla_prefill"), ("decode_attn", "mla_decode")):
+            if mla not in fitted:
+                raise measurements.MeasurementError(f"{source}: {model.name} is an MLA model; no {mla} timings")
+            families[name], sources[name] = fitted[mla].to_dict(), f"measured ({mla})"
+    if f"allreduce_tp{tp}" in fitted:
+        families["allreduce"] = fitted[f"allreduce_tp{tp}"].to_dict()
+        sources["allreduce"] = f"measured (NCCL, {tp} GPUs)"
 
 
 def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: str | None = None):
@@ -189,7 +256,10 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
         raise measurements.MeasurementError(f"{source}: no GEMM timings for {model.name}; nothing to fit")
     families = gemm_curves(fitted["gemm"], model, tp)
     sources = {"gemm": "measured"}
+    _add_model_families(families, sources, fitted, model, tp, source)
     for name in ("prefill_attn", "decode_attn", "sampling"):
+        if name in families:   # MLA attention, above
+            continue
         if name in fitted:
             families[name], sources[name] = fitted[name].to_dict(), "measured"
         else:
@@ -203,7 +273,11 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
     profile = {"format": FORMAT, "name": name,
                "model": model.name, "gpu": gpu, "tp": tp, "dtype": dtype,
                "shapes": {"gemm": {op: list(s) for op, s in gemm_shapes(model, tp).items()},
-                          "attention_heads": list(attention_heads(model, tp))},
+                          "attention_heads": list(attention_heads(model, tp)),
+                          **({"extra_gemm": {op: list(s) for op, s in extra_gemm_shapes(model, tp).items()}}
+                             if extra_gemm_shapes(model, tp) else {}),
+                          **({"moe": moe_shape(model, tp)} if "moe" in families else {}),
+                          **({"mla": mla_shape(model, tp)} if model.is_mla else {})},
                "families": families, "family_sources": sources}
     profile["overheads"], report["composition"] = fit_overheads(profile, frame, model)
     mixed = frame[(frame["family"] == "decode_attn") & (frame["op"] == "mixed")]

@@ -15,9 +15,10 @@ BAD_FIT_RC = 3                # exit status of a refused fit (2: bad input)
 
 def holdout_limits(specs: list[str] | None) -> dict[str, float]:
     """{"*": the default, family: its own} from --max-holdout-error-pct values `N` or `FAMILY=N`
-    ("elementwise" sets every elementwise op). ValueError names a bad value."""
+    ("elementwise" sets every elementwise op, "allreduce" every TP degree). ValueError names a bad value."""
     limits = {"*": MAX_HOLDOUT_ERROR_PCT}
-    families = {"gemm", "prefill_attn", "decode_attn", "sampling", "elementwise",
+    families = {"gemm", "prefill_attn", "decode_attn", "sampling", "elementwise", "gemm_fp8", "moe", "mla_prefill",
+                "mla_decode", "allreduce", *(f"allreduce_tp{n}" for n in (2, 4, 8, 16)),
                 *(f"elementwise_{op}" for op in set(ELEMENTWISE_PER_LAYER) | set(ELEMENTWISE_PER_STEP))}
     for spec in specs or []:
         name, _, value = spec.rpartition("=")
@@ -40,7 +41,7 @@ def bad_fits(report: dict, limits: dict[str, float]) -> dict[str, dict]:
     bad = {}
     for name, r in report.items():
         median = r.get("held_out_median_ape") if name != "composition" else None
-        group = "elementwise" if name.startswith("elementwise_") else name
+        group = name.split("_")[0] if name.startswith(("elementwise_", "allreduce_")) else name
         limit = limits.get(name, limits.get(group, limits["*"]))
         if median is not None and r["num_held_out"] >= MIN_HELD_OUT and median > limit:
             bad[name] = {"held_out_median_ape": median, "held_out_p90_ape": r["held_out_p90_ape"],

@@ -9,6 +9,12 @@ Families and the columns that describe their shape (unused columns stay empty):
 - elementwise:   op (rmsnorm, rotary, silu_mul, residual_add, embedding), m (tokens)
 - sampling:      m (sequences sampled)
 - layer / iteration: batch = JSON {"prefill": [[new, cached], ...], "decode": [context, ...]}
+- moe:           m (tokens entering the layer), n (expert width on this GPU), k (hidden), batch_size
+                 (experts), top_k, imbalance (busiest expert's tokens over the mean)
+- mla_prefill:   as prefill_attn; num_heads (this GPU's), num_kv_heads 1, head_dim = kv_lora_rank
+- mla_decode:    as decode_attn, the same head columns
+- gemm_fp8:      as gemm, fp8 inputs and weights
+- allreduce:     op "tp<N>", m (tokens), n (hidden), num_gpus; the message is m x n elements
 latency_s is the median over repeats on a GPU, the fastest repeat on a CPU (calibration.kernels.Timer);
 p10_s/p90_s the spread; status "ok" or why the point failed.
 """
@@ -21,10 +27,13 @@ import pandas as pd
 
 COLUMNS = ["family", "op", "m", "n", "k", "batch_size", "new_tokens", "cached_tokens", "context_len",
            "num_heads", "num_kv_heads", "head_dim", "batch", "latency_s", "p10_s", "p90_s", "repeats",
-           "flops", "bytes", "status"]
+           "flops", "bytes", "status", "top_k", "imbalance", "num_gpus"]
 INT_COLUMNS = ["m", "n", "k", "batch_size", "new_tokens", "cached_tokens", "num_heads", "num_kv_heads",
-               "head_dim", "repeats"]
+               "head_dim", "repeats", "top_k", "num_gpus"]
+NEW_COLUMNS = ("top_k", "imbalance", "num_gpus")   # added with MODEL_FAMILIES: older files lack them
 FAMILIES = ("gemm", "prefill_attn", "decode_attn", "elementwise", "sampling", "layer", "iteration")
+MODEL_FAMILIES = ("moe", "mla_prefill", "mla_decode", "gemm_fp8", "allreduce")   # per model and device
+ALL_FAMILIES = FAMILIES + MODEL_FAMILIES
 TABLE = "measurements.csv"
 META = "meta.json"
 
@@ -63,6 +72,9 @@ def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
         meta = json.loads(meta_path.read_text())
     except (ValueError, OSError) as e:
         raise MeasurementError(f"{in_dir}: unreadable measurements ({str(e).splitlines()[0]})") from None
+    for col in NEW_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = float("nan")
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise MeasurementError(f"{table}: missing columns {missing}")

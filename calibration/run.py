@@ -9,9 +9,12 @@ in fp32 on one torch thread, timed by that thread's CPU time (a shared machine's
 no scheduler stalls). With --steps it also runs whole
 engine iterations of the static, continuous and chunked-prefill policies through the real backend
 (calibration.backend) and fits a whole-step model to them (calibration.stepfit) -> DIR/stepfit.json, with
-its held-out error. Kernel sums miss what dominates small models on a CPU (operator dispatch, Python), so
-that is the profile to validate there; on CPU the step runs use the thread-CPU clock and speed
-normalisation (see calibration.validate --speed-normalise).
+its held-out error. MoE and MLA models add their families (calibration.family_kernels), a CUDA GPU with
+fp8 tensor cores fp8 GEMMs, several local GPUs NCCL all-reduces (calibration.allreduce); a family this
+machine cannot time is listed with the reason in meta.json's `skipped_families`. Kernel sums miss what
+dominates small models on a CPU (operator dispatch, Python), so that is the profile to validate there;
+on CPU the step runs use the thread-CPU clock and speed normalisation (see calibration.validate
+--speed-normalise).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from calibration import fit, grid, measurements
+from calibration import allreduce, family_kernels, fit, grid, measurements
 from calibration.fit_quality import BAD_FIT_RC, add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
@@ -85,6 +88,16 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
                              model.intermediate_size // tp, model.vocab_size // tp)
     if fam == "sampling":
         return b.sampling(p["m"], p["n"])
+    if fam == "gemm_fp8":
+        return family_kernels.gemm_fp8_kernel(b, p["m"], p["n"], p["k"])
+    if fam == "moe":
+        return family_kernels.moe_kernel(b, p["m"], p["k"], p["n"], p["batch_size"], p["top_k"], p["imbalance"])
+    mla = (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim)
+    if fam == "mla_prefill":
+        return family_kernels.mla_prefill_kernel(b, p["batch_size"], p["new_tokens"], p["cached_tokens"],
+                                                 p["num_heads"], *mla)
+    if fam == "mla_decode":
+        return family_kernels.mla_decode_kernel(b, p["batch_size"], p["context_len"], p["num_heads"], *mla)
     shape = parse_batch(p["batch"])
     step = LlamaStep(b, model, tp, [tuple(x) for x in shape["prefill"]], shape["decode"])
     return (step.run_layer if fam == "layer" else step.run_iteration), float("nan"), float("nan")
@@ -92,7 +105,7 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
             progress: bool = True, repeats: int | None = None, notes: set | None = None,
-            clock: str = "wall", speed: dict | None = None) -> list[dict]:
+            clock: str = "wall", speed: dict | None = None, skipped: dict | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
     The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
     seeded random order, so a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x
@@ -100,13 +113,16 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
     timed before each point: a pass whose probe ran more than SLOW_PROBE x its best is slow, a point
     with only slow passes is timed again in up to `rounds` more passes, and only its passes at full
     speed count when it has any (`speed` receives how many had none). Kernel fallbacks taken are added
-    to `notes`. `clock`: calibration.kernels.Timer's."""
+    to `notes`, families this device cannot time to `skipped` (family -> why). `clock`: Timer's."""
     b = Builder(device, dtype)
     warmup, default_repeats, rounds = grid.timing_settings(size)
     timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
     per_round = -(-timer.repeats // rounds)
     probe = b.gemm(*PROBE_GEMM)[0] if device.type == "cpu" else None
-    rows = [dict(p, status="ok") for p in grid.design(model, tp, size)]
+    no_fp8 = family_kernels.fp8_supported(device)
+    if skipped is not None and no_fp8:
+        skipped["gemm_fp8"] = no_fp8
+    rows = [dict(p, status="ok") for p in grid.design(model, tp, size, fp8=no_fp8 is None)]
     passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # per point: (times, launches, probe s)
     rng = np.random.default_rng(0)
     bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
@@ -134,6 +150,24 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
                                                               for point in passes)})
     if notes is not None:
         notes.update(b.notes)
+    return rows
+
+
+def capture_allreduce(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
+                      skipped: dict) -> list[dict]:
+    """NCCL all-reduce rows at each TP degree the local GPUs allow (calibration.allreduce), or the reason
+    they were skipped in `skipped`. Message sizes: the hidden states of the grid's token counts."""
+    reason = allreduce.skip_reason(device, tp)
+    if reason:
+        skipped["allreduce"] = reason
+        return []
+    g = grid.FULL if size == "full" else grid.SMALL
+    rows = []
+    for world in allreduce.degrees(tp, torch.cuda.device_count()):
+        try:
+            rows += allreduce.capture(g["gemm_m"], model.hidden_size, dtype, world)
+        except (RuntimeError, OSError) as e:   # a failed process group: recorded, the kernels are kept
+            skipped[f"allreduce_tp{world}"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return rows
 
 
@@ -172,7 +206,7 @@ def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
     gpu = GPUS.get(gpu_name) if gpu_name else None
     lines = [f"achieved throughput (peak: {gpu.bf16_flops_per_s / 1e12:.0f} TFLOP/s, "
              f"{gpu.hbm_bytes_per_s / 1e9:.0f} GB/s, {gpu.name})" if gpu else "achieved throughput (no peak known)"]
-    for fam in measurements.FAMILIES:
+    for fam in measurements.ALL_FAMILIES:
         ok = [r for r in rows if r["family"] == fam and r["status"] == "ok" and r["flops"] == r["flops"]]
         if not ok:
             continue
@@ -262,19 +296,24 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
             meta["threads"] = args.threads
         speed: dict = {}
+        skipped: dict[str, str] = {}
         rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                       notes=notes, clock=args.clock, speed=speed)
+                       notes=notes, clock=args.clock, speed=speed, skipped=skipped)
+        rows += capture_allreduce(model, args.tp, args.dtype, device, size, skipped)
     finally:
         torch.set_num_threads(threads)  # tests call main() in-process
     meta.update({"source": "calibration.run", "model": model.name, "model_shape": dataclasses.asdict(model),
                  "gpu": gpu, "tp": args.tp, "dtype": args.dtype, "grid": size, "grid_spec": grid.FULL
                  if size == "full" else grid.SMALL, "capture_s": round(time.perf_counter() - t0, 1),
-                 "clock": "cuda events" if device.type == "cuda" else args.clock, "kernel_notes": sorted(notes)})
+                 "clock": "cuda events" if device.type == "cuda" else args.clock, "kernel_notes": sorted(notes),
+                 "skipped_families": skipped})
     if speed:
         meta["speed"] = speed
     meta["command"] = "python -m calibration.run " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
+    for family, reason in skipped.items():
+        print(f"skipped family {family}: {reason}")
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
     rc = 0
     if not args.no_fit:

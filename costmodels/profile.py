@@ -239,8 +239,10 @@ def read_profile(path: Path) -> dict:
 
 
 def profile_cost_model(profile: dict, model: ModelShape, gpu: GPU | None = None, tp: int | None = None,
-                       dtype: str | None = None, source: str = "<dict>") -> ProfileCostModel:
-    """Build the cost model, checking the profile was measured for this model's shapes, TP and dtype."""
+                       dtype: str | None = None, source: str = "<dict>", deployment=None) -> ProfileCostModel:
+    """Build the cost model, checking the profile was measured for this model's shapes, TP and dtype.
+    MoE and MLA models, fp8 weights (`deployment`) and measured all-reduces are priced by
+    costmodels.profile_families."""
     tp = profile["tp"] if tp is None else tp
     dtype = profile["dtype"] if dtype is None else dtype
     if (profile["tp"], profile["dtype"]) != (tp, dtype):
@@ -251,7 +253,11 @@ def profile_cost_model(profile: dict, model: ModelShape, gpu: GPU | None = None,
     if have != want:
         raise CatalogError(f"{source}: profile was fitted for {profile['model']} GEMM shapes {have}, "
                            f"not {model.name}'s {want}")
+    from costmodels.profile_families import FamilyProfileCostModel, needs_family_pricing
     try:
-        return ProfileCostModel(profile, model, gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu, tp, dtype, source)
+        gpu = gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu
+        if needs_family_pricing(profile, model, deployment):
+            return FamilyProfileCostModel(profile, model, gpu, tp, dtype, source, deployment)
+        return ProfileCostModel(profile, model, gpu, tp, dtype, source)
     except (KeyError, TypeError, ValueError) as e:
         raise CatalogError(f"{source}: malformed profile ({type(e).__name__}: {e})") from None

@@ -58,7 +58,7 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
     if stepfit is not None:
         return stepfit
     data = read_profile(path)  # a profile named explicitly is used as given; describe() says where it was measured
-    return profile_cost_model(data, model, gpu, tp, dtype, source=str(path))
+    return profile_cost_model(data, model, gpu, tp, dtype, source=str(path), deployment=d)
 
 
 def _stepfit_or_none(path: Path, model: ModelShape, dtype: str):
