@@ -39,6 +39,15 @@ SHAPES = {
               "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 2048,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
               "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
+    # `tiny`'s attention with a Qwen3-MoE MLP in every layer: 8 experts, top-2, each expert as wide as
+    # `tiny`'s MLP (issue 14; vLLM's CPU build runs it through its fused-MoE CPU kernel)
+    "tiny-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+                 "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "vocab_size": 1024, "max_position_embeddings": 2048,
+                 "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+                 "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
 }
 ENGINE = {"policy": "chunked_prefill", "max_num_seqs": 32, "max_num_batched_tokens": 256, "num_gpu_blocks": 160,
           "block_size": 32, "max_model_len": 2048}
@@ -85,6 +94,8 @@ def one_shape(name: str, model, out: Path, args) -> dict:
     run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"),
         "--repeats", str(args.calib_repeats))
     profile = d / "profile.json"
+    for stale in (profile, d / "profile.refused.json"):  # a rerun refits: never judge an older fit
+        stale.unlink(missing_ok=True)
     run("calibration.fit_engine", str(d / "calib"), "--out", str(profile))
     if not profile.exists():
         profile = d / "profile.refused.json"

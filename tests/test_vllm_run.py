@@ -125,3 +125,31 @@ def test_real_vllm_run_fit_and_compare(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     df = pd.read_csv(tmp_path / "cmp" / "compare.csv")
     assert len(df) and np.isfinite(df["err_to_median_pct"]).all()
+
+
+@needs_vllm
+def test_real_vllm_serves_the_tiny_moe_and_the_fit_prices_its_experts(tmp_path):
+    """Issue 14: vLLM's CPU build serves the benchmark's tiny MoE (Qwen3-MoE, 8 experts, top-2) from its
+    config.json; the fit reads those runs, adds the MoE term, and the comparison replays them."""
+    from benchmarks.vllm_fidelity import SHAPES
+    model = tmp_path / "moe.json"
+    model.write_text(json.dumps(SHAPES["tiny-moe"]))
+    raw = json.loads(json.dumps(SMALL))
+    raw["workload"]["num_requests"] = 8
+    raw["grid"]["workload.arrival"] = raw["grid"]["workload.arrival"][:2]  # saturated, 2 users
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "real"
+    r = _cli("calibration.vllm_run", "--model", str(model), "--config", str(cfg), "--out", str(out),
+             "--device", "cpu", "--warmup-requests", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (pd.read_csv(out / "results.csv")["num_finished"] == 8).all()
+    assert all(run.steps is not None and len(run.steps) > 8 for run in read_runs(out))
+    profile = tmp_path / "profile.json"
+    r = _cli("calibration.fit_engine", str(out), "--out", str(profile), "--keep-bad-fit")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(profile.read_text())
+    assert data["moe"]["num_experts"] == 8 and data["moe"]["num_moe_layers"] == 4
+    r = _cli("calibration.compare", str(out), "--profile", str(profile), "--out", str(tmp_path / "cmp"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert np.isfinite(pd.read_csv(tmp_path / "cmp" / "compare.csv")["err_to_median_pct"]).all()
