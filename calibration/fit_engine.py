@@ -1,7 +1,7 @@
 """Fit our step model to real engine runs, judge it on runs it did not see, and write it as a profile.
 
     python -m calibration.fit_engine RUN [RUN ...] --out PROFILE.json [--config POINT.yaml]
-                                     [--holdout LABEL ...] [--keep-bad-fit]
+                                     [--holdout LABEL ...] [--keep-bad-fit] [--no-moe-term]
 
 RUN: a `calibration.vllm_run` folder (or one run in it), a `vllm bench serve --save-detailed` JSON, a
 GuideLLM benchmarks JSON, or a per-request CSV (calibration/realruns.py). The result is a whole-step model
@@ -9,15 +9,16 @@ GuideLLM benchmarks JSON, or a per-request CSV (calibration/realruns.py). The re
 
 - Runs with engine steps (vllm_run records every vLLM step: its requests' new and cached tokens and its
   wall time) fit the step terms directly: non-negative least squares on relative error over every step,
-  the same fit as calibration.stepfit. A MoE model (num_experts in its config.json) gets one more term, the
-  experts its tokens reach per step (costmodels.stepmodel.MoeTerm; `--no-moe-term` leaves it out). The per-request fixed latency is measured, not fitted: the floor
-  (10th percentile) of the time from the client's send to the request reaching vLLM's scheduler (input
-  processing, IPC; above the floor it is waiting for a step to end, which our engine models) plus the
-  median time from the step that sampled a request's first token to the client receiving it (output
-  processing, streaming).
+  the same fit as calibration.stepfit. A MoE model (num_experts in its config.json) gets one more term,
+  the experts its tokens reach per step (costmodels.stepmodel.MoeTerm; `--no-moe-term` leaves it out).
+  The per-request fixed latency is measured, not fitted: the floor (10th percentile) of the time from
+  the client's send to the request reaching vLLM's scheduler (input processing, IPC; above the floor it
+  is waiting for a step to end, which our engine models) plus the median time from the step that sampled
+  a request's first token to the client receiving it (output processing, streaming).
 - Runs with client-side times only (vllm bench serve, GuideLLM, CSV) fit five step terms and the fixed
   latency by replay: our engine replays each run's exact requests (same send times, same lengths) and
-  Nelder-Mead minimises the squared log error of TTFT p50/p90, TPOT p50/p90, E2E p50 and throughput.
+  Nelder-Mead minimises the squared log error of TTFT p50/p90, TPOT p50/p90, E2E p50 and throughput
+  (these five terms also for a MoE model: no MoE term in a fit by replay).
 
 Held out: runs are grouped by point (a point's repeats stay together). With `--holdout LABEL`, runs whose
 point or name contains a label are left out of the fit and the profile's error is reported on them; without
@@ -157,8 +158,9 @@ def fit_moe_step_model(args: list[dict], y: np.ndarray, moe: MoeTerm, source: st
 
 def fit_on_steps(runs: list[RealRun], source: str, dtype: str, moe: MoeTerm | None = None) -> StepFitCostModel:
     args, y = step_data(runs)
-    if len(y) < len(TERMS) + (moe is not None):
-        raise FitError(f"{len(y)} recorded engine steps in the fit runs; need at least {len(TERMS)}")
+    need = len(TERMS) + (moe is not None)
+    if len(y) < need:
+        raise FitError(f"{len(y)} recorded engine steps in the fit runs; need at least {need}")
     if moe is None:
         model = fit_step_model(args, y, source=source, holdout=0.2, seed=0, dtype=dtype)
     else:
