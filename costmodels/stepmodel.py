@@ -55,10 +55,11 @@ def step_features(prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int]
 class MoeTerm:
     """A MoE step runs, per MoE layer, every routed expert that at least one of its tokens picked: its
     weights read and one GEMM pass each (grouped MoE kernels skip experts without tokens; vLLM's CPU
-    kernel is compiled code: the fits in docs/fidelity/vllm-cpu-moe test it, with mixed results). With T tokens
-    each picking top-k of E experts at random, E (1 - (1 - k/E)^T) experts are hit: 2 for one decode,
-    nearly all 8 of 8 at 16 tokens, so a MoE step's cost is concave in its tokens, which the linear
-    per-token term cannot follow. Ignores skewed routing (a trained router), which hits fewer experts."""
+    kernel is compiled code: the fits in docs/fidelity/vllm-cpu-moe test it, with mixed results). With
+    T tokens each picking top-k of E experts at random, E (1 - (1 - k/E)^T) experts are hit: 2 for one
+    decode, nearly all 8 of 8 at 16 tokens, so a MoE step's cost is concave in its tokens, which the
+    linear per-token term cannot follow. Ignores skewed routing (a trained router), which hits fewer
+    experts."""
     num_moe_layers: int
     num_experts: int
     experts_per_token: int
