@@ -4,7 +4,8 @@ the simulator on runs the fit never saw (other loads, other lengths, other seeds
     python benchmarks/vllm_fidelity.py --out results/vllm-fidelity [--models tiny,wide8] [--repeats 3]
 
 Per model shape (`tiny`: 4 layers, hidden 256, the shape this work was developed on; `wide8`: 8 layers,
-hidden 512, not tuned on):
+hidden 512, not tuned on; `tiny-moe`: `tiny` with a Qwen3-MoE MLP of 8 experts, top-2; `tiny-mla`: a
+DeepSeek-V2 layout, MLA attention and MoE, in bf16):
 1. calibration: `calibration.vllm_run` of a saturated run and closed loops of 1, 2 and 4 users (seed 100,
    calibration lengths, `--calib-repeats` round robin), then `calibration.fit_engine` on them -> profile.json (with its own
    leave-one-point-out report);
@@ -39,7 +40,30 @@ SHAPES = {
               "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 2048,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
               "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
+    # `tiny`'s attention with a Qwen3-MoE MLP in every layer: 8 experts, top-2, each expert as wide as
+    # `tiny`'s MLP (issue 14; vLLM's CPU build runs it through its fused-MoE CPU kernel)
+    "tiny-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+                 "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "vocab_size": 1024, "max_position_embeddings": 2048,
+                 "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+                 "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
+    # DeepSeek-V2 layout: MLA attention (latent 256 + rope 64: vLLM's CPU MLA kernels take a latent + rope
+    # width of 320, 512 or 576 only), layer 0 dense, then 8 routed experts top-2 plus one shared expert.
+    # bf16: on an AMX CPU vLLM picks its AMX MLA kernel, which refuses fp32 weights.
+    "tiny-mla": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 256,
+                 "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "kv_lora_rank": 256, "q_lora_rank": None, "qk_rope_head_dim": 64,
+                 "qk_nope_head_dim": 64, "v_head_dim": 64, "n_routed_experts": 8, "n_shared_experts": 1,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 256, "first_k_dense_replace": 1,
+                 "moe_layer_freq": 1, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+                 "routed_scaling_factor": 1.0, "norm_topk_prob": False, "scoring_func": "softmax",
+                 "rope_scaling": None, "vocab_size": 1024, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                 "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
+                 "eos_token_id": 2, "torch_dtype": "bfloat16"},
 }
+DTYPES = {"tiny-mla": "bf16"}  # every other shape runs fp32
 ENGINE = {"policy": "chunked_prefill", "max_num_seqs": 32, "max_num_batched_tokens": 256, "num_gpu_blocks": 160,
           "block_size": 32, "max_model_len": 2048}
 CALIB_LENGTHS = {"prompt_tokens": {"dist": "lognormal", "median": 128, "sigma": 0.8, "max": 768},
@@ -64,8 +88,8 @@ def run(*args: str) -> None:
         raise SystemExit(f"failed ({r.returncode}): {' '.join(args)}")
 
 
-def sweep(path: Path, n: int, seed: int, lengths: dict, arrivals: list[dict]) -> Path:
-    path.write_text(yaml.safe_dump({"seeds": [seed], "dtype": "fp32", "engine": ENGINE,
+def sweep(path: Path, n: int, seed: int, lengths: dict, arrivals: list[dict], dtype: str = "fp32") -> Path:
+    path.write_text(yaml.safe_dump({"seeds": [seed], "dtype": dtype, "engine": ENGINE,
                                     "workload": {"num_requests": n, "arrival": arrivals[0], **lengths},
                                     "grid": {"workload.arrival": arrivals}}, sort_keys=False))
     return path
@@ -79,21 +103,24 @@ def one_shape(name: str, model, out: Path, args) -> dict:
         model = str(d / "config.json")
     n = args.num_requests
     common = ["--model", model, "--device", "cpu"]
+    dtype = DTYPES.get(name, "fp32")
     calib = sweep(d / "calib.yaml", n, 100, CALIB_LENGTHS,
                   [{"process": "poisson", "rate_per_s": float("inf")}] +
-                  [{"process": "closed", "concurrency": c} for c in (1, 2, 4)])
+                  [{"process": "closed", "concurrency": c} for c in (1, 2, 4)], dtype)
     run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"),
         "--repeats", str(args.calib_repeats))
     profile = d / "profile.json"
+    for stale in (profile, d / "profile.refused.json"):  # a rerun refits: never judge an older fit
+        stale.unlink(missing_ok=True)
     run("calibration.fit_engine", str(d / "calib"), "--out", str(profile))
     if not profile.exists():
         profile = d / "profile.refused.json"
-    sat = sweep(d / "sat.yaml", n, 0, VALID_LENGTHS, [{"process": "poisson", "rate_per_s": float("inf")}])
+    sat = sweep(d / "sat.yaml", n, 0, VALID_LENGTHS, [{"process": "poisson", "rate_per_s": float("inf")}], dtype)
     run("calibration.vllm_run", *common, "--config", str(sat), "--out", str(d / "sat"), "--repeats", str(args.repeats))
     capacity = float(pd.read_csv(d / "sat" / "results.csv")["throughput_rps"].median())
     say(f"{name}: measured capacity {capacity:.2f} req/s")
     val = sweep(d / "val.yaml", n, 0, VALID_LENGTHS,
-                [{"process": "poisson", "rate_per_s": round(f * capacity, 3)} for f in (0.5, 0.8)])
+                [{"process": "poisson", "rate_per_s": round(f * capacity, 3)} for f in (0.5, 0.8)], dtype)
     run("calibration.vllm_run", *common, "--config", str(val), "--out", str(d / "val"), "--repeats", str(args.repeats))
     run("calibration.compare", str(d / "sat"), str(d / "val"), "--profile", str(profile), "--out", str(d / "compare"))
     return judge(name, d, profile, capacity)

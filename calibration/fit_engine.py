@@ -1,7 +1,7 @@
 """Fit our step model to real engine runs, judge it on runs it did not see, and write it as a profile.
 
     python -m calibration.fit_engine RUN [RUN ...] --out PROFILE.json [--config POINT.yaml]
-                                     [--holdout LABEL ...] [--keep-bad-fit]
+                                     [--holdout LABEL ...] [--keep-bad-fit] [--no-moe-term]
 
 RUN: a `calibration.vllm_run` folder (or one run in it), a `vllm bench serve --save-detailed` JSON, a
 GuideLLM benchmarks JSON, or a per-request CSV (calibration/realruns.py). The result is a whole-step model
@@ -9,14 +9,16 @@ GuideLLM benchmarks JSON, or a per-request CSV (calibration/realruns.py). The re
 
 - Runs with engine steps (vllm_run records every vLLM step: its requests' new and cached tokens and its
   wall time) fit the step terms directly: non-negative least squares on relative error over every step,
-  the same fit as calibration.stepfit. The per-request fixed latency is measured, not fitted: the floor
-  (10th percentile) of the time from the client's send to the request reaching vLLM's scheduler (input
-  processing, IPC; above the floor it is waiting for a step to end, which our engine models) plus the
-  median time from the step that sampled a request's first token to the client receiving it (output
-  processing, streaming).
+  the same fit as calibration.stepfit. A MoE model (num_experts in its config.json) gets one more term,
+  the experts its tokens reach per step (costmodels.stepmodel.MoeTerm; `--no-moe-term` leaves it out).
+  The per-request fixed latency is measured, not fitted: the floor (10th percentile) of the time from
+  the client's send to the request reaching vLLM's scheduler (input processing, IPC; above the floor it
+  is waiting for a step to end, which our engine models) plus the median time from the step that sampled
+  a request's first token to the client receiving it (output processing, streaming).
 - Runs with client-side times only (vllm bench serve, GuideLLM, CSV) fit five step terms and the fixed
   latency by replay: our engine replays each run's exact requests (same send times, same lengths) and
-  Nelder-Mead minimises the squared log error of TTFT p50/p90, TPOT p50/p90, E2E p50 and throughput.
+  Nelder-Mead minimises the squared log error of TTFT p50/p90, TPOT p50/p90, E2E p50 and throughput
+  (these five terms also for a MoE model: no MoE term in a fit by replay).
 
 Held out: runs are grouped by point (a point's repeats stay together). With `--holdout LABEL`, runs whose
 point or name contains a label are left out of the fit and the profile's error is reported on them; without
@@ -40,7 +42,8 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from calibration.realruns import RealRun, RealRunError, read_runs, replay, replay_config
-from calibration.stepfit import TERMS, StepFitCostModel, fit_step_model, step_features
+from calibration.stepfit import TERMS, StepFitCostModel, _fit_relative, fit_step_model, holdout_mask, step_features
+from costmodels.stepmodel import MoeTerm
 from experiments.config import ConfigError, load_sweep_file
 
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
@@ -130,11 +133,38 @@ def compare_run(run: RealRun, cfg, cost_model) -> dict:
     return row
 
 
-def fit_on_steps(runs: list[RealRun], source: str, dtype: str) -> StepFitCostModel:
+def moe_term(model_shape) -> MoeTerm | None:
+    """The MoE term's shape (coefficient 0) for a MoE model, None for a dense one."""
+    if not getattr(model_shape, "num_experts", 0):
+        return None
+    return MoeTerm(model_shape.num_moe_layers, model_shape.num_experts, model_shape.experts_per_token)
+
+
+def fit_moe_step_model(args: list[dict], y: np.ndarray, moe: MoeTerm, source: str, dtype: str) -> StepFitCostModel:
+    """fit_step_model with the MoE column (expert passes of the step's tokens) beside the dense terms: the
+    same relative-error NNLS and the same random 20% of steps held out."""
+    tokens = [sum(n for n, _ in a["prefill"]) + len(a["decode"]) for a in args]
+    x = np.array([np.append(step_features(**a), moe.active_experts(t)) for a, t in zip(args, tokens)])
+    test = holdout_mask(len(y), 0.2, 0)
+    coef = _fit_relative(x[~test], y[~test])
+    held_out = None
+    if test.any():
+        ape = np.abs(x[test] @ coef / y[test] - 1) * 100
+        held_out = {"steps": int(test.sum()), "median_ape_pct": round(float(np.median(ape)), 2),
+                    "p90_ape_pct": round(float(np.percentile(ape, 90)), 2)}
+    return StepFitCostModel(tuple(float(c) for c in coef[:-1]), source, None, held_out, dtype,
+                            moe=dataclasses.replace(moe, per_active_expert_s=float(coef[-1])))
+
+
+def fit_on_steps(runs: list[RealRun], source: str, dtype: str, moe: MoeTerm | None = None) -> StepFitCostModel:
     args, y = step_data(runs)
-    if len(y) < len(TERMS):
-        raise FitError(f"{len(y)} recorded engine steps in the fit runs; need at least {len(TERMS)}")
-    model = fit_step_model(args, y, source=source, holdout=0.2, seed=0, dtype=dtype)
+    need = len(TERMS) + (moe is not None)
+    if len(y) < need:
+        raise FitError(f"{len(y)} recorded engine steps in the fit runs; need at least {need}")
+    if moe is None:
+        model = fit_step_model(args, y, source=source, holdout=0.2, seed=0, dtype=dtype)
+    else:
+        model = fit_moe_step_model(args, y, moe, source, dtype)
     lat = measured_latency(runs)
     return dataclasses.replace(model, request_latency_s=lat["request_latency_s"] if lat else 0.0)
 
@@ -177,9 +207,10 @@ def fit_by_replay(runs: list[RealRun], cfgs: list, source: str, dtype: str, maxi
     return dataclasses.replace(model, held_out={"replay_fit_rmse_log": round(float(np.sqrt(res.fun)), 4)})
 
 
-def fit(runs: list[RealRun], cfgs: list, source: str, dtype: str, replay_iterations: int = 200) -> StepFitCostModel:
+def fit(runs: list[RealRun], cfgs: list, source: str, dtype: str, replay_iterations: int = 200,
+        use_moe_term: bool = True) -> StepFitCostModel:
     if all(r.steps is not None for r in runs):
-        return fit_on_steps(runs, source, dtype)
+        return fit_on_steps(runs, source, dtype, moe_term(cfgs[0].model) if use_moe_term else None)
     if any(r.steps is not None for r in runs):
         raise FitError("mix of runs with and without engine steps; fit them separately")
     return fit_by_replay(runs, cfgs, source, dtype, replay_iterations)
@@ -210,6 +241,8 @@ def parse_args(argv):
     ap.add_argument("--replay-iterations", type=int, default=200,
                     help="Nelder-Mead iterations of a fit by replay (runs without engine steps)")
     ap.add_argument("--keep-bad-fit", action="store_true", help="write the profile even when the thresholds fail")
+    ap.add_argument("--no-moe-term", action="store_true",
+                    help="fit a MoE model with the dense terms only (to see what the MoE term buys)")
     return ap.parse_args(argv)
 
 
@@ -251,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         rows, fitted = [], {}
         for k, (train, test) in enumerate(folds):
             m = fitted[tuple(train)] = fit([runs[i] for i in train], [cfgs[i] for i in train], source, dtype,
-                                           args.replay_iterations)
+                                           args.replay_iterations, not args.no_moe_term)
             rows += [dict(compare_run(runs[i], cfgs[i], m), fold=k) for i in test]
             _say(f"fold {k + 1}/{len(folds)}: fitted on {len(train)} run(s), judged on "
                  f"{', '.join(sorted({runs[i].point for i in test}))}")
         final_idx = folds[0][0] if args.holdout else list(range(len(runs)))
         model = fitted.get(tuple(final_idx)) or fit([runs[i] for i in final_idx], [cfgs[i] for i in final_idx],
-                                                    source, dtype, args.replay_iterations)
+                                                    source, dtype, args.replay_iterations, not args.no_moe_term)
         held = _summarise_errors(rows) if rows else {"runs": 0, "note": "one point only: nothing held out"}
         held["scheme"] = ("--holdout " + " ".join(args.holdout)) if args.holdout else (
             "leave-one-point-out" if folds else "none")
@@ -306,6 +339,9 @@ def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: di
     lines = [f"# Step model fitted to real runs", "", f"Source: {model.source}", "",
              "| term | value |", "|---|---|"]
     lines += [f"| {t} | {c:.4g} |" for t, c in zip(TERMS, model.coefficients) if c]
+    if model.moe:
+        lines.append(f"| per_active_expert_s (x {model.moe.num_moe_layers} MoE layers x experts hit) | "
+                     f"{model.moe.per_active_expert_s:.4g} |")
     lines += [f"| request_latency_s | {model.request_latency_s:.4g} |", ""]
     lines += [f"Held out ({held.get('scheme')}): " + ", ".join(f"{k} {v}" for k, v in held.items()
                                                               if k not in ("scheme", "within_fit")), ""]

@@ -421,7 +421,11 @@ async def _serve(args, groups, out: Path, meta: dict, AsyncEngineArgs, AsyncLLM)
         _say(f"vLLM ready in {time.monotonic() - t_start:.1f} s")
         try:
             vocab = int(engine.vllm_config.model_config.get_vocab_size())
-            await _warm_up(engine, cfg0, vocab, args.warmup_requests)
+            try:
+                await _warm_up(engine, cfg0, vocab, args.warmup_requests)
+            except Exception as e:  # a model vLLM builds but cannot run fails on its first requests
+                raise VllmRunError(f"vLLM's engine failed on its warm-up requests ({e.__class__.__name__}; "
+                                   f"the cause is in vLLM's log above)") from None
             for p, k in todo:
                 gen = generate(p.config.workload, p.seed, p.config.model.max_model_len, p.config.engine.block_size)
                 specs = [s for s in gen.specs if s.num_prompt_tokens + s.num_output_tokens <= p.config.model.max_model_len]
@@ -429,8 +433,13 @@ async def _serve(args, groups, out: Path, meta: dict, AsyncEngineArgs, AsyncLLM)
                     _say(f"{p.point_id}: {len(gen.specs) - len(specs)} requests exceed max_model_len; not sent")
                 if p.config.engine.enable_prefix_caching:
                     await engine.reset_prefix_cache()
-                t0, recs = await run_workload(engine, specs, getattr(p.config.workload, "arrival", None),
-                                              p.config.engine.block_size, vocab, p.seed)
+                try:
+                    t0, recs = await run_workload(engine, specs, getattr(p.config.workload, "arrival", None),
+                                                  p.config.engine.block_size, vocab, p.seed)
+                except Exception as e:  # e.g. a model vLLM builds but cannot run; its worker logged the cause
+                    raise VllmRunError(f"{p.point_id}: vLLM's engine failed while serving "
+                                       f"({e.__class__.__name__}; the cause is in vLLM's log above); "
+                                       f"{done} finished run(s) kept in {out}") from None
                 t1 = time.monotonic()
                 await asyncio.sleep(0.05)  # the last step's record is written after its outputs
                 steps, arrivals = read_trace(trace, t0, t1 + 0.05)

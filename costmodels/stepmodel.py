@@ -7,12 +7,13 @@ serving stack adds outside the engine's steps, the API server and input processi
 reaches the scheduler, output processing and streaming after its tokens leave it). `experiments.run`
 takes a saved one as `profile: PATH/stepfit.json`. Ignores: anything its terms cannot express (cache
 effects of very long contexts, kernel-selection jumps), which shows up as its held-out error. Files saved
-before a term existed load with that term at 0.
+before a term existed load with that term at 0. A MoE model's fit carries one more term (`MoeTerm`): the
+experts its tokens reach.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -51,6 +52,26 @@ def step_features(prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int]
 
 
 @dataclass(frozen=True)
+class MoeTerm:
+    """A MoE step runs, per MoE layer, every routed expert that at least one of its tokens picked: its
+    weights read and one GEMM pass each (grouped MoE kernels skip experts without tokens; vLLM's CPU
+    kernel is compiled code: the fits in docs/fidelity/vllm-cpu-moe test it, with mixed results). With
+    T tokens each picking top-k of E experts at random, E (1 - (1 - k/E)^T) experts are hit: 2 for one
+    decode, nearly all 8 of 8 at 16 tokens, so a MoE step's cost is concave in its tokens, which the
+    linear per-token term cannot follow. Ignores skewed routing (a trained router), which hits fewer
+    experts."""
+    num_moe_layers: int
+    num_experts: int
+    experts_per_token: int
+    per_active_expert_s: float = 0.0   # seconds per (MoE layer x expert hit)
+
+    def active_experts(self, num_tokens: float) -> float:
+        """Expected expert passes of a step with `num_tokens` tokens, summed over the MoE layers."""
+        miss = (1.0 - self.experts_per_token / self.num_experts) ** num_tokens
+        return self.num_moe_layers * self.num_experts * (1.0 - miss)
+
+
+@dataclass(frozen=True)
 class StepFitCostModel:
     """Seconds per step = coefficients . step_features. `source` says which run it was fitted on;
     `held_out` its error on steps left out of the fit; `dtype` the dtype the real model ran in."""
@@ -61,6 +82,7 @@ class StepFitCostModel:
     dtype: str | None = None
     request_latency_s: float = 0.0         # fixed per request, outside the engine steps (added to TTFT/E2E)
     provenance: dict | None = None         # what it was fitted on: runs, engine, device, command
+    moe: MoeTerm | None = None             # MoE models: the experts a step's tokens reach
 
     def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
         """coefficients . step_features, in plain Python: a step has a handful of sequences, and numpy's
@@ -78,19 +100,21 @@ class StepFitCostModel:
         ctx = float(sum(decode)) if nd else 0.0
         tokens = new + nd
         logits = len(prefill) + nd if num_logits is None else num_logits
+        moe = self.moe.per_active_expert_s * self.moe.active_experts(tokens) if self.moe else 0.0
         return (c[0] + c[1] * len(prefill) + c[2] * nd + c[3] * tokens + c[4] * pairs + c[5] * ctx
                 + c[6] * logits + c[7] * len(shapes) + c[8] * (nd > 0) + (c[9] * nd * max(decode) if nd else 0.0)
-                + c[10] * (tokens > 1))
+                + c[10] * (tokens > 1) + moe)
 
     def describe(self) -> dict:
         return {"kind": "stepfit", "source": self.source, "reference_step_s": self.reference_step_s,
                 "held_out": self.held_out, "request_latency_s": self.request_latency_s,
-                **dict(zip(TERMS, self.coefficients))}
+                **dict(zip(TERMS, self.coefficients)), **({"moe": asdict(self.moe)} if self.moe else {})}
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "terms": dict(zip(TERMS, self.coefficients)), "source": self.source,
                 "reference_step_s": self.reference_step_s, "held_out": self.held_out, "dtype": self.dtype,
-                "request_latency_s": self.request_latency_s, "provenance": self.provenance}
+                "request_latency_s": self.request_latency_s, "provenance": self.provenance,
+                **({"moe": asdict(self.moe)} if self.moe else {})}
 
 
 def read_stepfit(path: str | Path) -> StepFitCostModel | None:
@@ -122,4 +146,21 @@ def stepfit_from_json(data: dict, where: str = "<dict>") -> StepFitCostModel:
     if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not np.isfinite(lat) or lat < 0:
         raise ValueError(f"{where}: request_latency_s must be a non-negative number, not {lat!r}")
     return StepFitCostModel(tuple(values), data.get("source", where), data.get("reference_step_s"),
-                            data.get("held_out"), data.get("dtype"), float(lat), data.get("provenance"))
+                            data.get("held_out"), data.get("dtype"), float(lat), data.get("provenance"),
+                            _moe_from_json(data.get("moe"), where))
+
+
+def _moe_from_json(moe, where: str) -> MoeTerm | None:
+    if moe is None:
+        return None
+    try:
+        term = MoeTerm(int(moe["num_moe_layers"]), int(moe["num_experts"]), int(moe["experts_per_token"]),
+                       float(moe["per_active_expert_s"]))
+    except (TypeError, KeyError, ValueError):
+        raise ValueError(f"{where}: moe must hold num_moe_layers, num_experts, experts_per_token and "
+                         f"per_active_expert_s") from None
+    if min(term.num_moe_layers, term.num_experts, term.experts_per_token) < 1 or \
+            term.experts_per_token > term.num_experts or not term.per_active_expert_s >= 0:
+        raise ValueError(f"{where}: moe must have 1 <= experts_per_token <= num_experts, layers >= 1 and "
+                         f"per_active_expert_s >= 0, not {moe}")
+    return term

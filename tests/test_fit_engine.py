@@ -176,3 +176,60 @@ def test_step_time_matches_the_feature_vector():
         dc = [int(x) for x in rng.integers(1, 900, rng.integers(0 if pf else 1, 6))]
         nl = None if rng.random() < 0.5 else int(rng.integers(0, 5))
         assert m.step_time_s(pf, dc, nl) == pytest.approx(float(np.dot(coef, step_features(pf, dc, nl))), rel=1e-12)
+
+
+MOE = (4, 8, 2)  # MoE layers, experts, top-k: the benchmark's tiny-moe
+
+
+def _moe_steps(rng, n: int):
+    """Random step shapes, decodes of 1-40 sequences and prefill chunks, as a vLLM run has them."""
+    args = []
+    for _ in range(n):
+        pf = [(int(rng.integers(16, 256)), int(rng.integers(0, 300)))] if rng.random() < 0.2 else []
+        dc = [int(x) for x in rng.integers(20, 600, rng.integers(0 if pf else 1, 41))]
+        args.append({"prefill": pf, "decode": dc, "num_logits": len(pf) + len(dc)})
+    return args
+
+
+def test_moe_term_counts_the_experts_a_step_reaches():
+    from costmodels.stepmodel import MoeTerm
+    t = MoeTerm(*MOE)
+    assert t.active_experts(1) == pytest.approx(4 * 2)             # one token: its top-2 in every layer
+    assert t.active_experts(2) == pytest.approx(4 * 8 * (1 - 0.75 ** 2))
+    assert t.active_experts(200) == pytest.approx(4 * 8)           # every expert, no more
+    steps = [t.active_experts(n) for n in range(1, 64)]
+    assert steps == sorted(steps) and np.all(np.diff(steps, 2) <= 1e-12)  # concave in the tokens
+
+
+def test_moe_fit_recovers_the_expert_term_that_the_dense_terms_cannot_follow():
+    """A known MoE engine (dense terms + 0.2 ms per expert pass) with 3% noise: the fit with the MoE term
+    recovers it; the dense terms alone miss the small decode batches by more."""
+    from costmodels.stepmodel import MoeTerm, StepFitCostModel
+    truth = StepFitCostModel(tuple(TRUE.get(t, 0.0) for t in TERMS), moe=MoeTerm(*MOE, 2e-4))
+    rng = np.random.default_rng(1)
+    args = _moe_steps(rng, 3000)
+    y = np.array([truth.step_time_s(**a) for a in args]) * np.exp(rng.normal(0, 0.03, len(args)))
+    moe = fit_engine.fit_moe_step_model(args, y, MoeTerm(*MOE), "test", "fp32")
+    assert moe.moe.per_active_expert_s == pytest.approx(2e-4, rel=0.1)
+    assert moe.held_out["median_ape_pct"] < 3
+    dense = fit_engine.fit_step_model(args, y, holdout=0.2, seed=0)
+    small = [a for a in args if not a["prefill"] and len(a["decode"]) <= 4]
+    err = {name: np.median([abs(m.step_time_s(**a) / truth.step_time_s(**a) - 1) for a in small])
+           for name, m in (("moe", moe), ("dense", dense))}
+    assert err["moe"] < 0.01 and err["dense"] > 2 * err["moe"]
+
+
+def test_moe_step_model_round_trips_and_bad_moe_is_one_error(tmp_path):
+    from costmodels.catalog import CatalogError, get_gpu, get_model
+    from costmodels.registry import load_cost_model
+    from costmodels.stepmodel import MoeTerm, StepFitCostModel, stepfit_from_json
+    m = StepFitCostModel(tuple(TRUE.get(t, 0.0) for t in TERMS), dtype="fp32", moe=MoeTerm(*MOE, 3e-4))
+    back = stepfit_from_json(json.loads(json.dumps(m.to_json())))
+    assert back.moe == m.moe and back.step_time_s([], [100] * 5) == m.step_time_s([], [100] * 5)
+    assert m.step_time_s([], [100]) - StepFitCostModel(m.coefficients).step_time_s([], [100]) == pytest.approx(
+        4 * 2 * 3e-4)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(m.to_json(), moe={"num_moe_layers": 4, "num_experts": 2, "experts_per_token": 8,
+                                                     "per_active_expert_s": 1e-4})))
+    with pytest.raises(CatalogError, match="moe must have 1 <= experts_per_token <= num_experts"):
+        load_cost_model(str(bad), get_model("tiny"), get_gpu("h100-sxm"), 1, "fp32")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration import vllm_run
+from calibration import compare, fit_engine, vllm_run
 from calibration.realruns import read_runs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -127,3 +127,29 @@ def test_real_vllm_run_fit_and_compare(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     df = pd.read_csv(tmp_path / "cmp" / "compare.csv")
     assert len(df) and np.isfinite(df["err_to_median_pct"]).all()
+
+
+@needs_vllm
+def test_real_vllm_serves_the_tiny_moe_and_the_fit_prices_its_experts(tmp_path):
+    """Issue 14: vLLM's CPU build serves the benchmark's tiny MoE (Qwen3-MoE, 8 experts, top-2) from its
+    config.json; the fit reads those runs, adds the MoE term, and the comparison replays them."""
+    from benchmarks.vllm_fidelity import SHAPES
+    model = tmp_path / "moe.json"
+    model.write_text(json.dumps(SHAPES["tiny-moe"]))
+    raw = json.loads(json.dumps(SMALL))
+    raw["workload"]["num_requests"] = 8
+    raw["grid"]["workload.arrival"] = raw["grid"]["workload.arrival"][:2]  # saturated, 2 users
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "real"
+    r = _cli("calibration.vllm_run", "--model", str(model), "--config", str(cfg), "--out", str(out),
+             "--device", "cpu", "--warmup-requests", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (pd.read_csv(out / "results.csv")["num_finished"] == 8).all()
+    assert all(run.steps is not None and len(run.steps) > 8 for run in read_runs(out))
+    profile = tmp_path / "profile.json"  # fit and comparison in this process: two fewer start-ups
+    assert fit_engine.main([str(out), "--out", str(profile), "--keep-bad-fit"]) == 0
+    data = json.loads(profile.read_text())
+    assert data["moe"]["num_experts"] == 8 and data["moe"]["num_moe_layers"] == 4
+    assert compare.main([str(out), "--profile", str(profile), "--out", str(tmp_path / "cmp")]) == 0
+    assert np.isfinite(pd.read_csv(tmp_path / "cmp" / "compare.csv")["err_to_median_pct"]).all()
