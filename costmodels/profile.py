@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.gridslice import GridSlice
 from costmodels.roofline import Efficiencies
 
 FORMAT = "batchsim-profile/1"
@@ -151,6 +152,10 @@ class ProfileCostModel:
         self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
                                    float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
         self.dense_layer_s = lru_cache(maxsize=65536)(self._dense_layer_s)
+        # Memos of pure functions of counts: a run prices millions of steps from a few thousand distinct
+        # batch sizes (the decode grid with its batch axis fixed; the once-per-step terms).
+        self._decode_slices: dict[int, GridSlice] = {}
+        self._step_terms: dict[tuple[int, int], float] = {}
 
     def describe(self) -> dict:
         p = self.profile
@@ -196,17 +201,28 @@ class ProfileCostModel:
         if new:
             layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
         if num_decode:
-            layer += self.decode_attn(float(num_decode), decode_context_sum / num_decode)  # decode_coords
+            layer += self._decode_slice(num_decode)(decode_context_sum / num_decode)  # decode_coords
         o = self.overheads
         return (self.model.num_layers * layer + self._step_terms_s(num_tokens, num_logits) + o.per_step_s
                 + o.per_request_s * num_seqs)
 
     def _step_terms_s(self, num_tokens: int, num_logits: int) -> float:
         """Once per step: embedding and final norm, LM head and sampling."""
-        step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
-        if num_logits:
-            step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
+        step = self._step_terms.get((num_tokens, num_logits))
+        if step is None:
+            step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
+            if num_logits:
+                step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
+            self._step_terms[(num_tokens, num_logits)] = step
         return step
+
+    def _decode_slice(self, num_decode: int) -> GridSlice:
+        """The decode-attention grid at a batch of `num_decode` (its first axis), a function of the mean
+        context; equal, bitwise, to `self.decode_attn(float(num_decode), mean_context)`."""
+        s = self._decode_slices.get(num_decode)
+        if s is None:
+            s = self._decode_slices[num_decode] = GridSlice(self.decode_attn, (float(num_decode),))
+        return s
 
     def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
         """A function of the decode context sum equal to `step_time_sums_s((), num_seqs, sum, num_logits)`,
@@ -214,12 +230,22 @@ class ProfileCostModel:
         num_logits = num_seqs if num_logits is None else num_logits
         dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
         per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
-        decode_attn, num_layers, batch = self.decode_attn, self.model.num_layers, float(num_seqs)
+        decode_attn, num_layers = self._decode_slice(num_seqs), self.model.num_layers
 
         def step_time_s(context_sum) -> float:
-            layer = dense + decode_attn(batch, context_sum / num_seqs)
+            layer = dense + decode_attn(context_sum / num_seqs)
             return num_layers * layer + step + per_step_s + per_seqs_s
         return step_time_s
+
+    def decode_steps_time_s(self, num_seqs: int, context_sums, num_logits: int | None = None) -> np.ndarray:
+        """Many decode-only steps of `num_seqs` sequences at once (step i's contexts sum to
+        `context_sums[i]`): element i equals `decode_step_time_fn(num_seqs, num_logits)(context_sums[i])`,
+        bitwise (the same operations, elementwise), so the fast path prices long stretches in one call."""
+        num_logits = num_seqs if num_logits is None else num_logits
+        dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
+        per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
+        layer = dense + self._decode_slice(num_seqs).many(np.asarray(context_sums) / num_seqs)
+        return self.model.num_layers * layer + step + per_step_s + per_seqs_s
 
 
 def read_profile(path: Path) -> dict:
