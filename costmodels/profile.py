@@ -12,7 +12,6 @@ import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +25,7 @@ FORMAT = "batchsim-profile/1"
 GEMM_OPS = ("qkv", "o", "gate_up", "down")          # per layer, in forward order
 ELEMENTWISE_PER_LAYER = {"rmsnorm": 2, "rotary": 1, "silu_mul": 1, "residual_add": 2}
 ELEMENTWISE_PER_STEP = {"embedding": 1, "rmsnorm": 1}  # token embedding lookup, final norm
+TABLE_BLOCK = 1024   # token counts priced per vectorised lookup (a few ms; one count alone costs ~40 us)
 
 
 def gemm_shapes(model: ModelShape, tp: int = 1) -> dict[str, tuple[int, int]]:
@@ -151,11 +151,12 @@ class ProfileCostModel:
         o = profile["overheads"]
         self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
                                    float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
-        self.dense_layer_s = lru_cache(maxsize=65536)(self._dense_layer_s)
-        # Memos of pure functions of counts: a run prices millions of steps from a few thousand distinct
-        # batch sizes (the decode grid with its batch axis fixed; the once-per-step terms).
+        # Tables and memos of pure functions of counts: a run prices millions of steps from a few thousand
+        # distinct token counts and batch sizes. Per-token-count terms are priced TABLE_BLOCK counts at a
+        # time (one vectorised lookup per grid, bitwise equal to the scalar formulas in `_dense_layer_s`
+        # and `_step_terms_scalar_s`), so a fresh model (one per simulation of a search) warms up fast.
+        self._blocks: dict[tuple[str, int], list[float]] = {}
         self._decode_slices: dict[int, GridSlice] = {}
-        self._step_terms: dict[tuple[int, int], float] = {}
 
     def describe(self) -> dict:
         p = self.profile
@@ -168,8 +169,27 @@ class ProfileCostModel:
                               "per_request_s": self.overheads.per_request_s,
                               "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
 
-    def _dense_layer_s(self, num_tokens: int) -> float:
+    def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
+        return self._by_count("dense", self._dense_layer_block, num_tokens)
+
+    def _by_count(self, name: str, build, n: int) -> float:
+        block, i = divmod(n, TABLE_BLOCK)
+        table = self._blocks.get((name, block))
+        if table is None:
+            counts = np.arange(block * TABLE_BLOCK, (block + 1) * TABLE_BLOCK, dtype=float)
+            table = self._blocks[(name, block)] = build(counts).tolist()
+        return table[i]
+
+    def _dense_layer_block(self, m: np.ndarray) -> np.ndarray:
+        """`_dense_layer_s` at every count in `m`: the same sums in the same order, elementwise."""
+        t = sum(GridSlice(self.gemm[op], ()).many(m) for op in GEMM_OPS)
+        t += sum(n * GridSlice(self.elementwise[op], ()).many(m) for op, n in ELEMENTWISE_PER_LAYER.items())
+        allreduce = np.array([self._allreduce_s(int(x)) for x in m.tolist()]) if self.tp > 1 else 0.0
+        return t + allreduce + self.overheads.per_layer_s
+
+    def _dense_layer_s(self, num_tokens: int) -> float:
+        """`dense_layer_s` one count at a time (the reference the tables are tested against)."""
         t = sum(self.gemm[op](num_tokens) for op in GEMM_OPS)
         t += sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_LAYER.items())
         return t + self._allreduce_s(num_tokens) + self.overheads.per_layer_s
@@ -208,12 +228,22 @@ class ProfileCostModel:
 
     def _step_terms_s(self, num_tokens: int, num_logits: int) -> float:
         """Once per step: embedding and final norm, LM head and sampling."""
-        step = self._step_terms.get((num_tokens, num_logits))
-        if step is None:
-            step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
-            if num_logits:
-                step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
-            self._step_terms[(num_tokens, num_logits)] = step
+        step = self._by_count("per_step", self._per_step_block, num_tokens)
+        if num_logits:
+            step += self._by_count("logits", self._logits_block, num_logits)
+        return step
+
+    def _per_step_block(self, m: np.ndarray) -> np.ndarray:
+        return sum(n * GridSlice(self.elementwise[op], ()).many(m) for op, n in ELEMENTWISE_PER_STEP.items())
+
+    def _logits_block(self, m: np.ndarray) -> np.ndarray:
+        return GridSlice(self.gemm["lm_head"], ()).many(m) + GridSlice(self.sampling, ()).many(m)
+
+    def _step_terms_scalar_s(self, num_tokens: int, num_logits: int) -> float:
+        """`_step_terms_s` one count at a time (the reference the tables are tested against)."""
+        step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
+        if num_logits:
+            step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
         return step
 
     def _decode_slice(self, num_decode: int) -> GridSlice:
@@ -278,6 +308,24 @@ def profile_cost_model(profile: dict, model: ModelShape, gpu: GPU | None = None,
         raise CatalogError(f"{source}: profile was fitted for {profile['model']} GEMM shapes {have}, "
                            f"not {model.name}'s {want}")
     try:
-        return ProfileCostModel(profile, model, gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu, tp, dtype, source)
+        key = (json.dumps(profile, sort_keys=True, default=str), model, gpu, tp, dtype, source)
+        shared = _BUILT.get(key)
+    except TypeError:   # an unhashable model or GPU description: build afresh
+        key = shared = None
+    if shared is not None:
+        return shared
+    try:
+        built = ProfileCostModel(profile, model, gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu, tp, dtype, source)
     except (KeyError, TypeError, ValueError) as e:
         raise CatalogError(f"{source}: malformed profile ({type(e).__name__}: {e})") from None
+    if key is not None:
+        if len(_BUILT) >= 8:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = built
+    return built
+
+
+# The last few models built, by their profile's content and settings: a model is a pure function (its
+# tables and memos are caches), so the simulations of one search or sweep in a process share one and its
+# warm tables instead of re-pricing every token count per simulation.
+_BUILT: dict[tuple, ProfileCostModel] = {}

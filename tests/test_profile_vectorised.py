@@ -72,3 +72,11 @@ def test_profile_speed_is_close_to_the_roofline():
         simulate({**cfg, "profile": prof}, seed=0)
         times.setdefault(prof, []).append(time.process_time() - t0)
     assert min(times[None]) < 1.5 * min(times["roofline"]) + 0.05
+
+
+def test_profile_count_tables_equal_the_scalar_formulas_bitwise(profile):
+    rng = np.random.default_rng(4)
+    counts = [1, 2, 1023, 1024, 1025, 8192, *rng.integers(1, 20000, size=300).tolist()]
+    assert [profile.dense_layer_s(n) for n in counts] == [profile._dense_layer_s(n) for n in counts]
+    pairs = [(n, int(rng.integers(0, n + 1))) for n in counts]
+    assert [profile._step_terms_s(*p) for p in pairs] == [profile._step_terms_scalar_s(*p) for p in pairs]
