@@ -84,6 +84,8 @@ def test_binned_series_keeps_each_bins_extremes():
     b = binned_series(pd.Series(t), pd.Series(y), num_bins=100)
     assert len(b) == 100 and b["max"].max() == 7.0 and b["min"].min() == 0.0
     assert b.index[0] == 0.0 and b["mean"].sum() == pytest.approx(7.0 / 1000)
+    shuffle = np.random.default_rng(0).permutation(len(t))   # rows out of time order bin the same
+    pd.testing.assert_frame_equal(binned_series(pd.Series(t[shuffle]), pd.Series(y[shuffle]), num_bins=100), b)
 
 
 def test_command_line_tables_csv(tmp_path):
