@@ -1,7 +1,7 @@
 """Simulator speed where users feel it (issues 6 and 15): the command a user runs, not only the engine.
 
     python -m benchmarks.speed                      # all four sections (about 4 minutes on an idle core)
-    python -m benchmarks.speed --repeats 3 --no-1m
+    python -m benchmarks.speed --sections 24 --policies chunked_prefill
 
 Traffic: Llama-3-8B on one H100-SXM, Poisson arrivals at 11 req/s (about 80% of what chunked prefill
 sustains here), Azure-conversation-like lengths as in examples/quickstart.yaml: prompts lognormal (median
@@ -152,8 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument("--large", type=int, default=1_000_000, help="size of section 3 (default 1,000,000)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    ap.add_argument("--no-1m", action="store_true", help="skip section 3")
-    ap.add_argument("--no-search", action="store_true", help="skip section 4")
+    ap.add_argument("--sections", default="1234", help="which sections to run (default: 1234)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -166,14 +165,16 @@ def main(argv=None) -> None:
         return
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall = elapsed, "
           "cpu = the child's own CPU time; they agree on an idle core)")
-    compare_e2e(args.policies, args.requests, args.repeats)
-    compare_cost_models(args.policies, args.requests, args.repeats)
-    if not args.no_1m:
+    if "1" in args.sections:
+        compare_e2e(args.policies, args.requests, args.repeats)
+    if "2" in args.sections:
+        compare_cost_models(args.policies, args.requests, args.repeats)
+    if "3" in args.sections:
         r = end_to_end("continuous", args.large)
         print(f"\n3. {args.large:,} requests end to end (continuous, default cost model, --jobs 1): "
               f"{r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s cpu, peak {r['peak_mb']:.0f} MiB "
               f"({r['peak_mb'] * 1.048576 / 1000:.2f} GB), tables {r['tables_mb']:.0f} MB", flush=True)
-    if not args.no_search:
+    if "4" in args.sections:
         r = in_child("search")
         print(f"\n4. max-concurrency search (examples/max_concurrency.yaml, chunked_prefill, {r['seeds']} seeds, "
               f"jobs=1): {r['max_users']} users, {r['num_simulations']} simulations in {r['wall_s']:.2f} s wall, "

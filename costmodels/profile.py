@@ -90,6 +90,41 @@ class LogGrid:
 
     def __call__(self, *sizes: float) -> float:
         """Latency in seconds at `sizes` (one per axis, in the axes' raw units)."""
+        if len(sizes) == 2:
+            return self._call_2d(*sizes)
+        return self._call_any(*sizes)
+
+    def _cell(self, axis: int, x_raw: float) -> tuple[int, int, float, float]:
+        """(flat offset of the lower knot, stride to the upper one or 0, weight of the upper one, log-time
+        added beyond the last knot) along one axis."""
+        k, stride = self._knots[axis], self._strides[axis]
+        x = math.log(max(x_raw, 1e-12))
+        if x >= k[-1]:
+            return (len(k) - 1) * stride, 0, 0.0, self.slopes[axis] * (x - k[-1])
+        if x <= k[0]:
+            return 0, 0, 0.0, 0.0
+        i = bisect_right(k, x) - 1
+        return i * stride, stride, (x - k[i]) / (k[i + 1] - k[i]), 0.0
+
+    def _call_2d(self, a: float, b: float) -> float:
+        """`_call_any` for two axes, unrolled (prefill and decode attention, priced every step): the same
+        operations in the same order, so the same bits (tests/test_profile_vectorised.py)."""
+        b0, s0, t0, e0 = self._cell(0, a)
+        b1, s1, t1, e1 = self._cell(1, b)
+        extra = 0.0
+        if e0:
+            extra += e0
+        if e1:
+            extra += e1
+        f0, f1, flat = 1.0 - t0, 1.0 - t1, self._flat
+        value = 0.0
+        for w, index in ((f0 * f1, b0 + b1), (t0 * f1, b0 + s0 + b1), (f0 * t1, b0 + b1 + s1),
+                         (t0 * t1, b0 + s0 + b1 + s1)):
+            if w:
+                value += w * flat[index]
+        return math.exp(value + extra)
+
+    def _call_any(self, *sizes: float) -> float:
         cells, extra = [], 0.0
         for x_raw, k, slope, stride in zip(sizes, self._knots, self.slopes, self._strides):
             x = math.log(max(x_raw, 1e-12))

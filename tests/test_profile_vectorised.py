@@ -80,3 +80,12 @@ def test_profile_count_tables_equal_the_scalar_formulas_bitwise(profile):
     assert [profile.dense_layer_s(n) for n in counts] == [profile._dense_layer_s(n) for n in counts]
     pairs = [(n, int(rng.integers(0, n + 1))) for n in counts]
     assert [profile._step_terms_s(*p) for p in pairs] == [profile._step_terms_scalar_s(*p) for p in pairs]
+
+
+def test_two_axis_lookup_is_the_general_one_unrolled_bitwise():
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        g = random_grid(rng, 2)
+        pts = np.exp(rng.uniform(-1, 12, size=(300, 2))).tolist()
+        pts += [[float(np.exp(x)), float(np.exp(y))] for x in g.log_knots[0] for y in g.log_knots[1]]
+        assert [g(a, b) for a, b in pts] == [g._call_any(a, b) for a, b in pts]
