@@ -192,6 +192,9 @@ class ProfileCostModel:
         # and `_step_terms_scalar_s`), so a fresh model (one per simulation of a search) warms up fast.
         self._blocks: dict[tuple[str, int], list[float]] = {}
         self._decode_slices: dict[int, GridSlice] = {}
+        # A subclass that prices its layers its own way (its `_dense_layer_s`) is memoised count by count.
+        self._dense_by_table = type(self)._dense_layer_s is ProfileCostModel._dense_layer_s
+        self._dense_memo: dict[int, float] = {}
 
     def describe(self) -> dict:
         p = self.profile
@@ -206,7 +209,12 @@ class ProfileCostModel:
 
     def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
-        return self._by_count("dense", self._dense_layer_block, num_tokens)
+        if self._dense_by_table:
+            return self._by_count("dense", self._dense_layer_block, num_tokens)
+        t = self._dense_memo.get(num_tokens)
+        if t is None:
+            t = self._dense_memo[num_tokens] = self._dense_layer_s(num_tokens)
+        return t
 
     def _by_count(self, name: str, build, n: int) -> float:
         block, i = divmod(n, TABLE_BLOCK)

@@ -89,3 +89,14 @@ def test_two_axis_lookup_is_the_general_one_unrolled_bitwise():
         pts = np.exp(rng.uniform(-1, 12, size=(300, 2))).tolist()
         pts += [[float(np.exp(x)), float(np.exp(y))] for x in g.log_knots[0] for y in g.log_knots[1]]
         assert [g(a, b) for a, b in pts] == [g._call_any(a, b) for a, b in pts]
+
+
+def test_a_subclass_pricing_its_layers_its_own_way_is_not_bypassed(profile):
+    from costmodels.profile import ProfileCostModel
+
+    class Doubled(ProfileCostModel):
+        def _dense_layer_s(self, num_tokens: int) -> float:
+            return 2 * super()._dense_layer_s(num_tokens)
+
+    d = Doubled(profile.profile, profile.model, profile.gpu, profile.tp, profile.dtype)
+    assert d.dense_layer_s(300) == 2 * profile.dense_layer_s(300)
