@@ -1,123 +1,185 @@
-"""Simulator speed on heavy-tailed chat traffic (issue 6).
+"""Simulator speed where users feel it (issues 6 and 15): the command a user runs, not only the engine.
 
-    python -m benchmarks.speed --sizes 10000 100000 1000000
+    python -m benchmarks.speed                      # all four sections (about 4 minutes on an idle core)
+    python -m benchmarks.speed --sections 24 --policies chunked_prefill
 
-Llama-3-8B on one H100-SXM (roofline cost model), Poisson arrivals at 11 req/s (about 80% of what
-chunked prefill sustains here), Azure-conversation-like lengths: prompts lognormal (median 1020, sigma 1.0,
-max 8000), outputs lognormal (median 129, sigma 0.86, max 2048). For each policy and size it prints wall
-time, simulated requests and iterations per second and peak memory (each run in a fresh process, so the
-peak is that run's), and times one max-concurrency search end to end (experiments.search_run, one core):
-the largest closed-loop concurrency whose steady-state TTFT p99 stays <= 200 ms in every one of 3 seeds,
-5,000 requests per evaluation. `--check N` also runs the SimPy engine (fast_path: off) on N requests and compares.
+Traffic: Llama-3-8B on one H100-SXM, Poisson arrivals at 11 req/s (about 80% of what chunked prefill
+sustains here), Azure-conversation-like lengths as in examples/quickstart.yaml: prompts lognormal (median
+1020, sigma 1.0, max 8000), outputs lognormal (median 129, sigma 0.86, max 2048). Every measurement runs in
+a fresh child process, one at a time (one core each): "cpu" is that child's own CPU time, "peak MB" its
+maximum resident set.
+
+1. End to end against the engine alone, 100k requests, default cost model (no `profile:` key: the shipped
+   measured H100 profile). Engine alone = the `experiments.simulate.simulate()` call, timed inside its child.
+   End to end = `python -m experiments.run SWEEP --jobs 1 --quiet` as a whole process (interpreter start,
+   imports, simulation, Parquet tables, plots, summary.md). The two alternate; each repeat gives a ratio.
+2. The measured profile against the roofline prior: the engine alone with each, alternating.
+3. 1M requests end to end (`--jobs 1`): wall, CPU and peak memory.
+4. One max-concurrency search as the README runs it (examples/max_concurrency.yaml, chunked prefill only:
+   3 seeds, p99 TTFT <= 200 ms, closed loop), in one process (jobs=1), tables and plots not written.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = {
     "model": "llama-3-8b", "hardware": "h100-sxm",
     "workload": {"arrival": {"process": "poisson", "rate_per_s": 11.0},
                  "prompt_tokens": {"dist": "lognormal", "median": 1020, "sigma": 1.0, "max": 8000},
                  "output_tokens": {"dist": "lognormal", "median": 129, "sigma": 0.86, "max": 2048}},
 }
-POLICIES = ("chunked_prefill", "continuous", "static")
+POLICIES = ("continuous", "chunked_prefill")
 
 
-def config(policy: str, num_requests: int, fast_path: str = "auto", arrival: dict | None = None,
-           profile: str = "roofline") -> dict:
-    workload = {**TRAFFIC["workload"], "num_requests": num_requests}
-    if arrival is not None:
-        workload["arrival"] = arrival
-    return {**TRAFFIC, "profile": profile, "engine": {"policy": policy, "fast_path": fast_path},
-            "workload": workload}
+def config(policy: str, num_requests: int, profile: str | None = None, fast_path: str = "auto") -> dict:
+    """The point simulated; `profile` None = the default cost model (what a user gets with no key)."""
+    cfg = {**TRAFFIC, "engine": {"policy": policy, "fast_path": fast_path},
+           "workload": {**TRAFFIC["workload"], "num_requests": num_requests}}
+    return cfg if profile is None else {**cfg, "profile": profile}
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux reports KiB
 
 
-def one_run(policy: str, num_requests: int, fast_path: str, profile: str) -> dict:
-    """Run in this process (the parent starts a fresh one per run): wall time, CPU time, peak memory."""
+def engine_run(policy: str, num_requests: int, profile: str | None, fast_path: str = "auto") -> dict:
+    """In a child: `simulate()` alone, its wall and CPU time, the process's peak memory."""
     from experiments.simulate import simulate
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = simulate(config(policy, num_requests, fast_path, profile=profile), seed=0)
+    result = simulate(config(policy, num_requests, profile, fast_path), seed=0)
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     s = result.summary
-    return {"policy": policy, "num_requests": num_requests, "fast_path": fast_path, "wall_s": wall_s, "cpu_s": cpu_s,
-            "requests_per_s": num_requests / wall_s, "iterations": s["num_iterations"],
-            "iterations_per_s": s["num_iterations"] / wall_s, "peak_rss_mb": peak_rss_mb(),
-            "simulated_s": s["duration_s"], "ttft_p99_ms": s["ttft_p99_ms"], "itl_p50_ms": s["itl_p50_ms"],
-            "throughput_rps": s["throughput_rps"]}
+    return {"wall_s": wall_s, "cpu_s": cpu_s, "peak_mb": peak_rss_mb(), "iterations": s["num_iterations"],
+            "cost_model": s["cost_model"], "ttft_p99_ms": s["ttft_p99_ms"]}
 
 
-def search(policy: str = "chunked_prefill", profile: str = "roofline", seeds=(0, 1, 2), num_requests: int = 5000,
-           ttft_p99_ms: float = 200.0) -> dict:
-    """One max-concurrency search end to end with experiments.search_run (issue 4): the largest number of
-    closed-loop users whose steady-state TTFT p99 meets the SLO in every seed, on one core (jobs=1)."""
+def search_run() -> dict:
+    """In a child: examples/max_concurrency.yaml's search for chunked prefill alone, jobs=1."""
     from experiments.search_run import run_search
-    sweep = {**config(policy, num_requests, arrival={"process": "closed", "concurrency": 1}, profile=profile),
-             "seeds": list(seeds),
-             "search": {"over": "workload.arrival.concurrency", "slo": {"ttft_p99_ms": ttft_p99_ms},
-                        "range": [1, 1024], "confidence": "all"}}
+    sweep = yaml.safe_load((ROOT / "examples" / "max_concurrency.yaml").read_text())
+    sweep["grid"] = {"engine.policy": ["chunked_prefill"]}
     start, cpu_start = time.perf_counter(), time.process_time()
     result = run_search(sweep, out_dir=None, jobs=1, progress=False)
-    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    pts = result.points
-    return {"policy": policy, "max_concurrency": int(result.searches.iloc[0]["max_value"]),
-            "wall_s": wall_s, "cpu_s": cpu_s, "num_simulations": len(pts),
-            "evaluations": [(int(r.concurrency), int(r.seed), float(r.ttft_p99_ms)) for r in pts.itertuples()],
-            "peak_rss_mb": peak_rss_mb()}
+    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu_start,
+            "peak_mb": peak_rss_mb(), "max_users": int(result.searches.iloc[0]["max_value"]),
+            "num_simulations": len(result.points), "seeds": len(sweep["seeds"])}
 
 
 def in_child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--child", *args], check=True,
+    out = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--child", *args], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
+def end_to_end(policy: str, num_requests: int) -> dict:
+    """`python -m experiments.run` on the point as a whole child process: wall, CPU (its own rusage), peak."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep = Path(tmp) / "point.yaml"
+        sweep.write_text(yaml.safe_dump({"name": "speed", "seeds": [0], **config(policy, num_requests)}))
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(sweep), "--out", str(Path(tmp) / "out"),
+                                 "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall_s = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            raise SystemExit(f"experiments.run failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+        proc.stderr.close()
+        files = sorted(p.name for p in (Path(tmp) / "out" / "points").glob("*/*"))
+        size_mb = sum(p.stat().st_size for p in (Path(tmp) / "out" / "points").glob("*/*")) / 1e6
+    return {"wall_s": wall_s, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024,
+            "files": files, "tables_mb": size_mb}
+
+
+def _row(*cells) -> str:
+    return "".join(f"{c:>{w}}" if not isinstance(c, str) or w > 0 else f"{c:<{-w}}" for c, w in cells)
+
+
+def compare_e2e(policies, num_requests: int, repeats: int) -> None:
+    print(f"\n1. end to end vs engine alone, {num_requests:,} requests, default cost model, {repeats} repeats "
+          "(alternating); ratio = end-to-end / engine, per repeat, median")
+    print(_row(("policy", -17), ("engine wall", 12), ("cpu", 7), ("e2e wall", 10), ("cpu", 7), ("peak MiB", 9),
+               ("ratio wall", 11), ("ratio cpu", 10), ("tables MB", 10)))
+    for policy in policies:
+        eng, e2e = [], []
+        for _ in range(repeats):
+            eng.append(in_child("engine", policy, str(num_requests), "default"))
+            e2e.append(end_to_end(policy, num_requests))
+        med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+        rw = statistics.median(b["wall_s"] / a["wall_s"] for a, b in zip(eng, e2e))
+        rc = statistics.median(b["cpu_s"] / a["cpu_s"] for a, b in zip(eng, e2e))
+        print(_row((policy, -17), (f"{med(eng, 'wall_s'):.2f}", 12), (f"{med(eng, 'cpu_s'):.2f}", 7),
+                   (f"{med(e2e, 'wall_s'):.2f}", 10), (f"{med(e2e, 'cpu_s'):.2f}", 7), (f"{med(e2e, 'peak_mb'):.0f}", 9),
+                   (f"{rw:.2f}x", 11), (f"{rc:.2f}x", 10), (f"{e2e[0]['tables_mb']:.1f}", 10)), flush=True)
+        print(f"   ({eng[0]['cost_model']} cost model; wall ratios per repeat "
+              + ", ".join(f"{b['wall_s'] / a['wall_s']:.2f}" for a, b in zip(eng, e2e))
+              + "; files per point: " + ", ".join(e2e[0]["files"]) + ")", flush=True)
+
+
+def compare_cost_models(policies, num_requests: int, repeats: int) -> None:
+    print(f"\n2. engine alone, measured profile vs roofline prior, {num_requests:,} requests, {repeats} repeats "
+          "(alternating); ratio = profile / roofline, per repeat, median")
+    print(_row(("policy", -17), ("roofline cpu", 13), ("profile cpu", 12), ("ratio cpu", 10), ("ratio wall", 11),
+               ("roofline iters", 15), ("profile iters", 14)))
+    for policy in policies:
+        roof, prof = [], []
+        for _ in range(repeats):
+            roof.append(in_child("engine", policy, str(num_requests), "roofline"))
+            prof.append(in_child("engine", policy, str(num_requests), "llama-3-8b__h100-sxm__tp1__bf16"))
+        rc = statistics.median(b["cpu_s"] / a["cpu_s"] for a, b in zip(roof, prof))
+        rw = statistics.median(b["wall_s"] / a["wall_s"] for a, b in zip(roof, prof))
+        print(_row((policy, -17), (f"{statistics.median(r['cpu_s'] for r in roof):.2f}", 13),
+                   (f"{statistics.median(r['cpu_s'] for r in prof):.2f}", 12), (f"{rc:.2f}x", 10), (f"{rw:.2f}x", 11),
+                   (roof[0]["iterations"], 15), (prof[0]["iterations"], 14)), flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--requests", type=int, default=100_000, help="size of sections 1 and 2 (default 100,000)")
+    ap.add_argument("--large", type=int, default=1_000_000, help="size of section 3 (default 1,000,000)")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    ap.add_argument("--static-max", type=int, default=10_000,
-                    help="largest size run for static batching (it is overloaded at 11 req/s: the queue grows)")
-    ap.add_argument("--check", type=int, default=0, metavar="N",
-                    help="also time the SimPy engine on N requests per policy (and check equal results)")
-    ap.add_argument("--profile", default="roofline",
-                    help="cost model: roofline (default), or a shipped measured profile name / path")
-    ap.add_argument("--no-search", action="store_true")
+    ap.add_argument("--sections", default="1234", help="which sections to run (default: 1234)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        res = one_run(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "run" else search(profile=rest[0])
+        if kind == "engine":
+            res = engine_run(rest[0], int(rest[1]), None if rest[2] == "default" else rest[2])
+        else:
+            res = search_run()
         print(json.dumps(res))
         return
-    print(f"cost model: {args.profile}; wall = elapsed time, cpu = this process's CPU time (equal on an idle core)")
-    print(f"{'policy':<16}{'path':>6}{'requests':>10}{'wall s':>9}{'cpu s':>8}{'req/s':>10}{'iters':>10}"
-          f"{'iters/s':>10}{'peak MB':>9}{'TTFT p99 ms':>13}")
-    for policy in args.policies:
-        runs = [(n, "auto") for n in args.sizes if policy != "static" or n <= args.static_max]
-        if args.check:
-            runs.insert(0, (args.check, "off"))
-        for n, path in runs:
-            r = in_child("run", policy, str(n), path, args.profile)
-            print(f"{policy:<16}{'simpy' if path == 'off' else 'fast':>6}{n:>10}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
-                  f"{r['requests_per_s']:>10.0f}{r['iterations']:>10}{r['iterations_per_s']:>10.0f}"
-                  f"{r['peak_rss_mb']:>9.0f}{r['ttft_p99_ms']:>13.1f}", flush=True)
-    if not args.no_search:
-        r = in_child("search", args.profile)
-        print(f"max-concurrency search (experiments.search_run, {r['policy']}, TTFT p99 <= 200 ms, 3 seeds x 5000 "
-              f"requests, closed loop, jobs=1): "
-              f"{r['max_concurrency']} users, {r['num_simulations']} simulations in {r['wall_s']:.1f} s "
-              f"wall, {r['cpu_s']:.1f} s cpu, peak {r['peak_rss_mb']:.0f} MB", flush=True)
-        print("  evaluations (concurrency, seed, TTFT p99 ms): "
-              + ", ".join(f"({c}, {sd}, {p:.0f})" for c, sd, p in r["evaluations"]), flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall = elapsed, "
+          "cpu = the child's own CPU time; they agree on an idle core)")
+    if "1" in args.sections:
+        compare_e2e(args.policies, args.requests, args.repeats)
+    if "2" in args.sections:
+        compare_cost_models(args.policies, args.requests, args.repeats)
+    if "3" in args.sections:
+        r = end_to_end("continuous", args.large)
+        print(f"\n3. {args.large:,} requests end to end (continuous, default cost model, --jobs 1): "
+              f"{r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s cpu, peak {r['peak_mb']:.0f} MiB "
+              f"({r['peak_mb'] * 1.048576 / 1000:.2f} GB), tables {r['tables_mb']:.0f} MB", flush=True)
+    if "4" in args.sections:
+        r = in_child("search")
+        print(f"\n4. max-concurrency search (examples/max_concurrency.yaml, chunked_prefill, {r['seeds']} seeds, "
+              f"jobs=1): {r['max_users']} users, {r['num_simulations']} simulations in {r['wall_s']:.2f} s wall, "
+              f"{r['cpu_s']:.2f} s cpu, peak {r['peak_mb']:.0f} MiB", flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

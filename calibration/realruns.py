@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from experiments.tables import has_table, read_itl_ms, read_table, table_path
 from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
@@ -94,7 +95,7 @@ def read_runs(path: str | Path) -> list[RealRun]:
     if not p.exists():
         raise RealRunError(f"{p}: no such run file or folder")
     if p.is_dir():
-        if (p / "requests.csv").exists() and (p / "summary.json").exists():
+        if has_table(p, "requests") and (p / "summary.json").exists():
             return [_read_vllm_run(p)]
         dirs = sorted(d for d in (p / "runs").glob("*") if (d / "summary.json").exists()) if (p / "runs").is_dir() else []
         if not dirs:
@@ -120,7 +121,7 @@ def read_runs(path: str | Path) -> list[RealRun]:
 
 def _read_vllm_run(d: Path) -> RealRun:
     try:
-        requests = pd.read_csv(d / "requests.csv")
+        requests = read_table(d, "requests")
         summary = json.loads((d / "summary.json").read_text())
         config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else None
     except (OSError, ValueError, yaml.YAMLError) as e:
@@ -131,11 +132,15 @@ def _read_vllm_run(d: Path) -> RealRun:
             config["model"] = str(moved)
     need = {"request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s"}
     if not need <= set(requests.columns):
-        raise RealRunError(f"{d}/requests.csv: lacks {', '.join(sorted(need - set(requests.columns)))}")
-    gaps = np.load(d / "itl_gaps_ms.npy").astype(float) / 1e3 if (d / "itl_gaps_ms.npy").exists() else None
+        raise RealRunError(f"{table_path(d, 'requests')}: lacks {', '.join(sorted(need - set(requests.columns)))}")
+    gaps = None
+    if (d / "itl_gaps_ms.npy").exists():   # calibration.vllm_run's every gap, in order
+        gaps = np.load(d / "itl_gaps_ms.npy").astype(float) / 1e3
+    elif has_table(d, "itl"):              # a simulated run saved by experiments.run: (gap, count) samples
+        gaps = np.repeat(*read_itl_ms(d)) / 1e3
     steps = None
-    if (d / "iterations.csv").exists():
-        it = pd.read_csv(d / "iterations.csv")
+    if has_table(d, "iterations"):
+        it = read_table(d, "iterations")
         if len(it) and {"prefill_json", "decode_json"} <= set(it.columns):
             it["prefill"] = [[tuple(x) for x in json.loads(v)] for v in it["prefill_json"]]
             it["decode"] = [json.loads(v) for v in it["decode_json"]]

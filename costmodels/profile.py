@@ -12,19 +12,20 @@ import json
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.gridslice import GridSlice
 from costmodels.roofline import Efficiencies
 
 FORMAT = "batchsim-profile/1"
 GEMM_OPS = ("qkv", "o", "gate_up", "down")          # per layer, in forward order
 ELEMENTWISE_PER_LAYER = {"rmsnorm": 2, "rotary": 1, "silu_mul": 1, "residual_add": 2}
 ELEMENTWISE_PER_STEP = {"embedding": 1, "rmsnorm": 1}  # token embedding lookup, final norm
+TABLE_BLOCK = 1024   # token counts priced per vectorised lookup (a few ms; one count alone costs ~40 us)
 
 
 def gemm_shapes(model: ModelShape, tp: int = 1) -> dict[str, tuple[int, int]]:
@@ -89,6 +90,41 @@ class LogGrid:
 
     def __call__(self, *sizes: float) -> float:
         """Latency in seconds at `sizes` (one per axis, in the axes' raw units)."""
+        if len(sizes) == 2:
+            return self._call_2d(*sizes)
+        return self._call_any(*sizes)
+
+    def _cell(self, axis: int, x_raw: float) -> tuple[int, int, float, float]:
+        """(flat offset of the lower knot, stride to the upper one or 0, weight of the upper one, log-time
+        added beyond the last knot) along one axis."""
+        k, stride = self._knots[axis], self._strides[axis]
+        x = math.log(max(x_raw, 1e-12))
+        if x >= k[-1]:
+            return (len(k) - 1) * stride, 0, 0.0, self.slopes[axis] * (x - k[-1])
+        if x <= k[0]:
+            return 0, 0, 0.0, 0.0
+        i = bisect_right(k, x) - 1
+        return i * stride, stride, (x - k[i]) / (k[i + 1] - k[i]), 0.0
+
+    def _call_2d(self, a: float, b: float) -> float:
+        """`_call_any` for two axes, unrolled (prefill and decode attention, priced every step): the same
+        operations in the same order, so the same bits (tests/test_profile_vectorised.py)."""
+        b0, s0, t0, e0 = self._cell(0, a)
+        b1, s1, t1, e1 = self._cell(1, b)
+        extra = 0.0
+        if e0:
+            extra += e0
+        if e1:
+            extra += e1
+        f0, f1, flat = 1.0 - t0, 1.0 - t1, self._flat
+        value = 0.0
+        for w, index in ((f0 * f1, b0 + b1), (t0 * f1, b0 + s0 + b1), (f0 * t1, b0 + b1 + s1),
+                         (t0 * t1, b0 + s0 + b1 + s1)):
+            if w:
+                value += w * flat[index]
+        return math.exp(value + extra)
+
+    def _call_any(self, *sizes: float) -> float:
         cells, extra = [], 0.0
         for x_raw, k, slope, stride in zip(sizes, self._knots, self.slopes, self._strides):
             x = math.log(max(x_raw, 1e-12))
@@ -150,7 +186,15 @@ class ProfileCostModel:
         o = profile["overheads"]
         self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
                                    float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
-        self.dense_layer_s = lru_cache(maxsize=65536)(self._dense_layer_s)
+        # Tables and memos of pure functions of counts: a run prices millions of steps from a few thousand
+        # distinct token counts and batch sizes. Per-token-count terms are priced TABLE_BLOCK counts at a
+        # time (one vectorised lookup per grid, bitwise equal to the scalar formulas in `_dense_layer_s`
+        # and `_step_terms_scalar_s`), so a fresh model (one per simulation of a search) warms up fast.
+        self._blocks: dict[tuple[str, int], list[float]] = {}
+        self._decode_slices: dict[int, GridSlice] = {}
+        # A subclass that prices its layers its own way (its `_dense_layer_s`) is memoised count by count.
+        self._dense_by_table = type(self)._dense_layer_s is ProfileCostModel._dense_layer_s
+        self._dense_memo: dict[int, float] = {}
 
     def describe(self) -> dict:
         p = self.profile
@@ -163,8 +207,32 @@ class ProfileCostModel:
                               "per_request_s": self.overheads.per_request_s,
                               "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
 
-    def _dense_layer_s(self, num_tokens: int) -> float:
+    def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
+        if self._dense_by_table:
+            return self._by_count("dense", self._dense_layer_block, num_tokens)
+        t = self._dense_memo.get(num_tokens)
+        if t is None:
+            t = self._dense_memo[num_tokens] = self._dense_layer_s(num_tokens)
+        return t
+
+    def _by_count(self, name: str, build, n: int) -> float:
+        block, i = divmod(n, TABLE_BLOCK)
+        table = self._blocks.get((name, block))
+        if table is None:
+            counts = np.arange(block * TABLE_BLOCK, (block + 1) * TABLE_BLOCK, dtype=float)
+            table = self._blocks[(name, block)] = build(counts).tolist()
+        return table[i]
+
+    def _dense_layer_block(self, m: np.ndarray) -> np.ndarray:
+        """`_dense_layer_s` at every count in `m`: the same sums in the same order, elementwise."""
+        t = sum(GridSlice(self.gemm[op], ()).many(m) for op in GEMM_OPS)
+        t += sum(n * GridSlice(self.elementwise[op], ()).many(m) for op, n in ELEMENTWISE_PER_LAYER.items())
+        allreduce = np.array([self._allreduce_s(int(x)) for x in m.tolist()]) if self.tp > 1 else 0.0
+        return t + allreduce + self.overheads.per_layer_s
+
+    def _dense_layer_s(self, num_tokens: int) -> float:
+        """`dense_layer_s` one count at a time (the reference the tables are tested against)."""
         t = sum(self.gemm[op](num_tokens) for op in GEMM_OPS)
         t += sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_LAYER.items())
         return t + self._allreduce_s(num_tokens) + self.overheads.per_layer_s
@@ -196,17 +264,38 @@ class ProfileCostModel:
         if new:
             layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
         if num_decode:
-            layer += self.decode_attn(float(num_decode), decode_context_sum / num_decode)  # decode_coords
+            layer += self._decode_slice(num_decode)(decode_context_sum / num_decode)  # decode_coords
         o = self.overheads
         return (self.model.num_layers * layer + self._step_terms_s(num_tokens, num_logits) + o.per_step_s
                 + o.per_request_s * num_seqs)
 
     def _step_terms_s(self, num_tokens: int, num_logits: int) -> float:
         """Once per step: embedding and final norm, LM head and sampling."""
+        step = self._by_count("per_step", self._per_step_block, num_tokens)
+        if num_logits:
+            step += self._by_count("logits", self._logits_block, num_logits)
+        return step
+
+    def _per_step_block(self, m: np.ndarray) -> np.ndarray:
+        return sum(n * GridSlice(self.elementwise[op], ()).many(m) for op, n in ELEMENTWISE_PER_STEP.items())
+
+    def _logits_block(self, m: np.ndarray) -> np.ndarray:
+        return GridSlice(self.gemm["lm_head"], ()).many(m) + GridSlice(self.sampling, ()).many(m)
+
+    def _step_terms_scalar_s(self, num_tokens: int, num_logits: int) -> float:
+        """`_step_terms_s` one count at a time (the reference the tables are tested against)."""
         step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
         if num_logits:
             step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
         return step
+
+    def _decode_slice(self, num_decode: int) -> GridSlice:
+        """The decode-attention grid at a batch of `num_decode` (its first axis), a function of the mean
+        context; equal, bitwise, to `self.decode_attn(float(num_decode), mean_context)`."""
+        s = self._decode_slices.get(num_decode)
+        if s is None:
+            s = self._decode_slices[num_decode] = GridSlice(self.decode_attn, (float(num_decode),))
+        return s
 
     def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
         """A function of the decode context sum equal to `step_time_sums_s((), num_seqs, sum, num_logits)`,
@@ -214,12 +303,22 @@ class ProfileCostModel:
         num_logits = num_seqs if num_logits is None else num_logits
         dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
         per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
-        decode_attn, num_layers, batch = self.decode_attn, self.model.num_layers, float(num_seqs)
+        decode_attn, num_layers = self._decode_slice(num_seqs), self.model.num_layers
 
         def step_time_s(context_sum) -> float:
-            layer = dense + decode_attn(batch, context_sum / num_seqs)
+            layer = dense + decode_attn(context_sum / num_seqs)
             return num_layers * layer + step + per_step_s + per_seqs_s
         return step_time_s
+
+    def decode_steps_time_s(self, num_seqs: int, context_sums, num_logits: int | None = None) -> np.ndarray:
+        """Many decode-only steps of `num_seqs` sequences at once (step i's contexts sum to
+        `context_sums[i]`): element i equals `decode_step_time_fn(num_seqs, num_logits)(context_sums[i])`,
+        bitwise (the same operations, elementwise), so the fast path prices long stretches in one call."""
+        num_logits = num_seqs if num_logits is None else num_logits
+        dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
+        per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
+        layer = dense + self._decode_slice(num_seqs).many(np.asarray(context_sums) / num_seqs)
+        return self.model.num_layers * layer + step + per_step_s + per_seqs_s
 
 
 def read_profile(path: Path) -> dict:
@@ -255,9 +354,30 @@ def profile_cost_model(profile: dict, model: ModelShape, gpu: GPU | None = None,
                            f"not {model.name}'s {want}")
     from costmodels.profile_families import FamilyProfileCostModel, needs_family_pricing
     try:
+        key = (json.dumps(profile, sort_keys=True, default=str), model, gpu, tp, dtype, source, deployment)
+        shared = _BUILT.get(key)
+    except TypeError:   # an unhashable model, GPU or deployment description: build afresh
+        key = shared = None
+    if shared is not None:
+        return shared
+    try:
         gpu = gpu or get_gpu(profile["gpu"]) if tp > 1 else gpu
-        if needs_family_pricing(profile, model, deployment):
-            return FamilyProfileCostModel(profile, model, gpu, tp, dtype, source, deployment)
-        return ProfileCostModel(profile, model, gpu, tp, dtype, source)
+        if needs_family_pricing(profile, model, deployment):   # MoE/MLA/fp8/measured all-reduce
+            built = FamilyProfileCostModel(profile, model, gpu, tp, dtype, source, deployment)
+        else:
+            built = ProfileCostModel(profile, model, gpu, tp, dtype, source)
+    except CatalogError:   # a refusal that already names the profile and the reason
+        raise
     except (KeyError, TypeError, ValueError) as e:
         raise CatalogError(f"{source}: malformed profile ({type(e).__name__}: {e})") from None
+    if key is not None:
+        if len(_BUILT) >= 8:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = built
+    return built
+
+
+# The last few models built, by their profile's content and settings: a model is a pure function (its
+# tables and memos are caches), so the simulations of one search or sweep in a process share one and its
+# warm tables instead of re-pricing every token count per simulation.
+_BUILT: dict[tuple, ProfileCostModel] = {}

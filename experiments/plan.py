@@ -17,10 +17,10 @@ from experiments.search_run import SearchResult, _hash, _read_json, _write_json,
 
 
 def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool = True,
-                   dask_address: str | None = None, make_plots: bool = True) -> str:
+                   dask_address: str | None = None, make_plots: bool = True, table_format: str = "parquet") -> str:
     parse_search(sweep.get("search"))  # fail on a bad block before any work
     cap_spec = parse_capacity(sweep["capacity"]) if "capacity" in sweep else None
-    res = run_search(sweep, out, jobs=jobs, progress=progress, dask_address=dask_address)
+    res = run_search(sweep, out, jobs=jobs, progress=progress, dask_address=dask_address, table_format=table_format)
     grid_keys = list((sweep.get("grid") or {}).keys())
     cap = None
     if cap_spec is not None:

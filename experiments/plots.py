@@ -122,14 +122,41 @@ def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: lis
     return _save(fig, path, f"Throughput-latency trade-off (one point per load)\n{subtitle}")
 
 
-def latency_cdfs(runs: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, subtitle: str) -> Path:
-    """`runs`: label -> (TTFT samples in ms, pooled ITL gaps in ms)."""
+CDF_POINTS = 1000        # quantiles drawn per CDF (plus a tail): a 1M-request run draws as fast as a small one
+TIMESERIES_BINS = 2000   # time bins of a long engine-state plot: more than the figure has pixel columns
+
+
+def cdf_points(values, counts=None, num_points: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of samples (weighted by `counts` when given) as (x, fraction at or below x).
+    Every distinct value when there are at most `num_points`; else the values at `num_points` evenly spaced
+    fractions plus 200 log-spaced ones towards 1 - 1e-6, so the tail (p99, p99.9) stays as sharp as the
+    full curve's, whose vertices between them lie closer than a pixel."""
+    v = np.asarray(values, dtype=float)
+    c = np.ones(len(v), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+    keep = ~np.isnan(v)
+    v, c = v[keep], c[keep]
+    if not v.size:
+        return v, v
+    order = np.argsort(v, kind="stable")
+    v, c = v[order], c[order]
+    cum = np.cumsum(c)
+    y = cum / cum[-1]
+    if v.size <= num_points:
+        return v, y
+    probs = np.concatenate([np.linspace(0, 1, num_points), 1 - np.logspace(-2, -6, 200)])
+    idx = np.unique(np.minimum(np.searchsorted(y, probs, side="left"), v.size - 1))
+    return v[idx], y[idx]
+
+
+def latency_cdfs(runs: dict[str, tuple[np.ndarray, object]], path: Path, subtitle: str) -> Path:
+    """`runs`: label -> (TTFT samples in ms, pooled ITL gaps in ms: the gaps, or (distinct gaps, counts)).
+    Each curve is drawn from at most about 1,200 quantiles (`cdf_points`)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for i, (label, (ttft_ms, itl_ms)) in enumerate(runs.items()):
         for ax, v in zip(axes, (ttft_ms, itl_ms)):
-            v = np.sort(np.asarray(v, dtype=float))
-            if v.size:
-                ax.plot(v, np.arange(1, v.size + 1) / v.size, color=_color(label, i), label=label)
+            x, y = cdf_points(*v) if isinstance(v, tuple) else cdf_points(v)
+            if x.size:
+                ax.plot(x, y, color=_color(label, i), label=label)
     for ax, what in zip(axes, ("TTFT (ms, log scale)", "inter-token latency (ms, log scale)")):
         ax.set_xscale("log")
         ax.set_xlabel(what)
@@ -137,7 +164,7 @@ def latency_cdfs(runs: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, sub
         ax.axhline(0.99, color="grey", ls=":", lw=1)
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # a run that served nothing has no curve
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="lower right")   # a CDF leaves it empty; "best" costs seconds on big data
     axes[0].set_title("time to first token (per request)", fontsize=9)
     axes[1].set_title("gaps between tokens (pooled over requests)", fontsize=9)
     return _save(fig, path, f"Latency distributions (CDF)\n{subtitle}")
@@ -172,8 +199,8 @@ def slot_gantt(panels: dict[str, tuple[pd.DataFrame, bool]], window_s: float, pa
              ("first_token_s", "finish_s", "#1f77b4", "decoding"),
              ("finish_s", "release_s", "#d62728", "finished, slot held as padding until batch drains"))
     for ax, (label, (req, drains)) in zip(axes[:, 0], panels.items()):
-        r = slot_intervals(req, drains)
-        r = r[r["admitted_s"] < window_s]
+        # only what the window shows: slots are assigned in admission order, so earlier ones are unchanged
+        r = slot_intervals(req[req["admitted_s"] < window_s], drains)
         num_slots = int(r["slot"].max()) + 1 if len(r) else 1
         ax.set_facecolor("#eeeeee")  # grey = idle slot
         for start, end, color, _ in parts:
@@ -200,21 +227,54 @@ def slot_gantt(panels: dict[str, tuple[pd.DataFrame, bool]], window_s: float, pa
     return path
 
 
+def time_bins(t, num_bins: int = TIMESERIES_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows by equal time bin: (order that sorts the rows by bin, first sorted row of each non-empty bin,
+    each such bin's start time)."""
+    t = np.asarray(t, dtype=float)
+    edges = np.linspace(t.min(), t.max(), num_bins + 1)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, num_bins - 1)
+    order = np.argsort(b, kind="stable")   # already sorted for one replica's steps: a cheap pass
+    b = b[order]
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    return order, starts, edges[b[starts]]
+
+
+def binned_series(t, y, num_bins: int = TIMESERIES_BINS, bins=None) -> pd.DataFrame:
+    """Per equal time bin of `t` (bin start as index): min, max and mean of `y` over the rows in it; bins
+    without rows are left out. `bins`: `time_bins(t, num_bins)`, when several series share `t`."""
+    order, starts, x = bins if bins is not None else time_bins(t, num_bins)
+    v = np.asarray(y, dtype=float)[order]
+    sizes = np.diff(np.r_[starts, len(v)])
+    return pd.DataFrame({"min": np.minimum.reduceat(v, starts), "max": np.maximum.reduceat(v, starts),
+                         "mean": np.add.reduceat(v, starts) / sizes}, index=x)
+
+
 def engine_timeseries(runs: dict[str, tuple[pd.DataFrame, int]], path: Path, subtitle: str) -> Path:
-    """`runs`: label -> (iterations table, number of KV blocks). Queue, running sequences, KV use over time."""
+    """`runs`: label -> (iterations table, number of KV blocks). Queue, running sequences, KV use over time.
+    A run of more than 2 x TIMESERIES_BINS iterations is drawn per time bin: a band from the bin's minimum
+    to its maximum (what its every step would fill at this width) and a line at its mean."""
     fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    binned = False
     for i, (label, (it, num_blocks)) in enumerate(runs.items()):
         c = _color(label, i)
-        t = it["start_s"]
-        axes[0].step(t, it["num_waiting"], where="post", color=c, lw=0.9, label=label)
-        axes[1].step(t, it["num_running"], where="post", color=c, lw=0.9, label=label)
-        axes[2].step(t, 100 * it["kv_blocks_used"] / max(1, num_blocks), where="post", color=c, lw=0.9, label=label)
+        series = (it["num_waiting"], it["num_running"], 100 * it["kv_blocks_used"] / max(1, num_blocks))
+        bins = None
+        for ax, y in zip(axes, series):
+            if len(it) <= 2 * TIMESERIES_BINS:
+                ax.step(it["start_s"], y, where="post", color=c, lw=0.9, label=label)
+                continue
+            binned = True
+            bins = bins if bins is not None else time_bins(it["start_s"])
+            b = binned_series(it["start_s"], y, bins=bins)
+            ax.fill_between(b.index, b["min"], b["max"], step="post", color=c, alpha=0.45, lw=0)
+            ax.step(b.index, b["mean"], where="post", color=c, lw=0.8, label=label)
     for ax, y in zip(axes, ("queue depth (requests waiting)", "running sequences (holding KV)", "KV cache used (%)")):
         ax.set_ylabel(y, fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     axes[2].set_ylim(0, 105)
-    axes[2].set_xlabel("simulated time (s)")
+    axes[2].set_xlabel("simulated time (s)" + (f"; in {TIMESERIES_BINS:,} time bins: band = min..max, "
+                                                  "line = mean over the steps in the bin" if binned else ""))
     return _save(fig, path, f"Engine state over time\n{subtitle}")
 
 

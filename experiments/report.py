@@ -17,6 +17,7 @@ from experiments.capacity import CapacitySpec, replicas_curve
 from experiments.config import set_dotted
 from experiments.search import pretty_metric
 from experiments.search_run import SearchResult, comparison_load, gantt_load
+from experiments.tables import read_itl_ms, read_table
 
 LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
 
@@ -86,11 +87,11 @@ def label_of(grid_values: dict, policy: str, grid_keys: list[str]) -> str:
     return _label({**grid_values, "policy": policy}, grid_keys)
 
 
-def _requests_cdf_input(d: Path) -> tuple[np.ndarray, np.ndarray]:
-    req = pd.read_csv(d / "requests.csv")
+def _requests_cdf_input(d: Path) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(TTFT of the finished requests in ms, (distinct ITL gaps in ms, counts)) of the run saved in `d`."""
+    req = read_table(d, "requests", ["status", "ttft_s"])
     ttft = (req.loc[req["status"] == "finished", "ttft_s"] * 1e3).to_numpy()
-    f = d / "itl_gaps_ms.npy"
-    return ttft, (np.load(f) if f.exists() else np.zeros(0))
+    return ttft, read_itl_ms(d)
 
 
 def _replica0(df: pd.DataFrame) -> pd.DataFrame:
@@ -106,11 +107,11 @@ def _gantt_window_s(static_req: pd.DataFrame) -> float:
 
 
 def _gantt(panels: dict[str, Path], out: Path, subtitle: str) -> Path | None:
-    """panels: label -> folder with requests.csv; needs a static one and at least one other."""
+    """panels: label -> folder with a requests table; needs a static one and at least one other."""
     static = [k for k in panels if k.startswith("static")]
     if not static or len(panels) < 2:
         return None
-    tables = {k: _replica0(pd.read_csv(d / "requests.csv")) for k, d in panels.items()}
+    tables = {k: _replica0(read_table(d, "requests")) for k, d in panels.items()}
     window = _gantt_window_s(tables[static[0]])
     ordered = static + [k for k in panels if k not in static]
     return plots.slot_gantt({k: (tables[k], k.startswith("static")) for k in ordered}, window,
@@ -122,7 +123,8 @@ def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
     data = {}
     for label, d in runs.items():
         blocks = json.loads((d / "summary.json").read_text()).get("num_gpu_blocks", 1)
-        data[label] = (_replica0(pd.read_csv(d / "iterations.csv")), blocks)
+        it = read_table(d, "iterations", ["start_s", "num_waiting", "num_running", "kv_blocks_used", "replica_id"])
+        data[label] = (_replica0(it), blocks)
     return plots.engine_timeseries(data, out / "plots" / "engine_timeseries.png", subtitle)
 
 

@@ -1,6 +1,6 @@
-"""`python -m experiments.run SWEEP.yaml [--out DIR] [--jobs N] [--dask ADDRESS]`: run a sweep (or, with a
-`search:` block, an SLO search per grid point, plus a capacity plan with a `capacity:` block), print its
-summary, and write plots and summary.md into the output folder."""
+"""`python -m experiments.run SWEEP.yaml [--out DIR] [--jobs N] [--dask ADDRESS] [--tables csv]`: run a
+sweep (or, with a `search:` block, an SLO search per grid point, plus a capacity plan with a `capacity:`
+block), print its summary, and write plots and summary.md into the output folder."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ from costmodels.catalog import CatalogError
 from experiments.config import ConfigError, expand, load_sweep_file
 from experiments.simulate import check_runnable
 from experiments.sweep import run_sweep, summary_table, untrusted_lines
+from experiments.tables import TABLE_FORMATS
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=_jobs, default=None, help="parallel worker processes (default: all cores)")
     ap.add_argument("--dask", metavar="ADDRESS", help="run on a Dask distributed scheduler (e.g. tcp://host:8786)")
     ap.add_argument("--no-plots", action="store_true", help="skip plots and summary.md")
+    ap.add_argument("--tables", choices=TABLE_FORMATS, default="parquet",
+                    help="format of each run's requests, iterations and itl tables (default: parquet; "
+                         "results.csv is always CSV)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
@@ -79,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(out)
         if "search" in sweep:
             from experiments.plan import run_and_report
-            text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots)
+            text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots, args.tables)
         else:
             if "capacity" in sweep:
                 raise ConfigError("capacity: needs a search block (search.over: workload.arrival.rate_per_s) "
                                   "to find each replica's SLO-limited capacity")
-            result = run_sweep(sweep, out, jobs=args.jobs, progress=not args.quiet, dask_address=args.dask)
+            result = run_sweep(sweep, out, jobs=args.jobs, progress=not args.quiet, dask_address=args.dask,
+                               table_format=args.tables)
             skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
                     + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")

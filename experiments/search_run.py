@@ -4,8 +4,8 @@ Output folder layout (next to the sweep's own files):
   search.csv                          one row per grid point: the answer, its throughput, the first failure
   search_points.csv                   one row per simulation the searches ran (load, seed, metrics, verdict)
   search/<gid>/<load>-seed<s>.json    that row, plus a hash of the configuration; a rerun reuses it
-  search/<gid>/detail-<load>/         a full run (requests.csv, iterations.csv, itl_gaps_ms.npy) at the
-                                      answer, for plots
+  search/<gid>/detail-<load>/         a full run (requests, iterations and itl tables, Parquet or CSV:
+                                      experiments/tables.py) at the answer, for plots
 Simulations of all grid points and seeds run at once on the executor (local processes or Dask); the
 driver alone writes files, so Dask workers need no shared disk.
 """
@@ -30,6 +30,7 @@ from experiments.config import ConfigError, Point, expand, set_dotted
 from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
                                 steady_state_metrics)
 from experiments.simulate import SimResult, simulate
+from experiments.tables import write_run_tables
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
 from workloads.synthetic import OPEN_LOOP_PROCESSES
@@ -109,8 +110,9 @@ def grid_points(sweep: dict, spec: SearchSpec) -> tuple[list[Point], list[int]]:
 
 
 def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool = True,
-               dask_address: str | None = None) -> SearchResult:
-    """Search every grid point of `sweep` (which has a `search:` block); see the module docstring."""
+               dask_address: str | None = None, table_format: str = "parquet") -> SearchResult:
+    """Search every grid point of `sweep` (which has a `search:` block); see the module docstring.
+    `table_format`: how the detail runs' tables are saved ('parquet' or 'csv')."""
     spec = parse_search(sweep.get("search"))
     points, seeds = grid_points(sweep, spec)
     out = Path(out_dir) if out_dir is not None else None
@@ -189,7 +191,7 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
             if bar is not None:
                 bar.set_postfix_str(f"{sum(map(len, results.values()))} sims done, {num_reused} reused")
                 bar.close()
-        details = _run_details(pool, spec, by_index, outcomes, seeds[0], out)
+        details = _run_details(pool, spec, by_index, outcomes, seeds[0], out, table_format)
     for gi, value in order:
         p = by_index[gi]
         per_seed = {s: spec.meets_slo(r) for s, r in results[(gi, value)].items()}
@@ -241,7 +243,8 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
     return pd.DataFrame(rows)
 
 
-def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None) -> dict:
+def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None,
+                 table_format: str = "parquet") -> dict:
     """Full runs for plots: each grid point at its answer (or the low end, when infeasible); and all grid
     points at two shared loads, so the slot timeline (`gantt_load`) and the engine-state plot
     (`comparison_load`) compare policies on identical traffic."""
@@ -261,10 +264,7 @@ def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: i
             futures[pool.submit(run_detail, by_index[gi].raw, spec, value, seed)] = (gi, value, d, h)
     for fut, (gi, value, d, h) in futures.items():
         sim = fut.result()
-        d.mkdir(parents=True, exist_ok=True)
-        sim.requests.to_csv(d / "requests.csv", index=False)
-        sim.iterations.to_csv(d / "iterations.csv", index=False)
-        np.save(d / "itl_gaps_ms.npy", (sim.itl_gaps_s * 1e3).astype(np.float32))
+        write_run_tables(d, sim.requests, sim.iterations, sim.itl_gaps_s, table_format)
         _write_json(d / "summary.json", {**sim.summary, "config_hash": h, "seed": seed,
                                          "policy": by_index[gi].config.policy.name, "value": value})
         found[(gi, value)] = d

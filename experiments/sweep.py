@@ -4,10 +4,11 @@ Output folder layout:
   results.csv                       one row per point and seed (rewritten after every finished point)
   sweep.yaml                        the sweep as given
   points/<point_id>/summary.json    that row, plus a hash of the point's configuration
-  points/<point_id>/requests.csv    per-request table
-  points/<point_id>/iterations.csv  per-iteration table
-  points/<point_id>/config.yaml     the resolved configuration (defaults filled in)
-  points/<point_id>/itl_gaps_ms.npy every inter-token gap of the run, pooled (float32, ms), for ITL CDFs
+  points/<point_id>/requests.parquet    per-request table
+  points/<point_id>/iterations.parquet  per-iteration table
+  points/<point_id>/itl.parquet         every inter-token gap of the run, pooled, as (gap_ms, count) samples
+  points/<point_id>/config.yaml         the resolved configuration (defaults filled in)
+(the three tables as .csv with `--tables csv`; experiments/tables.py writes and reads them).
 A rerun into the same folder skips every point whose summary.json matches its configuration, so an
 interrupted sweep loses nothing.
 """
@@ -20,13 +21,13 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
 from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
+from experiments.tables import write_run_tables
 from simcore.metrics import untrusted_notes
 
 SUMMARY_COLUMNS = ["offered_rate_per_s", "throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms",
@@ -75,12 +76,10 @@ def _run_point(point: Point) -> tuple[Point, SimResult, float]:
     return point, result, time.perf_counter() - t0
 
 
-def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float) -> None:
+def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float,
+                table_format: str = "parquet") -> None:
     d = out_dir / "points" / point.point_id
-    d.mkdir(parents=True, exist_ok=True)
-    result.requests.to_csv(d / "requests.csv", index=False)
-    result.iterations.to_csv(d / "iterations.csv", index=False)
-    np.save(d / "itl_gaps_ms.npy", (np.asarray(result.itl_gaps_s) * 1e3).astype(np.float32))
+    write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format)
     (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
     summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
     tmp = d / "summary.json.tmp"
@@ -99,10 +98,11 @@ def _load_finished(out_dir: Path, point: Point) -> dict | None:
 
 def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None,
               progress: bool = True, keep_in_memory: bool | None = None,
-              dask_address: str | None = None) -> SweepResult:
+              dask_address: str | None = None, table_format: str = "parquet") -> SweepResult:
     """Run a sweep mapping (as loaded from YAML). With `out_dir`, every finished point is saved and a rerun
     resumes; without it, everything stays in memory (`SweepResult.points`), as a notebook wants.
-    `dask_address` runs the points on that Dask scheduler's workers instead of local processes."""
+    `dask_address` runs the points on that Dask scheduler's workers instead of local processes;
+    `table_format` ('parquet' or 'csv') is how each point's big tables are saved."""
     points = expand(sweep)
     out = Path(out_dir) if out_dir is not None else None
     keep = keep_in_memory if keep_in_memory is not None else out is None
@@ -125,7 +125,7 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
     def finish(point: Point, sim: SimResult, wall_s: float) -> None:
         rows[point.point_id] = {**_row(point, sim.summary), "wall_s": round(wall_s, 3)}
         if out is not None:
-            _save_point(out, point, sim, wall_s)
+            _save_point(out, point, sim, wall_s, table_format)
             _write_results(out, points, rows)
         if keep:
             result.points[point.point_id] = sim

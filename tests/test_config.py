@@ -170,10 +170,11 @@ def test_cli_writes_results_and_resumes(tmp_path):
                 "num_preemptions", "mean_waiting", "mean_running", "kv_usage_max"]:
         assert col in res.columns, col
     assert len(res) == 6 and (res.num_finished == 40).all()
-    reqs = pd.read_csv(out / "points" / "p000-seed0" / "requests.csv")
+    from experiments.tables import has_table, read_table
+    reqs = read_table(out / "points" / "p000-seed0", "requests")
     assert {"request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
             "status"} <= set(reqs.columns)
-    assert (out / "points" / "p000-seed0" / "iterations.csv").exists()
+    assert has_table(out / "points" / "p000-seed0", "iterations")
     assert (out / "points" / "p000-seed0" / "config.yaml").exists()
     second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert "6 finished earlier, skipped" in second.stdout

@@ -39,7 +39,7 @@ def test_search_on_dask_finds_the_same_answer(cluster, tmp_path):
     sweep = copy.deepcopy(BY_HAND)
     res = run_search(sweep, tmp_path, progress=False, dask_address=cluster)
     assert res.searches.iloc[0]["max_value"] == 19
-    assert (tmp_path / "search" / "g000" / "detail-c19" / "requests.csv").exists()
+    assert (tmp_path / "search" / "g000" / "detail-c19" / "requests.parquet").exists()
 
 
 def test_command_line_dask_option(cluster, tmp_path):

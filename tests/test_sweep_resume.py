@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import experiments.sweep as sweep_mod
 from experiments.simulate import simulate
 from experiments.sweep import run_sweep
+from experiments.tables import read_itl_ms, read_table
 
 SWEEP = {
     "name": "resume", "seeds": [0, 1], "model": "llama-3-8b", "hardware": "h100-sxm",
@@ -44,10 +46,13 @@ def test_interrupted_sweep_runs_only_the_missing_points(tmp_path, monkeypatch):
 
 def test_pooled_itl_gaps_are_saved_per_point(tmp_path):
     run_sweep({**SWEEP, "seeds": [0], "grid": {"engine.policy": ["continuous"]}}, tmp_path, jobs=1, progress=False)
-    gaps_ms = np.load(tmp_path / "points" / "p000-seed0" / "itl_gaps_ms.npy")
-    req = pd.read_csv(tmp_path / "points" / "p000-seed0" / "requests.csv")
-    assert gaps_ms.dtype == np.float32 and len(gaps_ms) == int((req["output_tokens"] - 1).sum())
+    d = tmp_path / "points" / "p000-seed0"
+    gaps_ms, counts = read_itl_ms(d)
+    req = read_table(d, "requests")
+    assert (d / "itl.parquet").exists() and int(counts.sum()) == int((req["output_tokens"] - 1).sum())
+    assert np.all(np.diff(gaps_ms) > 0)   # distinct gaps, sorted
     sim = simulate({k: v for k, v in SWEEP.items() if k not in ("grid", "seeds")}, 0)
-    assert np.percentile(gaps_ms, 99) == np.float32(np.percentile(sim.itl_gaps_s * 1e3, 99)) or \
-        abs(np.percentile(gaps_ms, 99) - sim.summary["itl_p99_ms"]) < 1e-3
+    expanded = np.repeat(gaps_ms, counts)
+    assert np.percentile(expanded, 99) == pytest.approx(sim.summary["itl_p99_ms"], rel=1e-12)
+    assert np.percentile(expanded, 99) == pytest.approx(np.percentile(sim.itl_gaps_s * 1e3, 99), rel=1e-12)
     assert len(sim.itl_end_s) == len(sim.itl_gaps_s) and np.all(np.diff(sim.itl_end_s) >= 0)
