@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from simcore.batch import Batch, Scheduled
+from simcore.batch import Batch, DecodeShortcut, Scheduled
 from simcore.kvcache import cdiv
 from simcore.request import RequestSpec
 from simcore.view import EngineView, max_total_tokens
@@ -57,8 +57,18 @@ class Static:
 
     def _step(self, view: EngineView) -> Batch:
         """One decode step of the batch in flight: unfinished rows decode, finished rows are padding."""
-        prompt_len = max(r.num_prompt_tokens for r in (*view.running, *view.draining))
-        num_generated = view.running[0].num_generated_tokens  # all unfinished rows are in lock-step
-        num_rows = len(view.running) + len(view.draining)
         scheduled = tuple(Scheduled(r.request_id, 1) for r in view.running)
-        return Batch(scheduled, padded_shape=((1, prompt_len + num_generated - 1),) * num_rows)
+        return Batch(scheduled, padded_shape=self._decode_shape(view))
+
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """A batch in flight decodes in lock-step until it drains (the fast engine's quiet stretch)."""
+        if not view.running:
+            return None
+        return DecodeShortcut(padded_shape=self._decode_shape(view))
+
+    @staticmethod
+    def _decode_shape(view: EngineView) -> tuple[tuple[int, int], ...]:
+        prompt_len = max(r.num_prompt_tokens for r in (*view.running, *view.draining))
+        num_generated = view.num_generated_tokens(view.running[0])  # all unfinished rows are in lock-step
+        num_rows = len(view.running) + len(view.draining)
+        return ((1, prompt_len + num_generated - 1),) * num_rows

@@ -15,6 +15,7 @@ from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog
+from simcore.mechanics import is_decode, reject_reason, samples, without_admitted
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
 
@@ -134,14 +135,7 @@ class Engine:
             self._wake.succeed()
 
     def _reject_reason(self, spec: RequestSpec) -> str | None:
-        # vLLM rejects prompt >= max_model_len, and prompt + max_tokens > max_model_len at the API server.
-        if spec.num_prompt_tokens + max(1, spec.num_output_tokens) > self.limits.max_model_len:
-            return "exceeds_max_model_len"
-        if spec.num_output_tokens < 1 or spec.num_prompt_tokens < 1:
-            return "empty_prompt_or_output"
-        if self.pool.blocks_for(self.policy.kv_tokens_needed(spec, self.limits.max_model_len)) > self.pool.num_blocks:
-            return "exceeds_kv_capacity"
-        return None
+        return reject_reason(spec, self.policy, self.limits.max_model_len, self.pool.num_blocks, self.limits.block_size)
 
     # ---- the loop ----
     def view(self) -> EngineView:
@@ -209,8 +203,7 @@ class Engine:
         if batch.padded_shape is not None:
             return len(shape)  # padded rows sample too (HF generate keeps finished rows in the batch)
         reqs = self.requests
-        return sum(1 for s in batch.scheduled
-                   if reqs[s.request_id].num_computed_tokens + s.num_new_tokens >= reqs[s.request_id].num_tokens)
+        return sum(1 for s in batch.scheduled if samples(reqs[s.request_id], s.num_new_tokens))
 
     # ---- applying a decision ----
     def _preempt(self, victims: tuple[int, ...]) -> float:
@@ -274,13 +267,7 @@ class Engine:
         if self.pool.num_used_blocks > self.pool.num_blocks:
             raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
         if admitted:
-            waiting = self.waiting
-            num_front = 0  # FCFS policies admit from the front: pop those without scanning the queue
-            while waiting and waiting[0].status is Status.RUNNING:
-                waiting.popleft()
-                num_front += 1
-            if num_front < len(admitted):  # a policy that skipped the head (e.g. priority order)
-                self.waiting = deque(r for r in waiting if r.status is not Status.RUNNING)
+            self.waiting = without_admitted(self.waiting, len(admitted))
             self.running.extend(admitted)
         return transfer_s
 
@@ -303,7 +290,7 @@ class Engine:
         handoff = self.limits.handoff_after_first_token
         for s in batch.scheduled:
             req = self.requests[s.request_id]
-            if req.num_uncomputed_tokens == 1 and req.num_generated_tokens > 0:
+            if is_decode(req):
                 num_decode += 1
             else:
                 num_prefill += s.num_new_tokens

@@ -9,7 +9,9 @@ import simpy
 from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
-from policies import ChunkedPrefill, Continuous
+import dataclasses
+
+from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
@@ -24,7 +26,27 @@ from tests.test_properties import random_specs
 POLICIES = [*PROPERTY_POLICIES[:5], Continuous(max_num_seqs=3, max_num_batched_tokens=512, watermark=0.2),
             *PROPERTY_POLICIES[5:],
             ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=4)]   # fewer tokens than running requests
+# every other policy and mode: on the fast engine through their own `schedule`, step by step
+OTHER_POLICIES = [
+    Tgi(max_batch_prefill_tokens=256),
+    Tgi(max_batch_prefill_tokens=1024, prefill_chunking=False, max_batch_size=5),
+    TrtLlm(max_batch_size=6, max_num_tokens=512),
+    TrtLlm(max_batch_size=6, max_num_tokens=256, capacity_scheduler_policy="MAX_UTILIZATION",
+           enable_chunked_context=True),
+    TrtLlm(max_batch_size=6, max_num_tokens=256, enable_chunked_context=True, context_chunking_policy="EQUAL_PROGRESS"),
+    Sglang(chunked_prefill_size=128, max_prefill_tokens=256, max_running_requests=6),
+    Sglang(chunked_prefill_size=64, max_prefill_tokens=256, enable_mixed_chunk=True),
+    ChunkedPrefill(max_num_seqs=6, max_num_batched_tokens=64, scheduling_policy="priority"),
+    ChunkedPrefill(max_num_seqs=16, max_num_batched_tokens=128, long_prefill_token_threshold=32,
+                   scheduling_policy="priority"),
+]
 ROOFLINE = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+
+
+def with_priorities(specs, seed):
+    """Random priority classes 0..2 (read only by priority scheduling)."""
+    rng = np.random.default_rng(seed + 100)
+    return [dataclasses.replace(s, priority=int(rng.integers(0, 3))) for s in specs]
 
 
 def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512):
@@ -38,11 +60,7 @@ def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, ma
     else:
         env.process(open_loop(env, specs, engine.submit))
     env.run()
-    fast = FastEngine(policy, cost, limits, request_id=[s.request_id for s in specs],
-                      arrival_s=[s.arrival_s for s in specs], prompt_tokens=[s.num_prompt_tokens for s in specs],
-                      output_tokens=[s.num_output_tokens for s in specs],
-                      max_new_tokens=[-1 if s.max_new_tokens is None else s.max_new_tokens for s in specs],
-                      closed=closed).simulate()
+    fast = FastEngine(policy, cost, limits, specs, closed=closed).simulate()
     plain = (requests_frame(log), iterations_frame(log), log.itl_gaps_s)
     return plain, (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts))
 
@@ -72,7 +90,20 @@ def test_fast_path_matches_the_simpy_engine_on_random_workloads(policy, cost):
         assert num_preemptions > 0
 
 
-@pytest.mark.parametrize("policy", POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
+def test_every_other_policy_matches_on_the_fast_path(policy, cost):
+    num_preemptions = 0
+    for seed in range(5):
+        specs = with_priorities(random_specs(seed), seed)
+        plain, fast = run_both(policy, specs, cost, num_gpu_blocks=40)
+        assert_identical(plain, fast, 40)
+        num_preemptions += plain[0].num_preemptions.sum()
+    if getattr(policy, "scheduling_policy", None) == "priority":
+        assert num_preemptions > 0   # priority preemption (of a request anywhere in running) is exercised
+
+
+@pytest.mark.parametrize("policy", POLICIES[::2] + OTHER_POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
 @pytest.mark.parametrize("think_time_s", [0.0, 0.03])
 def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
     for seed in range(3):
@@ -82,7 +113,7 @@ def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
         assert_identical(plain, fast, 60)
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
 def test_fast_path_breaks_ties_as_simpy_does(policy):
     # Arrivals land exactly on iteration ends (1 s steps, arrivals on a 0.5 s grid): SimPy's order of
     # equal-time events (creation order) decides whether a step sees them.
@@ -115,7 +146,7 @@ def test_simulate_gives_identical_results_on_both_paths():
         assert np.all(np.diff(np.asarray(b.itl_end_s)) >= 0)
 
 
-def test_priority_classes_pass_through_and_priority_scheduling_falls_back():
+def test_priority_classes_pass_through_and_priority_scheduling_runs_on_the_fast_path():
     cfg = {"engine": {"policy": "chunked_prefill", "max_num_batched_tokens": 256, "num_gpu_blocks": 300},
            "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 30.0},
                         "prompt_tokens": {"dist": "uniform", "min": 10, "max": 600},
@@ -125,9 +156,12 @@ def test_priority_classes_pass_through_and_priority_scheduling_falls_back():
     b = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "on"}}, seed=2)
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     assert a.summary.keys() == b.summary.keys() and "ttft_p99_ms_prio1" in b.summary
-    cfg["engine"].update(scheduling_policy="priority", fast_path="on")
-    with pytest.raises(Exception, match="scheduling_policy: priority is not modelled"):
-        simulate(cfg, seed=2)
+    cfg["engine"]["scheduling_policy"] = "priority"
+    a = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "off"}}, seed=2)
+    b = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "on"}}, seed=2)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+    assert a.requests.num_preemptions.sum() > 0
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
