@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simcore.batch import Batch, split_shape
+from simcore.batch import Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, cdiv
 from simcore.mechanics import reject_reason, without_admitted
@@ -293,21 +293,28 @@ class FastEngine(QuietStretches):
     def _view(self, now: float, lazy: bool) -> EngineView:
         if lazy:   # the shortcut's view, asked very often: one object, brought up to date
             view = self.lazy_view
-            view.now_s, view.waiting, view.running = now, self.waiting, self.running
+            view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
             view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
             return view
         return EngineView(now, self.waiting, self.running, self.total - self.pool.num_used_blocks, self.total,
                           self.bs, self.max_model_len, self.draining, self.policy_state)
 
+    def decide(self, now: float) -> Batch | DecodeShortcut:
+        """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
+        request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
+        if self.shortcut is not None and not self.pref and not self.explicit_mode:
+            shortcut = self.shortcut(self._view(now, True))
+            if shortcut is not None:
+                return shortcut
+        self.materialize()
+        return self.policy.schedule(self._view(now, False))
+
     def _next(self, now: float) -> None:
         while self.waiting or self.running:
-            if self.shortcut is not None and not self.pref and not self.explicit_mode:
-                shortcut = self.shortcut(self._view(now, True))
-                if shortcut is not None:
-                    self._start_shortcut(shortcut, now)
-                    return
-            self.materialize()
-            batch = self.policy.schedule(self._view(now, False))
+            batch = self.decide(now)
+            if isinstance(batch, DecodeShortcut):
+                self._start_shortcut(batch, now)
+                return
             self.policy_state = batch.policy_state
             if batch.scheduled:
                 self._start(batch.scheduled, 0, batch.preempt, batch.padded_shape, now)
