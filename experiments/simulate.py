@@ -14,7 +14,6 @@ from costmodels.deployment import Deployment
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import run_fast, use_fast_path
-from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -22,6 +21,7 @@ from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_c
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
+from simcore.replica import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -148,18 +148,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
-    users = None
-    if arrival.is_closed:
-        users = ClosedLoopUsers(env, gen.specs, arrival.concurrency, submit, arrival.think_time_s)
-    if disagg is not None:
-        disagg.chain_on_done(users.on_done if users else None)
-    elif users is not None:
-        for e in engines:
-            e.on_done = users.on_done
-    if users is not None:
-        users.start()
-    else:
-        env.process(open_loop(env, gen.specs, submit))
+    closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
+    connect = disagg.chain_on_done if disagg is not None else on_done_of(engines)
+    start_arrivals(env, gen.specs, submit, connect, closed)
     env.run()
     if len(log.requests) != len(gen.specs):
         stuck = len(gen.specs) - len(log.requests)

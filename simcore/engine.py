@@ -14,7 +14,7 @@ import simpy
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
-from simcore.log import EngineLog
+from simcore.log import EngineLog, IterationRecord
 from simcore.mechanics import is_decode, reject_reason, samples, without_admitted
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
@@ -85,7 +85,7 @@ class Engine:
         if spec.request_id in self.requests:
             raise SimulationError(f"duplicate request id {spec.request_id}")
         self.requests[spec.request_id] = req
-        self.log.arrival(spec, self.replica_id)
+        self.log.arrival(spec, self.replica_id, self.env.now)
         reason = self._reject_reason(spec)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
@@ -259,6 +259,7 @@ class Engine:
                 req.status = Status.RUNNING
                 if req.admitted_s is None:
                     req.admitted_s = self.env.now
+                self.log.event(self.env.now, req, "admitted")
             self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
             if cache is not None:  # vLLM registers full blocks when it schedules their computation
                 cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
@@ -299,6 +300,7 @@ class Engine:
                 req.num_generated_tokens += 1
                 if req.first_token_s is None:
                     req.first_token_s = now
+                    log.event(now, req, "first_token")
                 else:
                     log.itl_gaps_s.append(now - req.last_token_s)
                 req.last_token_s = now
@@ -326,9 +328,9 @@ class Engine:
                 req.status = Status.FINISHED
             self.draining.clear()
         num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
-        log.iteration(start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled),
-                      len(batch.preempt), len(self.waiting), len(self.running) + len(self.draining),
-                      self.pool.num_used_blocks, self.replica_id)
+        log.iteration(IterationRecord(
+            start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled), len(batch.preempt),
+            len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks, self.replica_id))
         for req in done:
             if self.on_done:
                 self.on_done(req)

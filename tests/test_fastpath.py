@@ -4,20 +4,17 @@ ITL samples and summaries on random small workloads, for every supported policy 
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
-
 from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
 import dataclasses
 
 from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
-from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.costmodel import ConstantCost
-from simcore.engine import Engine, EngineLimits
+from simcore.engine import EngineLimits
 from simcore.fastpath import FastEngine
-from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
+from simcore.replica import run_replica
 from simcore.request import RequestSpec
 from tests.test_properties import POLICIES as PROPERTY_POLICIES
 from tests.test_properties import random_specs
@@ -51,15 +48,7 @@ def with_priorities(specs, seed):
 
 def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512):
     limits = EngineLimits(num_gpu_blocks, block_size, max_model_len)
-    env, log = simpy.Environment(), EngineLog()
-    engine = Engine(env, policy, cost, limits, log)
-    if closed:
-        users = ClosedLoopUsers(env, specs, closed[0], engine.submit, closed[1])
-        engine.on_done = users.on_done
-        users.start()
-    else:
-        env.process(open_loop(env, specs, engine.submit))
-    env.run()
+    log = run_replica(policy, cost, limits, specs, closed=closed).log
     fast = FastEngine(policy, cost, limits, specs, closed=closed).simulate()
     plain = (requests_frame(log), iterations_frame(log), log.itl_gaps_s)
     return plain, (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts))
