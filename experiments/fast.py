@@ -1,9 +1,9 @@
 """Choosing and running the fast path (simcore/fastpath.py) for one resolved point.
 
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
-policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), recompute
-preemption, one replica, no prefix caching, and no engine feature it does not model (any engine setting it
-does not know left at its default). `on` insists (a configuration it cannot run is an error); `off` always
+policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
+preemption mode, prefix caching, priority scheduling; one replica, no disaggregation, and no engine feature
+it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot run is an error); `off` always
 runs the SimPy engine.
 """
 from __future__ import annotations
@@ -22,23 +22,19 @@ from simcore.metrics import requests_frame_from_columns
 FAST_PATH_MODES = ("auto", "on", "off")
 # Engine settings whose every value the fast path models; any other must keep its default.
 KNOWN_ENGINE_SETTINGS = {"block_size", "gpu_memory_utilization", "num_gpu_blocks", "max_model_len",
-                         "preemption_mode", "swap_space_gb", "check_invariants", "fast_path"}
+                         "preemption_mode", "swap_space_gb", "check_invariants", "enable_prefix_caching", "fast_path"}
 
 
 def fast_path_reason(cfg, specs) -> str | None:
     """None when the fast path can run this point exactly, else the reason it cannot."""
     if not hasattr(cfg.policy, "schedule"):
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
-    if cfg.engine.preemption_mode != "recompute":
-        return "preemption_mode swap (host swap space is modelled by the SimPy engine only)"
     if getattr(cfg, "cluster", None) is not None and cfg.cluster.num_replicas > 1:
         return "a cluster of several replicas (the router reads every replica's live state: simcore/cluster.py)"
     if getattr(cfg, "disaggregation", None) is not None:
         return "prefill/decode disaggregation (KV handed between engines: simcore/disagg.py)"
-    if cfg.engine.enable_prefix_caching:
-        return "prefix caching (block identities: simcore/kvcache.PrefixCachingBlockPool)"
     for f in dataclasses.fields(cfg.engine):
-        if f.name not in KNOWN_ENGINE_SETTINGS | {"enable_prefix_caching"} and getattr(cfg.engine, f.name) != f.default:
+        if f.name not in KNOWN_ENGINE_SETTINGS and getattr(cfg.engine, f.name) != f.default:
             return f"engine.{f.name} is not modelled by the fast path"
     return None
 
@@ -80,20 +76,22 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
-def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple]:
-    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL) where ITL is
-    (gap values, counts) weighted samples, then every gap and when it ended, in time order, expanded on
-    use (`Repeated`; within one iteration the order of equal-time gaps differs from the SimPy log's)."""
+def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple, object]:
+    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL, prefix-cache
+    pool or None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in
+    time order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs
+    from the SimPy log's)."""
     arrival = cfg.workload.arrival
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
     engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed)
     log = engine.simulate()
+    prefix_cache = engine.prefix_cache
     del engine   # its per-request records: only the log is needed from here on
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
     itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
            Repeated(log.itl_end_s, log.itl_counts))
-    return requests_table(log), iterations_table(log), itl
+    return requests_table(log), iterations_table(log), itl, prefix_cache
 
 
 def requests_table(log) -> pd.DataFrame:

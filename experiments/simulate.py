@@ -173,9 +173,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
-        summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
-        cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
-        requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
+        add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
@@ -214,12 +212,21 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
         summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
 
 
+def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:
+    """Prefix-cache hit counters (summary) and each request's cached prompt tokens (a column), in place."""
+    summary.update(prefix_cache_stats(pools))
+    cached = {rid: n for pool in pools for rid, n in pool.cached_tokens_by_request.items()}
+    requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
+
+
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
                  latency_s: float = 0.0) -> SimResult:
-    """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
-    requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    """The fast path's run, as the same SimResult (one replica: see experiments/fast.py)."""
+    requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, gen.specs)
     requests = client_view(requests, latency_s)
     summary = summarize(requests, iterations, itl[:2], num_usable_blocks(plan.num_gpu_blocks))
     run_keys(cfg, plan, cost_model, gen, requests, summary)
+    if prefix_cache is not None:
+        add_prefix_cache_stats(summary, requests, [prefix_cache])
     return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
                      *itl[2:])

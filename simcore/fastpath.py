@@ -7,8 +7,9 @@ event order (SimPy's: time, then creation order), so every table equals the SimP
 decode. Decoding requests are "lazy" (progress = base + D, the number of decode steps since); a quiet
 stretch of decode-only steps is priced in bulk (simcore/stretch.py) and logged as arrays; per-request
 work happens at events only. Per-token gaps are logged as weighted samples (gap, count).
-Not modelled (experiments/fast.py falls back to the SimPy engine): swap preemption, prefix caching,
-several replicas, disaggregation (KV handed between engines).
+Preemption, admission and KV allocation (swap and prefix caching included) are simcore/apply.py's, shared
+with the SimPy engine. Not modelled (experiments/fast.py falls back to the SimPy engine): several replicas
+behind a router, disaggregation (KV handed between engines), real-hardware executors.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import numpy as np
 
 from simcore.batch import Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
-from simcore.kvcache import BlockPool, cdiv
+from simcore.apply import ReplicaMechanics
+from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool, cdiv
 from simcore.mechanics import reject_reason, without_admitted
 from simcore.request import Request, RequestSpec, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
@@ -66,7 +68,18 @@ class FastRequest(Request):
         self.lazy, self.order, self.phase = False, 0, None
 
 
-class FastEngine(QuietStretches):
+class _NoEvents:
+    """The fast engine keeps no per-request event list (a million requests would not fit): its tables are
+    built from the request records at the end."""
+
+    def event(self, now_s, req, kind) -> None:
+        pass
+
+    def preemption(self, req, now_s) -> None:
+        pass
+
+
+class FastEngine(ReplicaMechanics, QuietStretches):
     """Runs a whole workload: open loop (`specs` sorted by arrival) or closed loop (`closed = (concurrency,
     think_time_s)`, specs taken in order). Running requests that decode are lazy: they all take one token
     in every decode step, kept by finish step (a heap), by block phase (KV growth), by the time of their
@@ -74,19 +87,26 @@ class FastEngine(QuietStretches):
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None):
-        if limits.preemption_mode != "recompute" or limits.enable_prefix_caching or limits.handoff_after_first_token:
-            raise ValueError("the fast path models recompute preemption without prefix caching or handoff")
+        if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
+            raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
         self.policy, self.cost, self.limits = policy, cost_model, limits
         self.check_invariants = limits.check_invariants
-        self.shortcut = getattr(policy, "schedule_decodes", None)
+        self.prefix_cache = None
+        if limits.enable_prefix_caching:   # block identities: every step explicit (vLLM caches per step)
+            if not getattr(policy, "supports_prefix_caching", False) or limits.preemption_mode != "recompute":
+                raise ValueError("engine.enable_prefix_caching: needs a policy that supports it and recompute")
+            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.log = _NoEvents()
+        self.shortcut = getattr(policy, "schedule_decodes", None) if self.prefix_cache is None else None
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
-        self.pool = BlockPool(limits.num_gpu_blocks, limits.block_size)
         self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
         self.specs = list(specs)
         self.reqs: list[FastRequest | None] = [None] * len(self.specs)
-        self.by_id: dict[int, FastRequest] = {}
+        self.requests: dict[int, FastRequest] = {}
         self.num_admissions = 0
         self.waiting: deque[FastRequest] = deque()
         self.running: list[FastRequest] = []
@@ -187,9 +207,9 @@ class FastEngine(QuietStretches):
     # ---- requests arriving and leaving ----
     def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
         req = self.reqs[k] = FastRequest(spec)
-        if spec.request_id in self.by_id:
+        if spec.request_id in self.requests:
             raise SimulationError(f"duplicate request id {spec.request_id}")
-        self.by_id[spec.request_id] = req
+        self.requests[spec.request_id] = req
         reason = reject_reason(spec, self.policy, self.max_model_len, self.total, self.bs)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
@@ -297,7 +317,7 @@ class FastEngine(QuietStretches):
             view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
             return view
         return EngineView(now, self.waiting, self.running, self.total - self.pool.num_used_blocks, self.total,
-                          self.bs, self.max_model_len, self.draining, self.policy_state)
+                          self.bs, self.max_model_len, self.draining, self.policy_state, self.prefix_cache)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
@@ -317,10 +337,15 @@ class FastEngine(QuietStretches):
                 return
             self.policy_state = batch.policy_state
             if batch.scheduled:
-                self._start(batch.scheduled, 0, batch.preempt, batch.padded_shape, now)
+                self._start(batch.scheduled, 0, batch.preempt, batch.preempt_at, batch.padded_shape, now)
                 return
             if batch.preempt:   # vLLM's empty step (simcore/engine.py): no forward pass, decide again
-                self._preempt(batch.preempt)
+                swap_out_s = self._preempt(batch.preempt, now)
+                self.pref.difference_update(self.requests[rid] for rid in batch.preempt)
+                if swap_out_s:   # the engine process sleeps through the copy (a plain timeout)
+                    self.eng_kind, self.eng_t, self.eng_e = "resume", now + swap_out_s, self.seq
+                    self.seq += 1
+                    return
                 continue
             if batch.wake_at_s is None or batch.wake_at_s <= now:
                 raise SimulationError(f"{self.policy.name} scheduled nothing at t={now:.6f}s with "
@@ -345,52 +370,23 @@ class FastEngine(QuietStretches):
             if growth > self.pool.num_free_blocks:
                 raise SimulationError(f"KV pool over capacity: decodes need {growth} blocks")
             self.pool.num_used_blocks += growth
-        self._start(shortcut.admitted, num_lazy, (), shortcut.padded_shape, now)
+        self._start(shortcut.admitted, num_lazy, (), (), shortcut.padded_shape, now)
 
-    def _start(self, scheduled, num_lazy: int, preempt, padded, now: float) -> None:
-        """Apply a decision (preempt, admit, allocate), price it and put its step in flight."""
-        self._preempt(preempt)
-        explicit = [(self.by_id[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
-        self._admit_and_allocate(explicit, now)
-        duration_s = self._price(explicit, num_lazy, padded)
+    def _start(self, scheduled, num_lazy: int, preempt, preempt_at, padded, now: float) -> None:
+        """Apply a decision (simcore/apply.py: preempt, admit, allocate), price it, put its step in flight."""
+        transfer_s = 0.0 if preempt_at else self._preempt(preempt, now)
+        swap_s, admitted = self._admit_and_allocate(scheduled, preempt, preempt_at, now)
+        if preempt:
+            self.pref.difference_update(self.requests[rid] for rid in preempt)
+        for req in admitted:
+            req.order = self.num_admissions
+            self.num_admissions += 1
+            self.pref.add(req)
+        explicit = [(self.requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
+        duration_s = self._price(explicit, num_lazy, padded) + (transfer_s + swap_s)
         self.inflight = (explicit, num_lazy, len(preempt), padded, now, duration_s)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + duration_s, self.seq
         self.seq += 1
-
-    def _preempt(self, victims) -> None:
-        for rid in victims:   # only after materialize(): victims are explicit
-            req = self.by_id[rid]
-            if req.status is not RUNNING:
-                raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
-            self.running.remove(req)
-            req.num_preemptions += 1
-            self.pool.free(req)
-            req.num_computed_tokens = 0
-            req.status = Status.WAITING
-            self.pref.discard(req)
-            self.waiting.appendleft(req)
-
-    def _admit_and_allocate(self, explicit: list, now: float) -> None:
-        pool, admitted = self.pool, []
-        for req, n, reserved in explicit:
-            if req.status is not RUNNING:
-                if req.status is not Status.WAITING:
-                    raise SimulationError(f"{self.policy.name} scheduled request {req.request_id}, which cannot run")
-                admitted.append(req)
-                req.status = RUNNING
-                if req.admitted_s is None:
-                    req.admitted_s = now
-                self.pref.add(req)
-            if not 0 < n <= req.num_tokens - req.num_computed_tokens:
-                raise SimulationError(f"{self.policy.name} gave request {req.request_id} {n} tokens; it has "
-                                      f"{req.num_tokens - req.num_computed_tokens} left to compute")
-            pool.grow(req, max(req.num_computed_tokens + n, reserved))
-        if admitted:
-            self.waiting = without_admitted(self.waiting, len(admitted))
-            for req in admitted:
-                req.order = self.num_admissions
-                self.num_admissions += 1
-            self.running.extend(admitted)
 
     def _price(self, explicit: list, num_lazy: int, padded) -> float:
         if padded is not None:
@@ -496,9 +492,12 @@ class FastEngine(QuietStretches):
         pool = self.pool
         if not 0 <= pool.num_used_blocks <= pool.num_blocks:
             raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of {pool.num_blocks}")
+        if not 0 <= self.swap_space.num_used_blocks <= self.swap_space.num_blocks:
+            raise SimulationError(f"host swap accounting broken: {self.swap_space.num_used_blocks} blocks used")
         if self.explicit_mode or self.shortcut is None:
             held = sum(r.num_blocks for group in (self.running, self.draining) for r in group)
-            if held != pool.num_used_blocks:
+            expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks
+            if held != expected:
                 raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
                                       f"{pool.num_blocks}, requests hold {held}")
 

@@ -8,6 +8,10 @@ from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 
 
+class SimulationError(RuntimeError):
+    """The simulated engine reached a state a real one cannot (a policy bug): fail loudly."""
+
+
 def reject_reason(spec: RequestSpec, policy, max_model_len: int, num_blocks: int, block_size: int) -> str | None:
     """Why an engine refuses `spec` on arrival, or None. vLLM rejects prompt >= max_model_len, and
     prompt + max_tokens > max_model_len at the API server; a request whose peak KV (as the policy

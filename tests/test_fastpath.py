@@ -46,10 +46,16 @@ def with_priorities(specs, seed):
     return [dataclasses.replace(s, priority=int(rng.integers(0, 3))) for s in specs]
 
 
-def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512):
-    limits = EngineLimits(num_gpu_blocks, block_size, max_model_len)
-    log = run_replica(policy, cost, limits, specs, closed=closed).log
-    fast = FastEngine(policy, cost, limits, specs, closed=closed).simulate()
+def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512, **engine):
+    limits = EngineLimits(num_gpu_blocks, block_size, max_model_len, **engine)
+    simpy_engine = run_replica(policy, cost, limits, specs, closed=closed)
+    log = simpy_engine.log
+    fast_engine = FastEngine(policy, cost, limits, specs, closed=closed)
+    fast = fast_engine.simulate()
+    if limits.enable_prefix_caching:   # the same hits, evictions and per-request cached tokens
+        a, b = simpy_engine.prefix_cache, fast_engine.prefix_cache
+        assert (a.num_hit_tokens, a.num_evicted_blocks, a.cached_tokens_by_request) == \
+               (b.num_hit_tokens, b.num_evicted_blocks, b.cached_tokens_by_request)
     plain = (requests_frame(log), iterations_frame(log), log.itl_gaps_s)
     return plain, (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts))
 
@@ -90,6 +96,40 @@ def test_every_other_policy_matches_on_the_fast_path(policy, cost):
         num_preemptions += plain[0].num_preemptions.sum()
     if getattr(policy, "scheduling_policy", None) == "priority":
         assert num_preemptions > 0   # priority preemption (of a request anywhere in running) is exercised
+
+
+@pytest.mark.parametrize("policy", POLICIES[2:], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+def test_swap_preemption_matches_on_the_fast_path(policy):
+    # a small host swap space: some victims are swapped (with copy times), the rest recomputed
+    for seed in range(4):
+        specs = random_specs(seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=40, preemption_mode="swap",
+                               num_swap_blocks=12, kv_bytes_per_token=100_000, host_link_bytes_per_s=1e9)
+        assert_identical(plain, fast, 40)
+
+
+def with_shared_prefixes(specs, seed, block_size=16):
+    """Prompts that open with one of three shared 'documents' (prefix-cache ids), the rest unique."""
+    rng = np.random.default_rng(seed + 200)
+    out = []
+    for s in specs:
+        doc = int(rng.integers(0, 3))
+        ids = tuple(1000 * doc + k for k in range(s.num_prompt_tokens // block_size))
+        out.append(dataclasses.replace(s, prefix_block_ids=ids[:int(rng.integers(0, len(ids) + 1))]))
+    return out
+
+
+@pytest.mark.parametrize("policy", [POLICIES[2], POLICIES[4], POLICIES[6], POLICIES[8], OTHER_POLICIES[-1]],
+                         ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+def test_prefix_caching_matches_on_the_fast_path(policy):
+    hits = 0
+    for seed in range(4):
+        specs = with_priorities(with_shared_prefixes(random_specs(seed), seed), seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=40,
+                               enable_prefix_caching=True)
+        assert_identical(plain, fast, 40)
+        hits += (plain[1].prefill_tokens.sum() < sum(s.num_prompt_tokens for s in specs[:-1]))
+    assert hits > 0   # cached prefixes were skipped
 
 
 @pytest.mark.parametrize("policy", POLICIES[::2] + OTHER_POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
@@ -154,13 +194,28 @@ def test_priority_classes_pass_through_and_priority_scheduling_runs_on_the_fast_
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
-    cfg = {"engine": {"policy": "continuous", "preemption_mode": "swap", "fast_path": "on"},
+    cfg = {"engine": {"policy": "continuous", "fast_path": "on"}, "cluster": {"num_replicas": 2},
            "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate_per_s": 5.0},
                         "prompt_tokens": {"dist": "fixed", "value": 10}, "output_tokens": {"dist": "fixed", "value": 3}}}
-    with pytest.raises(Exception, match="fast_path: on, but preemption_mode swap"):
+    with pytest.raises(Exception, match="fast_path: on, but a cluster of several replicas"):
         simulate(cfg)
     cfg["engine"]["fast_path"] = "auto"   # auto falls back to the SimPy engine
     assert simulate(cfg).summary["num_finished"] == 5
+
+
+def test_simulate_with_swap_and_prefix_caching_is_identical_on_both_paths():
+    base = {"model": "llama-3-8b", "hardware": "h100-sxm",
+            "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate_per_s": 25.0},
+                         "prompt_tokens": {"dist": "lognormal", "median": 600, "sigma": 1.0, "max": 4000},
+                         "output_tokens": {"dist": "lognormal", "median": 60, "sigma": 0.8, "max": 512}}}
+    for engine in ({"policy": "continuous", "preemption_mode": "swap", "num_gpu_blocks": 400, "swap_space_gb": 0.05},
+                   {"policy": "chunked_prefill", "enable_prefix_caching": True, "num_gpu_blocks": 500}):
+        a = simulate({**base, "engine": {**engine, "fast_path": "off"}}, seed=3)
+        b = simulate({**base, "engine": {**engine, "fast_path": "on"}}, seed=3)
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+        assert all(a.summary[k] == b.summary[k] or a.summary[k] != a.summary[k] for k in a.summary)
+        assert a.requests.num_preemptions.sum() > 0
 
 
 def test_vectorised_roofline_equals_step_time_bitwise():
