@@ -8,9 +8,12 @@ from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
 import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
 from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.costmodel import ConstantCost
+from simcore.batch import Batch, Scheduled
 from simcore.engine import EngineLimits
 from simcore.fastpath import FastEngine
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
@@ -191,6 +194,56 @@ def test_priority_classes_pass_through_and_priority_scheduling_runs_on_the_fast_
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
     assert a.requests.num_preemptions.sum() > 0
+
+
+@dataclass(frozen=True)
+class ShortestFirst:
+    """A policy written here, outside simcore and unregistered: running requests take all they have left
+    (preempting the newest when KV runs out), then waiting ones are admitted whole, shortest prompt first.
+    It offers no fast-path shortcut, and runs on the fast engine as it is."""
+    name: ClassVar[str] = "shortest_first"
+    holds_slots_until_drained: ClassVar[bool] = False
+    max_num_seqs: int = 4
+
+    def kv_tokens_needed(self, spec, max_model_len: int) -> int:
+        return spec.num_prompt_tokens + spec.num_output_tokens
+
+    def schedule(self, view) -> Batch:
+        free, running, scheduled, preempted = view.num_free_blocks, list(view.running), [], []
+        i = 0
+        while i < len(running):
+            req = running[i]
+            need = view.blocks_to_hold(req, req.num_tokens)
+            while need > free:
+                victim = running.pop()
+                preempted.append(victim.request_id)
+                free += view.blocks_freed(victim)
+                if victim is req:
+                    break
+            if preempted and preempted[-1] == req.request_id:
+                break
+            scheduled.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
+            free -= need
+            i += 1
+        if not preempted:
+            for req in sorted(view.waiting, key=lambda r: (r.num_prompt_tokens, r.request_id)):
+                need = view.blocks_to_hold(req, req.num_tokens)
+                if len(running) + len(scheduled) - i >= self.max_num_seqs or need > free:
+                    break
+                scheduled.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
+                free -= need
+        return Batch(tuple(scheduled), tuple(preempted))
+
+
+def test_a_new_policy_runs_on_the_fast_path_without_touching_simcore():
+    policy = ShortestFirst()
+    num_preemptions = 0
+    for seed in range(4):
+        specs = random_specs(seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=30)
+        assert_identical(plain, fast, 30)
+        num_preemptions += plain[0].num_preemptions.sum()
+    assert num_preemptions > 0
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
