@@ -9,6 +9,9 @@ from simcore.mechanics import SimulationError, without_admitted
 from simcore.request import Request, Status
 
 
+RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
+
+
 class ReplicaMechanics:
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running` (list), `requests` (id -> record) and `log` (`event`, `preemption`)."""
@@ -48,36 +51,38 @@ class ReplicaMechanics:
         transfer time and the requests admitted (appended to `running`, in batch order)."""
         transfer_s = 0.0
         admitted = []
-        cache = self.prefix_cache
+        cache, pool, requests, log = self.prefix_cache, self.pool, self.requests, self.log
         # victims interleaved with the allocations, as vLLM (only with prefix caching: Batch.preempt_at)
         victims = deque(zip(preempt_at, preempt)) if preempt_at else None
         for i, s in enumerate(scheduled):  # in order, as vLLM allocates (it may evict a later hit)
             while victims and victims[0][0] <= i:
                 transfer_s += self._preempt((victims.popleft()[1],), now_s)
-            req = self.requests.get(s.request_id)
-            if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
+            req = requests.get(s.request_id)
+            status = req.status if req is not None else None
+            if status is not RUNNING and status is not WAITING and status is not SWAPPED:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
-            if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
-                raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
+            n = s.num_new_tokens
+            if not 0 < n <= req.num_uncomputed_tokens:
+                raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
-            if cache is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
-                self._apply_prefix_hit(req, s.num_new_tokens)
-            if req.status is Status.SWAPPED:
-                self.swap_space.num_used_blocks -= req.num_blocks
-                self.pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
-                transfer_s += self._transfer_s(req.num_blocks)
-            if req.status is not Status.RUNNING:
+            if status is not RUNNING:
+                if cache is not None and status is WAITING and req.num_computed_tokens == 0:
+                    self._apply_prefix_hit(req, n)
+                if status is SWAPPED:
+                    self.swap_space.num_used_blocks -= req.num_blocks
+                    pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
+                    transfer_s += self._transfer_s(req.num_blocks)
                 admitted.append(req)
-                req.status = Status.RUNNING
+                req.status = RUNNING
                 if req.admitted_s is None:
                     req.admitted_s = now_s
-                self.log.event(now_s, req, "admitted")
-            self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
+                log.event(now_s, req, "admitted")
+            pool.grow(req, max(req.num_computed_tokens + n, s.num_reserved_tokens))
             if cache is not None:  # vLLM registers full blocks when it schedules their computation
-                cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
+                cache.cache_full_blocks(req, req.num_computed_tokens + n)
         while victims:
             transfer_s += self._preempt((victims.popleft()[1],), now_s)
-        if self.pool.num_used_blocks > self.pool.num_blocks:
+        if pool.num_used_blocks > pool.num_blocks:
             raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
         if admitted:
             self.waiting = without_admitted(self.waiting, len(admitted))

@@ -24,8 +24,8 @@ import numpy as np
 from simcore.batch import Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.apply import ReplicaMechanics
-from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool, cdiv
-from simcore.mechanics import reject_reason, without_admitted
+from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
+from simcore.mechanics import reject_reason
 from simcore.request import Request, RequestSpec, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
@@ -104,6 +104,7 @@ class FastEngine(ReplicaMechanics, QuietStretches):
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
         self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
+        self.block_size = self.bs
         self.specs = list(specs)
         self.reqs: list[FastRequest | None] = [None] * len(self.specs)
         self.requests: dict[int, FastRequest] = {}
@@ -151,7 +152,7 @@ class FastEngine(ReplicaMechanics, QuietStretches):
         self.base_sum += bc
         if req.num_blocks * bs >= spec.num_prompt_tokens + spec.num_output_tokens - 1:
             req.phase = None   # holds KV to its last token (a reservation): never grows
-        elif req.num_blocks == cdiv(c, bs):
+        elif req.num_blocks == -(-c // bs):
             req.phase = bc % bs
             self.phase[req.phase] += 1
         else:
@@ -357,7 +358,7 @@ class FastEngine(ReplicaMechanics, QuietStretches):
         self.eng_kind = None
 
     def _start_shortcut(self, shortcut, now: float) -> None:
-        if shortcut.is_quiet:
+        if shortcut.decode_running and not shortcut.admitted:   # quiet
             if not self.running:
                 raise SimulationError(f"{self.policy.name} scheduled nothing at t={now:.6f}s with "
                                       f"{len(self.waiting)} waiting, {self.pool.num_free_blocks}/{self.total} "
@@ -374,16 +375,22 @@ class FastEngine(ReplicaMechanics, QuietStretches):
 
     def _start(self, scheduled, num_lazy: int, preempt, preempt_at, padded, now: float) -> None:
         """Apply a decision (simcore/apply.py: preempt, admit, allocate), price it, put its step in flight."""
-        transfer_s = 0.0 if preempt_at else self._preempt(preempt, now)
+        transfer_s = self._preempt(preempt, now) if preempt and not preempt_at else 0.0
         swap_s, admitted = self._admit_and_allocate(scheduled, preempt, preempt_at, now)
         if preempt:
             self.pref.difference_update(self.requests[rid] for rid in preempt)
-        for req in admitted:
-            req.order = self.num_admissions
-            self.num_admissions += 1
-            self.pref.add(req)
-        explicit = [(self.requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
-        duration_s = self._price(explicit, num_lazy, padded) + (transfer_s + swap_s)
+        if admitted:
+            k = self.num_admissions
+            for req in admitted:
+                req.order = k
+                k += 1
+            self.num_admissions = k
+            self.pref.update(admitted)
+        requests = self.requests
+        explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
+        duration_s = self._price(explicit, num_lazy, padded)
+        if transfer_s or swap_s:
+            duration_s += transfer_s + swap_s
         self.inflight = (explicit, num_lazy, len(preempt), padded, now, duration_s)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + duration_s, self.seq
         self.seq += 1
@@ -446,7 +453,8 @@ class FastEngine(ReplicaMechanics, QuietStretches):
             if num_lazy and explicit:
                 done.sort(key=BY_ORDER)   # finish order = batch order
             self._finish(done, now)
-        if self.check_invariants:
+        if self.check_invariants and (self.explicit_mode or self.shortcut is None
+                                      or not 0 <= self.pool.num_used_blocks <= self.total):
             self._check_invariants()
         if self.shortcut is not None:   # a policy without the shortcut never reads lazy decoders
             if self.explicit_mode:

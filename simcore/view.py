@@ -92,8 +92,9 @@ class EngineView:
     def num_decode_growth_blocks(self) -> int:
         """Free blocks that every running request decoding one more token takes (paged KV grows by a block
         at each block boundary). O(running) here, O(1) on the fast engine."""
-        if self.lazy is not None:
-            return self.lazy.decode_growth()
+        lazy = self.lazy
+        if lazy is not None:
+            return lazy.phase[(-lazy.D) % lazy.block_size]   # FastEngine.decode_growth, inlined (hot)
         return sum(self.blocks_to_hold(r, r.num_computed_tokens + 1) for r in self.running)
 
     def all_running_decoding(self) -> bool:
