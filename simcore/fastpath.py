@@ -4,7 +4,7 @@ The same request records, the same decisions (the policy's own `schedule`, or it
 shortcut in the common case), the same KV accounting, the same float operations for every time and the same
 event order (SimPy's: time, then creation order), so every table equals the SimPy engine's, bitwise
 (tests/test_fastpath.py). Why it is fast: no Python work per running request per step while they all
-decode. Decoding requests are "lazy" (progress = base + D, the number of decode steps since); a quiet
+decode. Decoding requests are "lazy" (simcore/lazy.py: progress = base + D, the number of decode steps); a quiet
 stretch of decode-only steps is priced in bulk (simcore/stretch.py) and logged as arrays; per-request
 work happens at events only. Per-token gaps are logged as weighted samples (gap, count).
 Preemption, admission and KV allocation (swap and prefix caching included) are simcore/apply.py's, shared
@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from operator import attrgetter
 from collections import deque
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 
+from simcore.apply import ReplicaMechanics
 from simcore.batch import Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
-from simcore.apply import ReplicaMechanics
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
+from simcore.lazy import FastRequest, LazyDecoders
 from simcore.mechanics import reject_reason
-from simcore.request import Request, RequestSpec, Status
+from simcore.request import RequestSpec, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
 
@@ -57,17 +58,6 @@ class FastLog:
     priority: np.ndarray | None = None   # the workload's priority class per request
 
 
-class FastRequest(Request):
-    """A request record plus the fast engine's lazy-decoder bookkeeping. While `lazy`, its progress fields
-    are stale: the truth is `base_comp + D` computed, `base_gen + D` generated (D: the engine's decode-step
-    count), and its last token came at the engine's last decode step if it joined before it."""
-    __slots__ = ("lazy", "base_comp", "base_gen", "join_d", "order", "phase")
-
-    def __init__(self, spec: RequestSpec):
-        super().__init__(spec)
-        self.lazy, self.order, self.phase = False, 0, None
-
-
 class _NoEvents:
     """The fast engine keeps no per-request event list (a million requests would not fit): its tables are
     built from the request records at the end."""
@@ -79,7 +69,7 @@ class _NoEvents:
         pass
 
 
-class FastEngine(ReplicaMechanics, QuietStretches):
+class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     """Runs a whole workload: open loop (`specs` sorted by arrival) or closed loop (`closed = (concurrency,
     think_time_s)`, specs taken in order). Running requests that decode are lazy: they all take one token
     in every decode step, kept by finish step (a heap), by block phase (KV growth), by the time of their
@@ -130,80 +120,6 @@ class FastEngine(ReplicaMechanics, QuietStretches):
         self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")   # gap, count, when it ended
         self.num_logged = 0
         self.pricers: dict = {}          # decode-step pricing functions by batch size
-
-    # ---- lazy decoders (the view asks through these while they are lazy) ----
-    def decode_growth(self) -> int:
-        """Blocks the lazy decoders need for their next token (tight paged KV: one each per block_size)."""
-        return self.phase[(-self.D) % self.bs]
-
-    def num_generated_tokens(self, req: FastRequest) -> int:
-        return req.base_gen + self.D if req.lazy else req.num_generated_tokens
-
-    def all_running_decoding(self) -> bool:
-        return not self.pref
-
-    def _lazify(self, req: FastRequest) -> None:
-        D, bs = self.D, self.bs
-        c, spec = req.num_computed_tokens, req.spec
-        bc = c - D
-        req.base_comp, req.base_gen, req.join_d = bc, req.num_generated_tokens - D, D
-        req.lazy = True
-        self.num_lazy += 1
-        self.base_sum += bc
-        if req.num_blocks * bs >= spec.num_prompt_tokens + spec.num_output_tokens - 1:
-            req.phase = None   # holds KV to its last token (a reservation): never grows
-        elif req.num_blocks == -(-c // bs):
-            req.phase = bc % bs
-            self.phase[req.phase] += 1
-        else:
-            raise SimulationError(f"fast path: request {req.request_id} holds {req.num_blocks} blocks for "
-                                  f"{c} tokens, neither tight nor to its end")
-        heapq.heappush(self.heap, (spec.num_output_tokens - req.base_gen, req.order, req))
-        lt = req.last_token_s
-        self.groups[lt] = self.groups.get(lt, 0) + 1
-
-    def _explicit(self, req: FastRequest) -> None:
-        """Write a lazy decoder's progress back into its record."""
-        D = self.D
-        c = req.base_comp + D
-        req.num_computed_tokens, req.num_generated_tokens = c, req.base_gen + D
-        b = -(-c // self.bs)
-        if b > req.num_blocks:
-            req.num_blocks = b
-        if req.join_d < D:
-            req.last_token_s = self.t_last_d
-        req.lazy = False
-
-    def materialize(self) -> None:
-        """Make every running request explicit (the policy's `schedule` reads them one by one)."""
-        if self.num_lazy:
-            for req in self.running:
-                if req.lazy:
-                    self._explicit(req)
-            self.heap, self.phase, self.groups = [], [0] * self.bs, {}
-            self.base_sum = self.num_lazy = 0
-        self.explicit_mode = True
-
-    def _lazy_step_done(self, now: float) -> list:
-        """Every lazy decoder took a token at `now`: log the gaps, return those that finished."""
-        self.D += 1
-        D = self.D
-        for lt, count in self.groups.items():
-            self.itl_v.append(now - lt)
-            self.itl_c.append(count)
-            self.itl_e.append(now)
-        self.t_last_d = now
-        done, heap = [], self.heap
-        while heap and heap[0][0] <= D:
-            req = heapq.heappop(heap)[2]
-            self._explicit(req)
-            self.num_lazy -= 1
-            self.base_sum -= req.base_comp
-            if req.phase is not None:
-                self.phase[req.phase] -= 1
-            done.append(req)
-        self.groups = {now: self.num_lazy} if self.num_lazy else {}
-        return done
 
     # ---- requests arriving and leaving ----
     def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
