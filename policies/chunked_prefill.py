@@ -158,16 +158,18 @@ class ChunkedPrefill:
         """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
+        caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
             if budget <= 0 or num_seqs >= self.max_num_seqs:
                 break
-            hit = view.num_cached_prefix_tokens(req)
+            hit = view.num_cached_prefix_tokens(req) if caching else 0
             n = cap(req.num_uncomputed_tokens - hit, budget)
             if view.blocks_to_hold(req, req.num_tokens) > free:
                 break  # head-of-line blocking: nobody behind it is admitted
             out.append(Scheduled(req.request_id, n))
             free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
-            view.take(req, req.num_computed_tokens + hit + n)
+            if caching:
+                view.take(req, req.num_computed_tokens + hit + n)
             budget -= n
             num_seqs += 1
         return out

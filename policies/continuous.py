@@ -105,8 +105,9 @@ class Continuous:
             return out, free  # vLLM V0: no new prefills while anything is swapped out
         reserve_max = self.kv_reservation == "max"
         watermark_blocks = 0 if reserve_max else int(self.watermark * view.num_total_blocks)
+        caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
-            n = req.num_uncomputed_tokens - view.num_cached_prefix_tokens(req)
+            n = req.num_uncomputed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
@@ -114,7 +115,8 @@ class Continuous:
             if free - need < watermark_blocks:
                 break
             out.append(Scheduled(req.request_id, n, reserve))
-            view.take(req, max(req.num_tokens, reserve))
+            if caching:
+                view.take(req, max(req.num_tokens, reserve))
             free -= need
             budget -= n
             num_seqs += 1

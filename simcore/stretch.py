@@ -82,11 +82,12 @@ class QuietStretches:
 
     def _decode_pricer(self, rows: int, ctx: int):
         """A function from the context sum of a stretch step (`rows` decodes, all sampling) to its time."""
+        fn = self.pricers.get(rows)   # the cost model's decode-step function by batch size, when it has one
+        if fn is not None:
+            return fn
         cost = self.cost
         if hasattr(cost, "decode_step_time_fn"):
-            fn = self.pricers.get(rows)
-            if fn is None:
-                fn = self.pricers[rows] = cost.decode_step_time_fn(rows, rows)
+            fn = self.pricers[rows] = cost.decode_step_time_fn(rows, rows)
             return fn
         if self.by_sums:
             return lambda context_sum: cost.step_time_sums_s((), rows, context_sum, rows)
