@@ -68,6 +68,9 @@ class QuietStretches:
         else:
             self._vector_steps(j, D, ctx0, rows, ctx, max_steps, free0, used0 + grown, t_ext, ends, durs, useds)
         m = len(durs)
+        if m == 0:   # a quiet answer promises the decodes fit (simcore.batch.DecodeShortcut)
+            raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
+                                  f"but the decodes need {phase[(-D) % bs]} blocks and {free0} are free")
         if m > 1:   # steps 0 .. m-2 happen here
             self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
             self.D += m - 1

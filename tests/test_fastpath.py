@@ -13,8 +13,8 @@ from typing import ClassVar
 
 from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.costmodel import ConstantCost
-from simcore.batch import Batch, Scheduled
-from simcore.engine import EngineLimits
+from simcore.batch import QUIET, Batch, Scheduled
+from simcore.engine import EngineLimits, SimulationError
 from simcore.fastpath import FastEngine
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
 from simcore.replica import run_replica
@@ -244,6 +244,22 @@ def test_a_new_policy_runs_on_the_fast_path_without_touching_simcore():
         assert_identical(plain, fast, 30)
         num_preemptions += plain[0].num_preemptions.sum()
     assert num_preemptions > 0
+
+
+@dataclass(frozen=True)
+class AlwaysQuiet(ChunkedPrefill):
+    """A broken shortcut: claims a quiet step even when the decodes' KV growth does not fit."""
+
+    def schedule_decodes(self, view):
+        return QUIET if view.running and not view.waiting else super().schedule_decodes(view)
+
+
+def test_a_shortcut_that_breaks_its_promise_fails_loudly():
+    specs = [RequestSpec(i, 0.0, 30, 40) for i in range(3)]   # three decoders outgrow 8 blocks of 16
+    limits = EngineLimits(9, 16, 512)
+    with pytest.raises(SimulationError, match="answered a quiet step"):
+        FastEngine(AlwaysQuiet(max_num_batched_tokens=64), ConstantCost(), limits, specs).simulate()
+    run_both(ChunkedPrefill(max_num_batched_tokens=64), specs, ConstantCost(), 9)   # the honest one runs
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
