@@ -240,7 +240,10 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
         request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
         if self.shortcut is not None and not self.pref and not self.explicit_mode:
-            shortcut = self.shortcut(self._view(now, True))
+            view = self.lazy_view   # asked very often: one object, brought up to date (see _view)
+            view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
+            view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
+            shortcut = self.shortcut(view)
             if shortcut is not None:
                 return shortcut
         self.materialize()
