@@ -227,12 +227,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
             self.arr_t = INF
 
     # ---- one engine decision ----
-    def _view(self, now: float, lazy: bool) -> EngineView:
-        if lazy:   # the shortcut's view, asked very often: one object, brought up to date
-            view = self.lazy_view
-            view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
-            view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
-            return view
+    def _view(self, now: float) -> EngineView:
+        """The view for the policy's general `schedule` (every running request explicit)."""
         return EngineView(now, self.waiting, self.running, self.total - self.pool.num_used_blocks, self.total,
                           self.bs, self.max_model_len, self.draining, self.policy_state, self.prefix_cache)
 
@@ -240,14 +236,14 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
         request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
         if self.shortcut is not None and not self.pref and not self.explicit_mode:
-            view = self.lazy_view   # asked very often: one object, brought up to date (see _view)
+            view = self.lazy_view   # asked very often: one object (lazy=self), brought up to date
             view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
             view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
             shortcut = self.shortcut(view)
             if shortcut is not None:
                 return shortcut
         self.materialize()
-        return self.policy.schedule(self._view(now, False))
+        return self.policy.schedule(self._view(now))
 
     def _next(self, now: float) -> None:
         while self.waiting or self.running:
