@@ -46,6 +46,11 @@ def random_records(policy, rng):
         if kind in ("new", "preempted"):
             if kind == "preempted":
                 req.num_generated_tokens, req.num_preemptions = int(rng.integers(1, o)), int(rng.integers(1, 3))
+                if policy.name in ("continuous", "chunked_prefill") and rng.random() < 0.5:   # swapped to host
+                    req.status, req.num_computed_tokens = Status.SWAPPED, p + req.num_generated_tokens - 1
+                    req.num_blocks = cdiv(req.num_computed_tokens, BS)
+                    waiting.insert(0, req)   # preempted requests go to the front
+                    continue
             waiting.append(req)
             continue
         if kind == "draining" and policy.name != "static":
