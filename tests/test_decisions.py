@@ -16,6 +16,7 @@ from simcore.fastpath import FastEngine, FastRequest
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
+from policies.static import StaticBatchState
 from policies.tgi import TgiState
 from tests.test_fastpath import OTHER_POLICIES, POLICIES
 
@@ -136,6 +137,8 @@ def test_both_engines_decide_the_same_on_random_states(policy):
         used = sum(r.num_blocks for r in (*running, *draining))
         free = int(rng.integers(0, 40))
         state = TgiState(int(rng.integers(1, 30)), bool(rng.random() < 0.3)) if policy.name == "tgi" else None
+        if policy.name == "static" and running and rng.random() < 0.5:   # the batch's state, as carried
+            state = StaticBatchState(max(r.num_prompt_tokens for r in (*running, *draining)))
         now = 11.0 + float(rng.random())
         engine = fast_engine(policy, waiting, running, draining, used + free + 1, state, rng)
         view = EngineView(now, deque(waiting), list(running), free, used + free, BS, MML, list(draining), state)
