@@ -58,6 +58,12 @@ class FastLog:
     priority: np.ndarray | None = None   # the workload's priority class per request
 
 
+def padded_tokens(padded) -> int:
+    """Tokens a padded shape computes; its rows are usually identical (static batching: up to 256 per step)."""
+    first = padded[0]
+    return first[0] * len(padded) if padded.count(first) == len(padded) else sum(n for n, _ in padded)
+
+
 class _NoEvents:
     """The fast engine keeps no per-request event list (a million requests would not fit): its tables are
     built from the request records at the end."""
@@ -380,7 +386,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
             else:
                 for req in new_decoders:
                     self._lazify(req)
-        num_padding = sum(n for n, _ in padded) - (num_prefill + num_decode) if padded else 0
+        num_padding = padded_tokens(padded) - (num_prefill + num_decode) if padded else 0
         self.rec_f.extend((start_s, duration_s))
         self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
                            len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks))

@@ -30,7 +30,7 @@ class QuietStretches:
             raise SimulationError("fast path: a quiet stretch needs every running request decoding")
         if padded is not None:   # padded lock-step rows (static batching): one context, one token further a step
             rows, ctx = len(padded), padded[0][1] + 1   # every row's decode context, first step
-            if any(row != (1, ctx - 1) for row in padded):
+            if padded[0] != (1, ctx - 1) or padded.count(padded[0]) != rows:   # (C-speed check: 256 rows)
                 raise SimulationError("fast path: a quiet padded step needs identical one-token rows")
             ctx0 = rows * ctx
         else:
