@@ -17,14 +17,14 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import simpy
 import torch
 
 from calibration.model import Decoder, PagedKVCache, SeqGroup, StepInput, random_weights
 from costmodels.catalog import ModelShape
 from policies import ChunkedPrefill
 from simcore.costmodel import ConstantCost
-from simcore.engine import Engine, EngineLimits
+from simcore.engine import EngineLimits
+from simcore.replica import run_replica
 from simcore.request import RequestSpec, Status
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -368,14 +368,11 @@ class RealBackend:
         """Run a few throw-away steps of mixed sizes so that lazy initialisation (allocator pools, thread
         pools, CUDA kernels) happens before any timed step."""
         prompt = min(max_tokens, self.shape.max_model_len // 2)
-        env = simpy.Environment()
         limits = EngineLimits(num_gpu_blocks=self.cache.num_blocks, block_size=self.block_size,
                               max_model_len=self.shape.max_model_len)
-        engine = Engine(env, ChunkedPrefill(max_num_batched_tokens=max(prompt, 64)), ConstantCost(),
-                        limits, executor=self)
-        for i in range(4):
-            engine.submit(RequestSpec(i, 0.0, prompt // (i + 1), num_steps + 1))
-        env.run()
+        specs = [RequestSpec(i, 0.0, prompt // (i + 1), num_steps + 1) for i in range(4)]
+        run_replica(ChunkedPrefill(max_num_batched_tokens=max(prompt, 64)), ConstantCost(), limits, specs,
+                    executor=self)
         self.reset()
 
     def records_frame(self):

@@ -36,10 +36,9 @@ from costmodels.catalog import CatalogError, get_gpu
 from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
 from experiments.simulate import memory_plan
 from policies import POLICIES as ALL_POLICIES
-from simcore.arrivals import ClosedLoopUsers, open_loop
-from simcore.engine import Engine, EngineLimits, SimulationError
-from simcore.log import EngineLog
+from simcore.engine import EngineLimits, SimulationError
 from simcore.metrics import iterations_frame, requests_frame, summarize
+from simcore.replica import run_replica
 from workloads.synthetic import generate
 
 GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:"
@@ -73,20 +72,16 @@ def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResu
     limits = EngineLimits(num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size,
                           max_model_len=cfg.model.max_model_len, check_invariants=cfg.engine.check_invariants)
     env = simpy.rt.RealtimeEnvironment(strict=False) if backend is not None else simpy.Environment()
-    log = EngineLog()
     if backend is not None:
         backend.reset()
-    engine = Engine(env, cfg.policy, cost_model, limits, log, executor=backend)
-    if cfg.workload.arrival.is_closed:
-        users = ClosedLoopUsers(env, gen.specs, cfg.workload.arrival.concurrency, engine.submit,
-                                cfg.workload.arrival.think_time_s)
-        engine.on_done = users.on_done
-        users.start()
-    else:
-        env.process(open_loop(env, gen.specs, engine.submit))
-    if backend is not None:
-        env.real_start = time.monotonic()  # the real clock starts now, not when the environment was built
-    env.run()
+    arrival = cfg.workload.arrival
+    closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
+
+    def start_real_clock(env):   # the real clock starts now, not when the environment was built
+        env.real_start = time.monotonic()
+
+    log = run_replica(cfg.policy, cost_model, limits, gen.specs, closed=closed, env=env, executor=backend,
+                      before_run=start_real_clock if backend is not None else None).log
     if len(log.requests) != len(gen.specs):
         raise SimulationError(f"{cfg.policy.name}: {len(gen.specs) - len(log.requests)} requests never finished")
     requests, iterations = requests_frame(log), iterations_frame(log)

@@ -1,9 +1,10 @@
 """Choosing and running the fast path (simcore/fastpath.py) for one resolved point.
 
-`engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: the static,
-continuous or chunked-prefill policy with knobs it knows, recompute preemption, and no engine feature it
-does not model (any engine setting it does not know left at its default, no prefix-cache ids). `on`
-insists (a configuration it cannot run is an error); `off` always runs the SimPy engine.
+`engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
+policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
+preemption mode, prefix caching, priority scheduling; one replica, no disaggregation, and no engine feature
+it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot run is an error); `off` always
+runs the SimPy engine.
 """
 from __future__ import annotations
 
@@ -15,32 +16,28 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
 from simcore.fastpath import FastEngine
-from simcore.fastrules import unsupported_reason
 from simcore.log import ITERATION_COLUMNS
 from simcore.metrics import requests_frame_from_columns
 
 FAST_PATH_MODES = ("auto", "on", "off")
 # Engine settings whose every value the fast path models; any other must keep its default.
 KNOWN_ENGINE_SETTINGS = {"block_size", "gpu_memory_utilization", "num_gpu_blocks", "max_model_len",
-                         "preemption_mode", "swap_space_gb", "check_invariants", "fast_path"}
+                         "preemption_mode", "swap_space_gb", "check_invariants", "enable_prefix_caching", "fast_path"}
 
 
 def fast_path_reason(cfg, specs) -> str | None:
     """None when the fast path can run this point exactly, else the reason it cannot."""
-    reason = unsupported_reason(cfg.policy)
-    if reason:
-        return reason
-    if cfg.engine.preemption_mode != "recompute":
-        return "preemption_mode swap"
+    if not hasattr(cfg.policy, "schedule"):
+        return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "cluster", None) is not None and cfg.cluster.num_replicas > 1:
-        return "a cluster of several replicas"
+        return "a cluster of several replicas (the router reads every replica's live state: simcore/cluster.py)"
     if getattr(cfg, "disaggregation", None) is not None:
-        return "prefill/decode disaggregation (simcore/disagg.py)"
+        return "prefill/decode disaggregation (KV handed between engines: simcore/disagg.py)"
+    if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
+        return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
     for f in dataclasses.fields(cfg.engine):
         if f.name not in KNOWN_ENGINE_SETTINGS and getattr(cfg.engine, f.name) != f.default:
             return f"engine.{f.name} is not modelled by the fast path"
-    if any(s.prefix_block_ids is not None for s in specs):
-        return "requests carry prefix-cache ids"
     return None
 
 
@@ -81,29 +78,22 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
-def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple]:
-    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL) where ITL is
-    (gap values, counts) weighted samples, then every gap and when it ended, in time order, expanded on
-    use (`Repeated`; within one iteration the order of equal-time gaps differs from the SimPy log's)."""
+def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple, object]:
+    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL, prefix-cache
+    pool or None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in
+    time order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs
+    from the SimPy log's)."""
     arrival = cfg.workload.arrival
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
-    engine = FastEngine(
-        cfg.policy, cost_model, limits,
-        request_id=np.fromiter((s.request_id for s in specs), np.int64, len(specs)),
-        arrival_s=np.fromiter((s.arrival_s for s in specs), float, len(specs)),
-        prompt_tokens=np.fromiter((s.num_prompt_tokens for s in specs), np.int64, len(specs)),
-        output_tokens=np.fromiter((s.num_output_tokens for s in specs), np.int64, len(specs)),
-        max_new_tokens=np.fromiter((-1 if s.max_new_tokens is None else s.max_new_tokens for s in specs),
-                                   np.int64, len(specs)),
-        closed=closed)
+    engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed)
     log = engine.simulate()
-    del engine   # its per-request progress lists: only the log is needed from here on
-    log.priority = np.fromiter((s.priority for s in specs), np.int64, len(specs))
+    prefix_cache = engine.prefix_cache
+    del engine   # its per-request records: only the log is needed from here on
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
     itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
            Repeated(log.itl_end_s, log.itl_counts))
-    return requests_table(log), iterations_table(log), itl
+    return requests_table(log), iterations_table(log), itl, prefix_cache
 
 
 def requests_table(log) -> pd.DataFrame:

@@ -14,7 +14,6 @@ from costmodels.deployment import Deployment
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import run_fast, use_fast_path
-from simcore.arrivals import ClosedLoopUsers, open_loop
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -23,6 +22,7 @@ from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
 from simcore.pipeline import PipelinedEngine, add_pipeline_results
+from simcore.replica import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -180,18 +180,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
-    users = None
-    if arrival.is_closed:
-        users = ClosedLoopUsers(env, gen.specs, arrival.concurrency, submit, arrival.think_time_s)
-    if disagg is not None:
-        disagg.chain_on_done(users.on_done if users else None)
-    elif users is not None:
-        for e in engines:
-            e.on_done = users.on_done
-    if users is not None:
-        users.start()
-    else:
-        env.process(open_loop(env, gen.specs, submit))
+    closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
+    connect = disagg.chain_on_done if disagg is not None else on_done_of(engines)
+    start_arrivals(env, gen.specs, submit, connect, closed)
     env.run()
     if len(log.requests) != len(gen.specs):
         stuck = len(gen.specs) - len(log.requests)
@@ -216,9 +207,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         add_pipeline_results(engines, iterations, summary, replicas, usable)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
-        summary.update(prefix_cache_stats([e.prefix_cache for e in engines]))
-        cached = {rid: n for e in engines for rid, n in e.prefix_cache.cached_tokens_by_request.items()}
-        requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
+        add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
@@ -257,12 +246,21 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
         summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
 
 
+def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:
+    """Prefix-cache hit counters (summary) and each request's cached prompt tokens (a column), in place."""
+    summary.update(prefix_cache_stats(pools))
+    cached = {rid: n for pool in pools for rid, n in pool.cached_tokens_by_request.items()}
+    requests["cached_prompt_tokens"] = requests["request_id"].map(cached).fillna(0).astype(int)
+
+
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
                  latency_s: float = 0.0) -> SimResult:
-    """The fast path's run, as the same SimResult (one replica, no prefix cache: see experiments/fast.py)."""
-    requests, iterations, itl = run_fast(cfg, limits, cost_model, gen.specs)
+    """The fast path's run, as the same SimResult (one replica: see experiments/fast.py)."""
+    requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, gen.specs)
     requests = client_view(requests, latency_s)
     summary = summarize(requests, iterations, itl[:2], num_usable_blocks(plan.num_gpu_blocks))
     run_keys(cfg, plan, cost_model, gen, requests, summary)
+    if prefix_cache is not None:
+        add_prefix_cache_stats(summary, requests, [prefix_cache])
     return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
                      *itl[2:])

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from policies.defaults import (GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs,
                                vllm_server_batch_defaults)
-from simcore.batch import Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.request import Request, RequestSpec
 from simcore.view import EngineView
 
@@ -94,21 +94,49 @@ class ChunkedPrefill:
 
     def schedule(self, view: EngineView) -> Batch:
         budget = self.max_num_batched_tokens
+        cap = self._capper(view)
+        free = view.num_free_blocks
+        running = list(view.running)
+        scheduled: dict[int, Scheduled] = {}   # in scheduling order
+        preempted: list[int] = []
+        preempt_at: list[int] = []  # scheduled before each victim (the order matters with prefix caching)
+        budget, free = self._schedule_running(view, running, scheduled, preempted, preempt_at, budget, free, cap)
+        # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
+        if not preempted:
+            for s in self._schedule_waiting(view, budget, free, len(running), cap):
+                scheduled[s.request_id] = s
+        return Batch(tuple(scheduled.values()), tuple(preempted),
+                     preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
+
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """`schedule` when every running request decodes and phase A can give each its token without
+        preempting (fewer running requests than the budget, their KV growth fits): phase B alone."""
+        running = view.running
+        if view.prefix_cache is not None or len(running) > self.max_num_batched_tokens:
+            return None  # with prefix caching phase A's `take`s shape phase B's hits
+        free = view.num_free_blocks - view.num_decode_growth_blocks()
+        if free < 0:
+            return None  # phase A would preempt
+        if not view.waiting:
+            return QUIET
+        admitted = self._schedule_waiting(view, self.max_num_batched_tokens - len(running), free, len(running),
+                                          self._capper(view))
+        return DecodeShortcut(tuple(admitted)) if admitted else QUIET
+
+    def _capper(self, view: EngineView):
         # vLLM applies long_prefill_token_threshold only when another request (running or waiting) could be
         # starved by a long prefill: alone, a request gets the whole budget.
         threshold = self.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
 
         def cap(n: int, budget: int) -> int:
             return min(threshold if 0 < threshold < n else n, budget)
+        return cap
 
-        free = view.num_free_blocks
-        running = list(view.running)
-        scheduled: dict[int, Scheduled] = {}   # in scheduling order
+    def _schedule_running(self, view, running, scheduled, preempted, preempt_at, budget, free, cap):
+        """Phase A: running requests, in list order (preempting as the class docstring says). Fills
+        `scheduled`, `preempted`, `preempt_at` and pops victims off `running`; returns (budget, free)."""
         blocks_taken: dict[int, int] = {}
-        preempted: list[int] = []
-        preempt_at: list[int] = []  # scheduled before each victim (the order matters with prefix caching)
         by_priority = self.scheduling_policy == "priority"
-        # Phase A: running requests, in list order.
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -139,21 +167,24 @@ class ChunkedPrefill:
             free -= need
             budget -= n
             i += 1
-        # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
-        if not preempted:
-            num_seqs = len(running)
-            waiting = _in_priority_order(view.waiting) if by_priority else view.waiting
-            for req in waiting:
-                if budget <= 0 or num_seqs >= self.max_num_seqs:
-                    break
-                hit = view.num_cached_prefix_tokens(req)
-                n = cap(req.num_uncomputed_tokens - hit, budget)
-                if view.blocks_to_hold(req, req.num_tokens) > free:
-                    break  # head-of-line blocking: nobody behind it is admitted
-                scheduled[req.request_id] = Scheduled(req.request_id, n)
-                free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
+        return budget, free
+
+    def _schedule_waiting(self, view, budget, free, num_seqs, cap) -> list[Scheduled]:
+        """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
+        out = []
+        waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
+        caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
+        for req in waiting:
+            if budget <= 0 or num_seqs >= self.max_num_seqs:
+                break
+            hit = view.num_cached_prefix_tokens(req) if caching else 0
+            n = cap(req.num_uncomputed_tokens - hit, budget)
+            if view.blocks_to_hold(req, req.num_tokens) > free:
+                break  # head-of-line blocking: nobody behind it is admitted
+            out.append(Scheduled(req.request_id, n))
+            free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
+            if caching:
                 view.take(req, req.num_computed_tokens + hit + n)
-                budget -= n
-                num_seqs += 1
-        return Batch(tuple(scheduled.values()), tuple(preempted),
-                     preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
+            budget -= n
+            num_seqs += 1
+        return out

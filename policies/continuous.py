@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs
-from simcore.batch import Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.request import RequestSpec, Status
 from simcore.view import EngineView, max_total_tokens
 
@@ -93,21 +93,45 @@ class Continuous:
             decodes += self._swap_in_pass(view, len(running), free)[0]
         return Batch(tuple(decodes), tuple(preempted), preempt_at=tuple(order or ()))
 
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """`schedule` when every running request decodes: the prefill pass alone, then (if it admitted
+        nothing, or when mixing) every decode when the budget and the KV growth allow (else None)."""
+        if view.prefix_cache is not None or (view.waiting and view.waiting[0].status is Status.SWAPPED):
+            return None
+        num_running, budget = len(view.running), self.max_num_batched_tokens
+        if not self.mix_prefill_decode:
+            prefills, _ = self._prefill_pass(view, num_running, view.num_free_blocks, budget)
+            if prefills:
+                return DecodeShortcut(tuple(prefills), decode_running=False)
+        if num_running > budget:
+            return None
+        free = view.num_free_blocks - view.num_decode_growth_blocks()
+        if free < 0:
+            return None  # the decode pass would preempt
+        if not self.mix_prefill_decode:
+            return QUIET
+        prefills = self._prefill_pass(view, num_running, free, budget - num_running)[0]
+        return DecodeShortcut(tuple(prefills)) if prefills else QUIET
+
     def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
         out: list[Scheduled] = []
-        if view.waiting and view.waiting[0].status is Status.SWAPPED:
+        waiting = view.waiting
+        if not waiting or waiting[0].status is Status.SWAPPED:
             return out, free  # vLLM V0: no new prefills while anything is swapped out
-        watermark_blocks = int(self.watermark * view.num_total_blocks) if self.kv_reservation == "paged" else 0
-        for req in view.waiting:
-            n = req.num_uncomputed_tokens - view.num_cached_prefix_tokens(req)
+        reserve_max = self.kv_reservation == "max"
+        watermark_blocks = 0 if reserve_max else int(self.watermark * view.num_total_blocks)
+        caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
+        for req in waiting:
+            n = req.num_uncomputed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
-            reserve = max_total_tokens(req.spec, view.max_model_len) if self.kv_reservation == "max" else 0
+            reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
             need = view.blocks_to_hold(req, max(req.num_tokens, reserve))
             if free - need < watermark_blocks:
                 break
             out.append(Scheduled(req.request_id, n, reserve))
-            view.take(req, max(req.num_tokens, reserve))
+            if caching:
+                view.take(req, max(req.num_tokens, reserve))
             free -= need
             budget -= n
             num_seqs += 1

@@ -10,10 +10,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
-from simcore.batch import Batch, Scheduled
+from simcore.batch import Batch, DecodeShortcut, Scheduled
 from simcore.kvcache import cdiv
 from simcore.request import RequestSpec
 from simcore.view import EngineView, max_total_tokens
+
+
+@dataclass(frozen=True)
+class StaticBatchState:
+    """The batch in flight, carried from step to step: every row's padded prompt length."""
+    prompt_len: int
 
 
 @dataclass(frozen=True)
@@ -65,12 +71,27 @@ class Static:
         total_len = prompt_len + max_new
         # Every row reserves the padded prompt + the batch's max output; every row prefills `prompt_len`.
         scheduled = tuple(Scheduled(r.request_id, r.num_prompt_tokens, total_len) for r in members)
-        return Batch(scheduled, padded_shape=((prompt_len, 0),) * len(members))
+        return Batch(scheduled, padded_shape=((prompt_len, 0),) * len(members),
+                     policy_state=StaticBatchState(prompt_len))
 
     def _step(self, view: EngineView) -> Batch:
         """One decode step of the batch in flight: unfinished rows decode, finished rows are padding."""
-        prompt_len = max(r.num_prompt_tokens for r in (*view.running, *view.draining))
-        num_generated = view.running[0].num_generated_tokens  # all unfinished rows are in lock-step
-        num_rows = len(view.running) + len(view.draining)
         scheduled = tuple(Scheduled(r.request_id, 1) for r in view.running)
-        return Batch(scheduled, padded_shape=((1, prompt_len + num_generated - 1),) * num_rows)
+        return Batch(scheduled, padded_shape=self._decode_shape(view), policy_state=view.policy_state)
+
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """A batch in flight decodes in lock-step until it drains (the fast engine's quiet stretch)."""
+        if not view.running:
+            return None
+        return DecodeShortcut(padded_shape=self._decode_shape(view))
+
+    @staticmethod
+    def _decode_shape(view: EngineView) -> tuple[tuple[int, int], ...]:
+        state = view.policy_state
+        if isinstance(state, StaticBatchState):   # (the fast path asks at every finish: no pass over the rows)
+            prompt_len = state.prompt_len
+        else:
+            prompt_len = max(r.num_prompt_tokens for r in (*view.running, *view.draining))
+        num_generated = view.num_generated_tokens(view.running[0])  # all unfinished rows are in lock-step
+        num_rows = len(view.running) + len(view.draining)
+        return ((1, prompt_len + num_generated - 1),) * num_rows

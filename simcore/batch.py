@@ -53,3 +53,28 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.scheduled)
+
+
+@dataclass(frozen=True)
+class DecodeShortcut:
+    """A policy's decision in the common case the fast engine asks about (`Policy.schedule_decodes`):
+    every running request is decoding, and the policy either decodes all of them one token each, in
+    running order, or pauses all of them (`decode_running` False: a prefill-only step), plus `admitted`
+    (waiting requests scheduled after them, as `Batch.scheduled` would list them), preempting nothing.
+
+    An empty `admitted` with `decode_running` is a quiet step; it promises that the policy decides the same
+    (a `padded_shape`'s rows one token further per step) in every following decode-only step until a
+    request arrives or finishes, or the decoders' KV growth no longer fits in the free blocks. The engine
+    keeps `policy_state` unchanged over such steps, so a policy whose state moves every step (TGI's
+    step counter, SGLang's decaying ratio) does not offer the shortcut.
+    """
+    admitted: tuple[Scheduled, ...] = ()
+    decode_running: bool = True
+    padded_shape: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def is_quiet(self) -> bool:
+        return self.decode_running and not self.admitted
+
+
+QUIET = DecodeShortcut()  # every running request decodes, nothing else (one shared value: asked very often)

@@ -11,16 +11,14 @@ from typing import Callable
 
 import simpy
 
+from simcore.apply import ReplicaMechanics
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
-from simcore.log import EngineLog
+from simcore.log import EngineLog, IterationRecord
+from simcore.mechanics import SimulationError, is_decode, reject_reason, samples
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
-
-
-class SimulationError(RuntimeError):
-    """The simulated engine reached a state a real one cannot (a policy bug): fail loudly."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class EngineLimits:
     handoff_after_first_token: bool = False
 
 
-class Engine:
+class Engine(ReplicaMechanics):
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
                  replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
@@ -84,7 +82,7 @@ class Engine:
         if spec.request_id in self.requests:
             raise SimulationError(f"duplicate request id {spec.request_id}")
         self.requests[spec.request_id] = req
-        self.log.arrival(spec, self.replica_id)
+        self.log.arrival(spec, self.replica_id, self.env.now)
         reason = self._reject_reason(spec)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
@@ -134,14 +132,7 @@ class Engine:
             self._wake.succeed()
 
     def _reject_reason(self, spec: RequestSpec) -> str | None:
-        # vLLM rejects prompt >= max_model_len, and prompt + max_tokens > max_model_len at the API server.
-        if spec.num_prompt_tokens + max(1, spec.num_output_tokens) > self.limits.max_model_len:
-            return "exceeds_max_model_len"
-        if spec.num_output_tokens < 1 or spec.num_prompt_tokens < 1:
-            return "empty_prompt_or_output"
-        if self.pool.blocks_for(self.policy.kv_tokens_needed(spec, self.limits.max_model_len)) > self.pool.num_blocks:
-            return "exceeds_kv_capacity"
-        return None
+        return reject_reason(spec, self.policy, self.limits.max_model_len, self.pool.num_blocks, self.limits.block_size)
 
     # ---- the loop ----
     def view(self) -> EngineView:
@@ -163,7 +154,7 @@ class Engine:
                     # Blocks held by KV transfers (disaggregation): a policy may have had to preempt even
                     # the request it was placing; apply that, then wait for a transfer to end.
                     self._wake = env.event()  # before any swap-out time, so that no release is missed
-                    swap_out_s = self._preempt(batch.preempt)
+                    swap_out_s = self._preempt(batch.preempt, env.now)
                     if swap_out_s:
                         yield env.timeout(swap_out_s)
                     yield self._wake
@@ -171,7 +162,7 @@ class Engine:
                 if batch.preempt:
                     # vLLM's empty step: with priority scheduling a request that cannot grow may preempt
                     # itself first, ending the step with nothing scheduled; no forward pass runs.
-                    swap_out_s = self._preempt(batch.preempt)
+                    swap_out_s = self._preempt(batch.preempt, env.now)
                     if swap_out_s:
                         yield env.timeout(swap_out_s)
                     if self.on_step is not None:
@@ -186,8 +177,8 @@ class Engine:
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
                 continue
             start_s = env.now
-            transfer_s = 0.0 if batch.preempt_at else self._preempt(batch.preempt)
-            transfer_s += self._admit_and_allocate(batch)
+            transfer_s = 0.0 if batch.preempt_at else self._preempt(batch.preempt, env.now)
+            transfer_s += self._admit_and_allocate(batch.scheduled, batch.preempt, batch.preempt_at, env.now)[0]
             shape = batch.padded_shape
             if shape is None:
                 shape = [(s.num_new_tokens, self.requests[s.request_id].num_computed_tokens)
@@ -209,90 +200,7 @@ class Engine:
         if batch.padded_shape is not None:
             return len(shape)  # padded rows sample too (HF generate keeps finished rows in the batch)
         reqs = self.requests
-        return sum(1 for s in batch.scheduled
-                   if reqs[s.request_id].num_computed_tokens + s.num_new_tokens >= reqs[s.request_id].num_tokens)
-
-    # ---- applying a decision ----
-    def _preempt(self, victims: tuple[int, ...]) -> float:
-        transfer_s = 0.0
-        for rid in victims:
-            req = self.requests[rid]
-            if req.status is not Status.RUNNING:
-                raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
-            self.running.remove(req)
-            req.num_preemptions += 1
-            if self.limits.preemption_mode == "swap" and self.swap_space.can_hold(req.num_blocks):
-                # vLLM V0 swap: KV copied to host; progress kept.
-                self.swap_space.num_used_blocks += req.num_blocks
-                transfer_s += self._transfer_s(req.num_blocks)
-                self.pool.num_used_blocks -= req.num_blocks
-                req.status = Status.SWAPPED
-            else:
-                # Recompute (vLLM default, and V0's fallback when swap space is full): KV dropped.
-                self.pool.free(req)
-                req.num_computed_tokens = 0
-                req.status = Status.WAITING
-            self.waiting.appendleft(req)  # vLLM: waiting.prepend_request
-            self.log.preemption(req, self.env.now)
-        return transfer_s
-
-    def _transfer_s(self, num_blocks: int) -> float:
-        num_bytes = num_blocks * self.limits.block_size * self.limits.kv_bytes_per_token
-        return num_bytes / self.limits.host_link_bytes_per_s
-
-    def _admit_and_allocate(self, batch: Batch) -> float:
-        transfer_s = 0.0
-        admitted = []
-        cache = self.prefix_cache
-        # victims interleaved with the allocations, as vLLM (only with prefix caching: Batch.preempt_at)
-        victims = deque(zip(batch.preempt_at, batch.preempt)) if batch.preempt_at else None
-        for i, s in enumerate(batch.scheduled):  # in order, as vLLM allocates (it may evict a later hit)
-            while victims and victims[0][0] <= i:
-                transfer_s += self._preempt((victims.popleft()[1],))
-            req = self.requests.get(s.request_id)
-            if req is None or req.status not in (Status.WAITING, Status.SWAPPED, Status.RUNNING):
-                raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
-            if not 0 < s.num_new_tokens <= req.num_uncomputed_tokens:
-                raise SimulationError(f"{self.policy.name} gave request {s.request_id} {s.num_new_tokens} "
-                                      f"tokens; it has {req.num_uncomputed_tokens} left to compute")
-            if cache is not None and req.status is Status.WAITING and req.num_computed_tokens == 0:
-                self._apply_prefix_hit(req, s.num_new_tokens)
-            if req.status is Status.SWAPPED:
-                self.swap_space.num_used_blocks -= req.num_blocks
-                self.pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
-                transfer_s += self._transfer_s(req.num_blocks)
-            if req.status is not Status.RUNNING:
-                admitted.append(req)
-                req.status = Status.RUNNING
-                if req.admitted_s is None:
-                    req.admitted_s = self.env.now
-            self.pool.grow(req, max(req.num_computed_tokens + s.num_new_tokens, s.num_reserved_tokens))
-            if cache is not None:  # vLLM registers full blocks when it schedules their computation
-                cache.cache_full_blocks(req, req.num_computed_tokens + s.num_new_tokens)
-        while victims:
-            transfer_s += self._preempt((victims.popleft()[1],))
-        if self.pool.num_used_blocks > self.pool.num_blocks:
-            raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
-        if admitted:
-            waiting = self.waiting
-            num_front = 0  # FCFS policies admit from the front: pop those without scanning the queue
-            while waiting and waiting[0].status is Status.RUNNING:
-                waiting.popleft()
-                num_front += 1
-            if num_front < len(admitted):  # a policy that skipped the head (e.g. priority order)
-                self.waiting = deque(r for r in waiting if r.status is not Status.RUNNING)
-            self.running.extend(admitted)
-        return transfer_s
-
-    def _apply_prefix_hit(self, req: Request, num_new_tokens: int) -> None:
-        """Prefix caching (vLLM `get_computed_blocks` at admission, only when nothing is computed yet): the
-        request shares its cached prefix blocks and starts with those tokens computed. The policy must have
-        sized the prefill with `EngineView.num_cached_prefix_tokens`."""
-        hit = self.prefix_cache.num_cached_tokens(req)
-        if num_new_tokens > req.num_tokens - hit:
-            raise SimulationError(f"{self.policy.name} gave request {req.request_id} {num_new_tokens} tokens, "
-                                  f"ignoring its {hit}-token prefix-cache hit")
-        req.num_computed_tokens = self.prefix_cache.admit(req)
+        return sum(1 for s in batch.scheduled if samples(reqs[s.request_id], s.num_new_tokens))
 
     def _complete(self, batch: Batch, start_s: float, duration_s: float, shape) -> None:
         now = self.env.now
@@ -303,7 +211,7 @@ class Engine:
         handoff = self.limits.handoff_after_first_token
         for s in batch.scheduled:
             req = self.requests[s.request_id]
-            if req.num_uncomputed_tokens == 1 and req.num_generated_tokens > 0:
+            if is_decode(req):
                 num_decode += 1
             else:
                 num_prefill += s.num_new_tokens
@@ -312,6 +220,7 @@ class Engine:
                 req.num_generated_tokens += 1
                 if req.first_token_s is None:
                     req.first_token_s = now
+                    log.event(now, req, "first_token")
                 else:
                     log.itl_gaps_s.append(now - req.last_token_s)
                 req.last_token_s = now
@@ -339,9 +248,9 @@ class Engine:
                 req.status = Status.FINISHED
             self.draining.clear()
         num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
-        log.iteration(start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled),
-                      len(batch.preempt), len(self.waiting), len(self.running) + len(self.draining),
-                      self.pool.num_used_blocks, self.replica_id)
+        log.iteration(IterationRecord(
+            start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled), len(batch.preempt),
+            len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks, self.replica_id))
         for req in done:
             if self.on_done:
                 self.on_done(req)

@@ -1,33 +1,39 @@
-"""The fast path: `simcore.engine`'s semantics for one replica under the static, continuous and
-chunked-prefill rules (recompute preemption, no prefix caching), without SimPy or `Request` objects.
+"""The fast path: `simcore.engine`'s semantics for one replica without SimPy, for any policy.
 
-Same decisions (simcore/fastrules.py), same KV accounting, same float operations for every time, same
+The same request records, the same decisions (the policy's own `schedule`, or its `schedule_decodes`
+shortcut in the common case), the same KV accounting, the same float operations for every time and the same
 event order (SimPy's: time, then creation order), so every table equals the SimPy engine's, bitwise
-(tests/test_fastpath.py). Why it is fast: no Python work per running request per step. Decoding requests
-are "lazy" (progress = base + number of decode steps); a quiet stretch of decode-only steps, up to the next
-arrival or think timer, the first finish, or the first step whose KV growth would preempt, is priced with
-the cost model's count-and-sum entry points (`decode_step_time_fn`, `decode_steps_time_s` for long
-stretches; any cost model works through `step_time_s`, only slower) and logged as arrays; per-request work
-happens at events only. Per-token gaps are logged as weighted samples (gap, count). The per-iteration
-invariant checks of the SimPy engine are replaced by the same capacity checks at allocation.
+(tests/test_fastpath.py). Why it is fast: no Python work per running request per step while they all
+decode. Decoding requests are "lazy" (simcore/lazy.py: progress = base + D, the number of decode steps); a quiet
+stretch of decode-only steps is priced in bulk (simcore/stretch.py) and logged as arrays; per-request
+work happens at events only. Per-token gaps are logged as weighted samples (gap, count).
+Preemption, admission and KV allocation (swap and prefix caching included) are simcore/apply.py's, shared
+with the SimPy engine. Not modelled (experiments/fast.py falls back to the SimPy engine): several replicas
+behind a router, disaggregation (KV handed between engines), real-hardware executors.
 """
 from __future__ import annotations
 
 import heapq
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 
+from simcore.apply import ReplicaMechanics
+from simcore.batch import Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fastrules import QUIET, make_rules
-from simcore.kvcache import num_usable_blocks
+from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
+from simcore.lazy import FastRequest, LazyDecoders
+from simcore.mechanics import reject_reason
+from simcore.request import RequestSpec, Status
+from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
+from simcore.view import EngineView
 
-WAITING, RUNNING, DRAINING, FINISHED, REJECTED = range(5)
 INF = float("inf")
-NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
-SCALAR_STEPS = 8     # a stretch prices this many steps one by one before switching to vectorised chunks
+RUNNING = Status.RUNNING
+BY_ORDER = attrgetter("order")
 
 
 @dataclass
@@ -49,60 +55,67 @@ class FastLog:
     itl_counts: np.ndarray
     itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int
-    priority: np.ndarray | None = None   # the workload's priority class per request (not read by the rules)
+    priority: np.ndarray | None = None   # the workload's priority class per request
 
 
-class FastEngine:
-    """Runs a whole workload: open loop (`arrival_s` sorted) or closed loop (`closed = (concurrency,
-    think_time_s)`, requests taken in order). Lengths as integer arrays; `max_new_tokens` -1 = unset.
+def padded_tokens(padded) -> int:
+    """Tokens a padded shape computes; its rows are usually identical (static batching: up to 256 per step)."""
+    first = padded[0]
+    return first[0] * len(padded) if padded.count(first) == len(padded) else sum(n for n, _ in padded)
 
-    Running requests that decode ("lazy decoders") are not updated one by one: they all take one token in
-    every decode step, so their progress is `base + D` with D the number of such steps; they are kept by
-    finish step (a heap), by block phase (for KV growth), by the time of their last token (for ITL), and
-    by their context sum (for pricing). A decision that needs them one by one (a preemption, a token
-    budget smaller than the batch, a prompt still being chunked) first makes them explicit again.
-    """
 
-    def __init__(self, policy, cost_model, limits: EngineLimits, *, request_id, arrival_s, prompt_tokens,
-                 output_tokens, max_new_tokens, closed: tuple[int, float] | None = None):
-        if limits.preemption_mode != "recompute":
-            raise ValueError("the fast path models recompute preemption only")
-        total = num_usable_blocks(limits.num_gpu_blocks)  # as simcore.kvcache.BlockPool
-        self.rules = make_rules(policy, total)
-        self.grows, self.is_static = self.rules.grows, self.rules.static
+class _NoEvents:
+    """The fast engine keeps no per-request event list (a million requests would not fit): its tables are
+    built from the request records at the end."""
+
+    def event(self, now_s, req, kind) -> None:
+        pass
+
+    def preemption(self, req, now_s) -> None:
+        pass
+
+
+class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
+    """Runs a whole workload: open loop (`specs` sorted by arrival) or closed loop (`closed = (concurrency,
+    think_time_s)`, specs taken in order). Running requests that decode are lazy: they all take one token
+    in every decode step, kept by finish step (a heap), by block phase (KV growth), by the time of their
+    last token (ITL) and by their context sum (pricing). Before the policy's general `schedule` they are
+    made explicit again (`materialize`), as that walks them one by one anyway."""
+
+    def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None):
+        if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
+            raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
+        self.policy, self.cost, self.limits = policy, cost_model, limits
+        self.check_invariants = limits.check_invariants
+        self.prefix_cache = None
+        if limits.enable_prefix_caching:   # block identities: every step explicit (vLLM caches per step)
+            if not getattr(policy, "supports_prefix_caching", False) or limits.preemption_mode != "recompute":
+                raise ValueError("engine.enable_prefix_caching: needs a policy that supports it and recompute")
+            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.log = _NoEvents()
+        self.shortcut = getattr(policy, "schedule_decodes", None) if self.prefix_cache is None else None
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
-        self.cost, self.limits = cost_model, limits
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
-        self.bs, self.total, self.max_model_len = limits.block_size, total, limits.max_model_len
-        self.request_id = np.asarray(request_id)
-        n = len(self.request_id)
-        self.arrival = np.asarray(arrival_s, dtype=float).tolist()
-        self.prompt = np.asarray(prompt_tokens, dtype=np.int64).tolist()
-        self.out = np.asarray(output_tokens, dtype=np.int64).tolist()
-        mml = limits.max_model_len
-        # max_total_tokens(spec, max_model_len): what Orca-style and static schedulers reserve
-        self.maxtot = [mml if m < 0 else min(p + max(m, o), mml)
-                       for p, o, m in zip(self.prompt, self.out, np.asarray(max_new_tokens, dtype=np.int64).tolist())]
-        self.comp, self.gen, self.blocks, self.npre = [0] * n, [0] * n, [0] * n, [0] * n
-        self.adm, self.first, self.fin = [None] * n, [None] * n, [None] * n
-        self.last = [0.0] * n
-        self.status, self.reason = [WAITING] * n, [None] * n
-        self.user = [0] * n
-        self.order = [0] * n            # admission order: the running list's order
+        self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
+        self.block_size = self.bs
+        self.specs = list(specs)
+        self.reqs: list[FastRequest | None] = [None] * len(self.specs)
+        self.requests: dict[int, FastRequest] = {}
         self.num_admissions = 0
-        self.waiting: deque[int] = deque()
-        self.run: list[int] = []
-        self.drain: list[int] = []
-        self.pref: set[int] = set()     # running requests still prefilling (never lazy)
-        self.used = 0
-        self.static_prompt_len = 0
+        self.waiting: deque[FastRequest] = deque()
+        self.running: list[FastRequest] = []
+        self.draining: list[FastRequest] = []
+        self.pref: set[FastRequest] = set()   # running requests still prefilling (never lazy)
+        self.policy_state = None
+        self.lazy_view = EngineView(0.0, (), (), 0, self.total, self.bs, self.max_model_len, self.draining,
+                                    lazy=self)
         # lazy decoders
         self.D, self.t_last_d = 0, 0.0
-        self.lazy = [False] * n
-        self.base_comp, self.base_gen, self.join_d = [0] * n, [0] * n, [0] * n
-        self.heap: list = []            # (D at which it finishes, admission order, r)
-        self.phase = [0] * self.bs      # lazy decoders by base_comp % block_size
+        self.heap: list = []            # (D at which it finishes, admission order, request)
+        self.phase = [0] * self.bs      # growing lazy decoders by base_comp % block_size
         self.base_sum = 0
         self.num_lazy = 0
         self.groups: dict = {}          # lazy decoders by the time of their last token
@@ -114,91 +127,26 @@ class FastEngine:
         self.num_logged = 0
         self.pricers: dict = {}          # decode-step pricing functions by batch size
 
-    # ---- lazy decoders ----
-    def decode_growth(self) -> int:
-        """Blocks the lazy decoders need for their next token (tight paged KV: one each per block_size)."""
-        return self.phase[(-self.D) % self.bs] if self.grows else 0
-
-    def _lazify(self, r: int) -> None:
-        D = self.D
-        bc, bg = self.comp[r] - D, self.gen[r] - D
-        self.base_comp[r], self.base_gen[r], self.join_d[r] = bc, bg, D
-        self.lazy[r] = True
-        self.num_lazy += 1
-        self.base_sum += bc
-        self.phase[bc % self.bs] += 1
-        heapq.heappush(self.heap, (self.out[r] - bg, self.order[r], r))
-        lt = self.last[r]
-        self.groups[lt] = self.groups.get(lt, 0) + 1
-
-    def _explicit(self, r: int) -> None:
-        """Write a lazy decoder's progress back into the per-request lists."""
-        D = self.D
-        c = self.base_comp[r] + D
-        self.comp[r], self.gen[r] = c, self.base_gen[r] + D
-        b = -(-c // self.bs)
-        if b > self.blocks[r]:
-            self.blocks[r] = b
-        if self.join_d[r] < D:
-            self.last[r] = self.t_last_d
-        self.lazy[r] = False
-
-    def materialize(self) -> None:
-        """Make every running request explicit (the rules' general path needs them one by one)."""
-        for r in self.run:
-            if self.lazy[r]:
-                self._explicit(r)
-        self.heap, self.phase, self.groups = [], [0] * self.bs, {}
-        self.base_sum = self.num_lazy = 0
-        self.explicit_mode = True
-
-    def _lazy_step_done(self, now: float) -> list:
-        """Every lazy decoder took a token at `now`: log the gaps, return those that finished."""
-        self.D += 1
-        D = self.D
-        for lt, count in self.groups.items():
-            self.itl_v.append(now - lt)
-            self.itl_c.append(count)
-            self.itl_e.append(now)
-        self.t_last_d = now
-        done, heap = [], self.heap
-        while heap and heap[0][0] <= D:
-            r = heapq.heappop(heap)[2]
-            self._explicit(r)
-            bc = self.base_comp[r]
-            self.num_lazy -= 1
-            self.base_sum -= bc
-            self.phase[bc % self.bs] -= 1
-            done.append(r)
-        self.groups = {now: self.num_lazy} if self.num_lazy else {}
-        return done
-
     # ---- requests arriving and leaving ----
-    def _reject_reason(self, r: int) -> str | None:
-        p, o = self.prompt[r], self.out[r]
-        if p + max(1, o) > self.max_model_len:
-            return "exceeds_max_model_len"
-        if o < 1 or p < 1:
-            return "empty_prompt_or_output"
-        if -(-self.rules.kv_tokens_needed(self, r) // self.bs) > self.total:
-            return "exceeds_kv_capacity"
-        return None
-
-    def _submit(self, r: int, now: float) -> None:
-        reason = self._reject_reason(r)
+    def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
+        req = self.reqs[k] = FastRequest(spec)
+        if spec.request_id in self.requests:
+            raise SimulationError(f"duplicate request id {spec.request_id}")
+        self.requests[spec.request_id] = req
+        reason = reject_reason(spec, self.policy, self.max_model_len, self.total, self.bs)
         if reason:
-            self.status[r], self.reason[r], self.fin[r] = REJECTED, reason, now
+            req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
             self.num_logged += 1
             if self.closed:
-                self._on_done(r, now)
+                self._on_done(req, now)
             return
-        self.waiting.append(r)
+        self.waiting.append(req)
         if self.eng_kind is None or self.eng_kind == "timed":  # wake the idle engine
             self.eng_kind, self.eng_t, self.eng_e = "resume", now, self.seq
             self.seq += 1
 
-    def _on_done(self, r: int, now: float) -> None:
-        user = self.user[r]
+    def _on_done(self, req: FastRequest, now: float) -> None:
+        user = req.spec.user_id
         think = self.closed[1]
         if think <= 0:
             self._send(user, now)
@@ -209,11 +157,10 @@ class FastEngine:
             self.seq += 1
 
     def _send(self, user: int, now: float) -> None:
-        r = self.next_spec
-        if r < len(self.prompt):
+        k = self.next_spec
+        if k < len(self.specs):
             self.next_spec += 1
-            self.arrival[r], self.user[r] = now, user
-            self._submit(r, now)
+            self._submit(k, replace(self.specs[k], arrival_s=now, user_id=user), now)
 
     def _flush_timers(self, now: float) -> None:
         for user in self.deferred:
@@ -229,7 +176,6 @@ class FastEngine:
 
     # ---- the event loop ----
     def simulate(self) -> FastLog:
-        n = len(self.prompt)
         self.timers: list = []
         self.deferred: list[int] = []
         self.eng_kind, self.eng_t, self.eng_e = "resume", 0.0, -2   # the engine process starts first
@@ -237,7 +183,7 @@ class FastEngine:
         self.deferring = True
         if self.closed:
             self.next_spec = 0
-            for user in range(self.closed[0]):
+            for user in range(min(self.closed[0], len(self.specs))):
                 self._send(user, 0.0)
         else:
             self.arr_t, self.arr_e = 0.0, -1   # the arrival process starts second
@@ -268,109 +214,120 @@ class FastEngine:
                 self._next(t)
                 self._flush_timers(t)
                 self.deferring = False
-        return self._log(n)
+        return self._log()
 
     def _arrivals(self, now: float, first: bool) -> None:
         """simcore.arrivals.open_loop: submit the due arrival(s), then sleep until the next one."""
-        k, a = self.arr_k, self.arrival
+        k, specs = self.arr_k, self.specs
         if not first:
-            self._submit(k, now)
+            self._submit(k, specs[k], now)
             k += 1
-        while k < len(a) and a[k] <= now:
-            self._submit(k, now)
+        while k < len(specs) and specs[k].arrival_s <= now:
+            self._submit(k, specs[k], now)
             k += 1
         self.arr_k = k
-        if k < len(a):
-            self.arr_t, self.arr_e = now + (a[k] - now), self.seq
+        if k < len(specs):
+            self.arr_t, self.arr_e = now + (specs[k].arrival_s - now), self.seq
             self.seq += 1
         else:
             self.arr_t = INF
 
     # ---- one engine decision ----
+    def _view(self, now: float) -> EngineView:
+        """The view for the policy's general `schedule` (every running request explicit)."""
+        return EngineView(now, self.waiting, self.running, self.total - self.pool.num_used_blocks, self.total,
+                          self.bs, self.max_model_len, self.draining, self.policy_state, self.prefix_cache)
+
+    def decide(self, now: float) -> Batch | DecodeShortcut:
+        """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
+        request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
+        if self.shortcut is not None and not self.pref and not self.explicit_mode:
+            view = self.lazy_view   # asked very often: one object (lazy=self), brought up to date
+            view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
+            view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
+            shortcut = self.shortcut(view)
+            if shortcut is not None:
+                return shortcut
+        self.materialize()
+        return self.policy.schedule(self._view(now))
+
     def _next(self, now: float) -> None:
-        if not (self.waiting or self.run):
-            self.eng_kind = None
-            return
-        decision = self.rules.decide(self, now)
-        if decision is QUIET:
-            if not self.run:
-                raise SimulationError(f"{self.rules.name}: scheduled nothing at t={now:.6f}s with "
-                                      f"{len(self.waiting)} waiting, {self.total - self.used}/{self.total} blocks free")
-            self._stretch(now)
-            return
-        if isinstance(decision, float):   # a static batch waits to fill
-            if decision <= now:
-                raise SimulationError(f"static scheduled nothing at t={now:.6f}s")
-            self.eng_kind, self.eng_t, self.eng_e = "timed", now + (decision - now), self.seq
+        while self.waiting or self.running:
+            batch = self.decide(now)
+            if isinstance(batch, DecodeShortcut):
+                self._start_shortcut(batch, now)
+                return
+            self.policy_state = batch.policy_state
+            if batch.scheduled:
+                self._start(batch.scheduled, 0, batch.preempt, batch.preempt_at, batch.padded_shape, now)
+                return
+            if batch.preempt:   # vLLM's empty step (simcore/engine.py): no forward pass, decide again
+                swap_out_s = self._preempt(batch.preempt, now)
+                self.pref.difference_update(self.requests[rid] for rid in batch.preempt)
+                if swap_out_s:   # the engine process sleeps through the copy (a plain timeout)
+                    self.eng_kind, self.eng_t, self.eng_e = "resume", now + swap_out_s, self.seq
+                    self.seq += 1
+                    return
+                continue
+            if batch.wake_at_s is None or batch.wake_at_s <= now:
+                raise SimulationError(f"{self.policy.name} scheduled nothing at t={now:.6f}s with "
+                                      f"{len(self.waiting)} waiting, {len(self.running)} running, "
+                                      f"{self.pool.num_free_blocks}/{self.total} blocks free")
+            self.eng_kind, self.eng_t, self.eng_e = "timed", now + (batch.wake_at_s - now), self.seq
             self.seq += 1
             return
-        explicit, preempted, padded, all_decode = decision
-        num_lazy = self.num_lazy if all_decode else 0
-        if not (explicit or num_lazy):
-            raise SimulationError(f"{self.rules.name}: scheduled nothing at t={now:.6f}s with "
-                                  f"{len(self.waiting)} waiting, {len(self.run)} running, "
-                                  f"{self.total - self.used}/{self.total} blocks free")
-        self._preempt(preempted)
+        self.eng_kind = None
+
+    def _start_shortcut(self, shortcut, now: float) -> None:
+        if shortcut.decode_running and not shortcut.admitted:   # quiet
+            if not self.running:
+                raise SimulationError(f"{self.policy.name} scheduled nothing at t={now:.6f}s with "
+                                      f"{len(self.waiting)} waiting, {self.pool.num_free_blocks}/{self.total} "
+                                      "blocks free")
+            self._stretch(now, shortcut.padded_shape)
+            return
+        num_lazy = self.num_lazy if shortcut.decode_running else 0
         if num_lazy:
             growth = self.decode_growth()
-            if growth > self.total - self.used:
+            if growth > self.pool.num_free_blocks:
                 raise SimulationError(f"KV pool over capacity: decodes need {growth} blocks")
-            self.used += growth
-        self._admit_and_allocate(explicit, now)
+            self.pool.num_used_blocks += growth
+        self._start(shortcut.admitted, num_lazy, (), (), shortcut.padded_shape, now)
+
+    def _start(self, scheduled, num_lazy: int, preempt, preempt_at, padded, now: float) -> None:
+        """Apply a decision (simcore/apply.py: preempt, admit, allocate), price it, put its step in flight."""
+        transfer_s = self._preempt(preempt, now) if preempt and not preempt_at else 0.0
+        swap_s, admitted = self._admit_and_allocate(scheduled, preempt, preempt_at, now)
+        if preempt:
+            self.pref.difference_update(self.requests[rid] for rid in preempt)
+        if admitted:
+            k = self.num_admissions
+            for req in admitted:
+                req.order = k
+                k += 1
+            self.num_admissions = k
+            self.pref.update(admitted)
+        requests = self.requests
+        explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
         duration_s = self._price(explicit, num_lazy, padded)
-        self.inflight = (explicit, num_lazy, len(preempted), padded, now, duration_s)
+        if transfer_s or swap_s:
+            duration_s += transfer_s + swap_s
+        self.inflight = (explicit, num_lazy, len(preempt), padded, now, duration_s)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + duration_s, self.seq
         self.seq += 1
 
-    def _preempt(self, victims: list) -> None:
-        for v in victims:   # only after materialize(): victims are explicit
-            self.run.remove(v)
-            self.npre[v] += 1
-            self.used -= self.blocks[v]
-            self.blocks[v] = self.comp[v] = 0
-            self.status[v] = WAITING
-            self.pref.discard(v)
-            self.waiting.appendleft(v)
-
-    def _admit_and_allocate(self, scheduled: list, now: float) -> None:
-        status, comp, blocks, bs = self.status, self.comp, self.blocks, self.bs
-        num_admitted = 0
-        for r, n, reserved in scheduled:
-            if status[r] != RUNNING:
-                num_admitted += 1
-                status[r] = RUNNING
-                if self.adm[r] is None:
-                    self.adm[r] = now
-                self.pref.add(r)
-            extra = -(-max(comp[r] + n, reserved) // bs) - blocks[r]
-            if extra > 0:
-                if extra > self.total - self.used:
-                    raise SimulationError(f"KV pool over capacity: request {r} needs {extra} blocks")
-                self.used += extra
-                blocks[r] += extra
-        for _ in range(num_admitted):   # these rules admit from the front of the queue, in order
-            r = self.waiting.popleft()
-            if status[r] != RUNNING:
-                raise SimulationError("fast path: admitted requests must be the head of the queue")
-            self.order[r] = self.num_admissions
-            self.num_admissions += 1
-            self.run.append(r)
-
-    def _price(self, scheduled: list, num_lazy: int, padded) -> float:
+    def _price(self, explicit: list, num_lazy: int, padded) -> float:
         if padded is not None:
-            rows, new, cached = padded
-            if new > 1 or cached == 0:
-                return self.cost.step_time_s(prefill=[(new, cached)] * rows, decode=[], num_logits=rows)
-            return self.cost.step_time_s(prefill=[], decode=[cached + 1] * rows, num_logits=rows)
+            prefill, decode = split_shape(padded)
+            return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=len(padded))
         prefill, decode, num_logits = [], [], num_lazy
-        comp, prompt, gen = self.comp, self.prompt, self.gen
-        for r, n, _ in scheduled:
-            c = comp[r]
+        for req, n, _ in explicit:   # split_shape and mechanics.samples, inlined (the hot loop)
+            c = req.num_computed_tokens
             if n > 1 or c == 0:
                 prefill.append((n, c))
             else:
                 decode.append(c + 1)
-            if c + n >= prompt[r] + gen[r]:
+            if c + n >= req.num_tokens:
                 num_logits += 1
         if not num_lazy:
             return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
@@ -378,237 +335,116 @@ class FastEngine:
         if self.by_sums:   # lazy decoders come first in the batch; the roofline needs only their sum
             lazy_sum = self.base_sum + num_lazy * (D + 1)
             return self.cost.step_time_sums_s(prefill, num_lazy + len(decode), lazy_sum + sum(decode), num_logits)
-        lazy_ctx = [self.base_comp[r] + D + 1 for r in self.run if self.lazy[r]]
+        lazy_ctx = [r.base_comp + D + 1 for r in self.running if r.lazy]
         return self.cost.step_time_s(prefill=prefill, decode=lazy_ctx + decode, num_logits=num_logits)
 
     # ---- completing a step ----
     def _complete(self, now: float) -> None:
-        scheduled, num_lazy, num_preempted, padded, start_s, duration_s = self.inflight
-        comp, gen, prompt, out, first, last = self.comp, self.gen, self.prompt, self.out, self.first, self.last
+        explicit, num_lazy, num_preempted, padded, start_s, duration_s = self.inflight
         done = self._lazy_step_done(now) if num_lazy else []
         num_prefill, num_decode = 0, num_lazy
-        gaps, new_decoders = {}, []
-        for r, n, _ in scheduled:
-            c, g, total = comp[r], gen[r], prompt[r] + gen[r]
-            if total - c == 1 and g > 0:
+        gaps, new_decoders, pref = {}, [], self.pref
+        for req, n, _ in explicit:
+            c, g = req.num_computed_tokens, req.num_generated_tokens
+            total = req.spec.num_prompt_tokens + g
+            if total - c == 1 and g > 0:   # mechanics.is_decode, inlined (the hot loop)
                 num_decode += 1
             else:
                 num_prefill += n
             c += n
-            comp[r] = c
+            req.num_computed_tokens = c
             if c == total:   # caught up: sample one token
-                gen[r] = g + 1
-                if first[r] is None:
-                    first[r] = now
+                req.num_generated_tokens = g + 1
+                if req.first_token_s is None:
+                    req.first_token_s = now
                 else:
-                    lt = last[r]
+                    lt = req.last_token_s
                     gaps[lt] = gaps.get(lt, 0) + 1
-                last[r] = now
-                self.pref.discard(r)
-                if g + 1 == out[r]:
-                    done.append(r)
+                req.last_token_s = now
+                pref.discard(req)
+                if g + 1 == req.spec.num_output_tokens:
+                    done.append(req)
                 else:
-                    new_decoders.append(r)
+                    new_decoders.append(req)
         for lt, count in gaps.items():
             self.itl_v.append(now - lt)
             self.itl_c.append(count)
             self.itl_e.append(now)
         if done:
-            if num_lazy and scheduled:
-                done.sort(key=self.order.__getitem__)   # finish order = batch order
+            if num_lazy and explicit:
+                done.sort(key=BY_ORDER)   # finish order = batch order
             self._finish(done, now)
-        if self.explicit_mode:
-            self.explicit_mode = False
-            for r in self.run:
-                if r not in self.pref:
-                    self._lazify(r)
-        else:
-            for r in new_decoders:
-                self._lazify(r)
-        num_padding = padded[0] * padded[1] - (num_prefill + num_decode) if padded else 0
+        if self.check_invariants and (self.explicit_mode or self.shortcut is None
+                                      or not 0 <= self.pool.num_used_blocks <= self.total):
+            self._check_invariants()
+        if self.shortcut is not None:   # a policy without the shortcut never reads lazy decoders
+            if self.explicit_mode:
+                self.explicit_mode = False
+                for req in self.running:
+                    if req not in pref:
+                        self._lazify(req)
+            else:
+                for req in new_decoders:
+                    self._lazify(req)
+        num_padding = padded_tokens(padded) - (num_prefill + num_decode) if padded else 0
         self.rec_f.extend((start_s, duration_s))
-        self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(scheduled), num_preempted,
-                           len(self.waiting), len(self.run) + len(self.drain), self.used))
+        self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
+                           len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks))
         if self.closed:
-            for r in done:
-                self._on_done(r, now)
+            for req in done:
+                self._on_done(req, now)
 
     def _finish(self, done: list, now: float) -> None:
         if len(done) == 1:
-            self.run.remove(done[0])
+            self.running.remove(done[0])
         else:
             gone = set(done)
-            self.run = [r for r in self.run if r not in gone]
-        for r in done:
-            self.fin[r] = now
+            self.running = [r for r in self.running if r not in gone]
+        for req in done:
+            req.finish_s = now
             self.num_logged += 1
             if self.holds_slots:
-                self.status[r] = DRAINING
-                self.drain.append(r)
+                req.status = Status.DRAINING
+                self.draining.append(req)
             else:
-                self.status[r] = FINISHED
-                self.used -= self.blocks[r]
-                self.blocks[r] = 0
-        if self.drain and not self.run:
-            for r in self.drain:
-                self.used -= self.blocks[r]
-                self.blocks[r] = 0
-                self.status[r] = FINISHED
-            self.drain.clear()
+                req.status = Status.FINISHED
+                self.pool.free(req)
+        if self.draining and not self.running:
+            for req in self.draining:
+                self.pool.free(req)
+                req.status = Status.FINISHED
+            self.draining.clear()
 
-    # ---- quiet stretches ----
-    def _stretch(self, now: float) -> None:
-        """Every running request (all lazy decoders) decodes one token per step until the first finish, the
-        first step whose KV growth exceeds the free blocks (a preemption: left to the rules), or the first
-        external event (arrival, think timer) before a step ends. All steps but the last are applied here
-        at once; the last is left in flight and completed like any other step. The first few steps are
-        priced one by one (most stretches are short); longer stretches in vectorised chunks."""
-        num_dec, D, bs = self.num_lazy, self.D, self.bs
-        if num_dec != len(self.run) or self.pref:
-            raise SimulationError("fast path: a quiet stretch needs every running request decoding")
-        if self.is_static:
-            rows = num_dec + len(self.drain)
-            ctx = self.static_prompt_len + self.base_gen[self.run[0]] + D   # every row's context, first step
-            ctx0 = rows * ctx
-        else:
-            rows, ctx = num_dec, 0
-            ctx0 = self.base_sum + num_dec * (D + 1)
-        max_steps = self.heap[0][0] - D    # the first finish ends the stretch
-        free0, used0 = self.total - self.used, self.used
-        e0 = self.seq
-        self.seq += 1
-        self._flush_timers(now)   # think timers created at this instant come after the first step
-        t_ext, e_ext = self._next_external()
-        ends, durs, useds = [now], [], []
-        grown, j, stop = 0, 0, False
-        phase, grows = self.phase, self.grows
-        price_sum, context_sum = self._decode_pricer(rows, ctx), ctx0
-        t = now
-        while j < SCALAR_STEPS:
-            if grows:
-                g = phase[(-(D + j)) % bs]
-                if grown + g > free0:
-                    break   # this step would preempt: the rules take it from here
-                grown += g
-            d = price_sum(context_sum)
-            context_sum += rows
-            t = t + d
-            ends.append(t)
-            durs.append(d)
-            useds.append(used0 + grown)
-            j += 1
-            if t_ext < t or (t_ext == t and (j > 1 or e_ext < e0)) or j == max_steps:
-                stop = True   # an external event comes before this step's end is processed, or a finish
-                break
-        else:
-            self._vector_steps(j, D, ctx0, rows, ctx, max_steps, free0, used0 + grown, t_ext, ends, durs, useds)
-        m = len(durs)
-        if m > 1:   # steps 0 .. m-2 happen here
-            self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
-            self.D += m - 1
-            self.t_last_d = ends[m - 1]
-            self.groups = {ends[m - 1]: num_dec}
-        self.used = useds[m - 1]   # the last step's blocks are allocated at its start
-        padded = (rows, 1, ctx + m - 2) if self.is_static else None
-        self.inflight = ([], num_dec, 0, padded, ends[m - 1], durs[m - 1])
-        self.eng_kind, self.eng_t = "complete", ends[m]
-        self.eng_e = e0 if m == 1 else self.seq + m - 2
-        self.seq += m - 1
-
-    def _decode_pricer(self, rows: int, ctx: int):
-        """A function from the context sum of a stretch step (`rows` decodes, all sampling) to its time."""
-        cost = self.cost
-        if hasattr(cost, "decode_step_time_fn"):
-            fn = self.pricers.get(rows)
-            if fn is None:
-                fn = self.pricers[rows] = cost.decode_step_time_fn(rows, rows)
-            return fn
-        if self.by_sums:
-            return lambda context_sum: cost.step_time_sums_s((), rows, context_sum, rows)
-        # any cost model: rebuild the contexts (step j adds j to each; the sum adds rows * j)
-        contexts0 = ([ctx] * rows if self.is_static else [self.base_comp[r] + self.D + 1 for r in self.run])
-        sum0 = sum(contexts0)
-        return lambda context_sum: cost.step_time_s(
-            prefill=[], decode=[c + (context_sum - sum0) // rows for c in contexts0], num_logits=rows)
-
-    def _vector_steps(self, j0, D, ctx0, rows, ctx, max_steps, free0, used, t_ext, ends, durs, useds) -> None:
-        """Continue a long stretch from step j0 in chunks priced by one `decode_steps_time_s` call each."""
-        bs, chunk = self.bs, 512   # a long stretch is usually cut by an arrival within a few hundred steps
-        growth_by_phase = np.array(self.phase, dtype=np.int64) if self.grows else None
-        price_sum = None if self.vectorised else self._decode_pricer(rows, ctx)
-        grown0 = used - (self.total - free0)   # blocks grown by the stretch so far
-        while j0 < max_steps:
-            k = min(chunk, max_steps - j0)
-            js = np.arange(j0, j0 + k)
-            stop = j0 + k == max_steps
-            used_after = np.full(k, used, dtype=np.int64)
-            if growth_by_phase is not None:
-                cum = grown0 + np.cumsum(growth_by_phase[(-(D + js)) % bs])
-                over = np.flatnonzero(cum > free0)
-                if over.size:
-                    k, stop = int(over[0]), True
-                    js, cum = js[:k], cum[:k]
-                used_after = (self.total - free0) + cum
-            if k == 0:
-                return
-            if self.vectorised:
-                d = np.asarray(self.cost.decode_steps_time_s(rows, ctx0 + rows * js, rows), dtype=float)
-            else:
-                d = np.array([price_sum(ctx0 + rows * j) for j in js.tolist()], dtype=float)
-            e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
-            cut = int(np.searchsorted(e[1:], t_ext, side="left"))   # ties: the external comes first
-            if cut < k:
-                k, stop = cut + 1, True
-            ends.extend(e[1:k + 1].tolist())
-            durs.extend(d[:k].tolist())
-            useds.extend(used_after[:k].tolist())
-            if stop:
-                return
-            j0 += k
-            used = useds[-1]
-            grown0 = used - (self.total - free0)
-            chunk = min(4 * chunk, 4096)
-
-    def _log_quiet_steps(self, ends: list, durs: list, useds: list, num_dec: int, rows: int, k: int) -> None:
-        """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
-        t1 = ends[1]
-        itl_v, itl_c, itl_e = self.itl_v, self.itl_c, self.itl_e
-        for lt, count in self.groups.items():   # step 0: gaps from each request's own previous token
-            itl_v.append(t1 - lt)
-            itl_c.append(count)
-            itl_e.append(t1)
-        consts = (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting), num_dec + len(self.drain))
-        if k <= SCALAR_STEPS:
-            rec_f, rec_i = self.rec_f, self.rec_i
-            for j in range(1, k):   # every request's previous token came at the previous step's end
-                itl_v.append(ends[j + 1] - ends[j])
-                itl_c.append(num_dec)
-                itl_e.append(ends[j + 1])
-            for j in range(k):
-                rec_f.extend((ends[j], durs[j]))
-                rec_i.extend((*consts, useds[j]))
-            return
-        e = np.asarray(ends[1:k + 1])
-        itl_v.frombytes((e[1:] - e[:-1]).tobytes())
-        itl_c.frombytes(np.full(k - 1, num_dec, dtype=np.int64).tobytes())
-        itl_e.frombytes(e[1:].tobytes())
-        floats = np.empty((k, 2))
-        floats[:, 0] = ends[:k]
-        floats[:, 1] = durs[:k]
-        self.rec_f.frombytes(floats.tobytes())
-        ints = np.empty((k, NUM_INT_COLUMNS), dtype=np.int32)
-        ints[:, :NUM_INT_COLUMNS - 1] = consts
-        ints[:, 7] = useds[:k]
-        self.rec_i.frombytes(ints.tobytes())
+    def _check_invariants(self) -> None:
+        """The SimPy engine's per-iteration checks, as far as they are cheap here: the pool within capacity
+        always; with every running request explicit (after a general step), the blocks they hold."""
+        pool = self.pool
+        if not 0 <= pool.num_used_blocks <= pool.num_blocks:
+            raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of {pool.num_blocks}")
+        if not 0 <= self.swap_space.num_used_blocks <= self.swap_space.num_blocks:
+            raise SimulationError(f"host swap accounting broken: {self.swap_space.num_used_blocks} blocks used")
+        if self.explicit_mode or self.shortcut is None:
+            held = sum(r.num_blocks for group in (self.running, self.draining) for r in group)
+            expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks
+            if held != expected:
+                raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
+                                      f"{pool.num_blocks}, requests hold {held}")
 
     # ---- results ----
-    def _log(self, n: int) -> FastLog:
+    def _log(self) -> FastLog:
+        specs, reqs = self.specs, self.reqs
+        recs = [r if r is not None else FastRequest(s) for r, s in zip(reqs, specs)]
+        status = ["finished" if r.status in (Status.FINISHED, Status.DRAINING) else
+                  ("rejected" if r.status is Status.REJECTED else "unfinished") for r in recs]
         return FastLog(
-            self.request_id, np.asarray(self.arrival, dtype=float), np.asarray(self.prompt, dtype=np.int64),
-            np.asarray(self.out, dtype=np.int64), self.adm, self.first, self.fin, self.npre,
-            ["finished" if s in (FINISHED, DRAINING) else ("rejected" if s == REJECTED else "unfinished")
-             for s in self.status], self.reason,
+            np.fromiter((s.request_id for s in specs), np.int64, len(specs)),
+            np.fromiter((r.spec.arrival_s for r in recs), float, len(recs)),
+            np.fromiter((s.num_prompt_tokens for s in specs), np.int64, len(specs)),
+            np.fromiter((s.num_output_tokens for s in specs), np.int64, len(specs)),
+            [r.admitted_s for r in recs], [r.first_token_s for r in recs], [r.finish_s for r in recs],
+            [r.num_preemptions for r in recs], status, [r.reject_reason for r in recs],
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
-            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged)
+            np.frombuffer(self.itl_e, dtype=float), len(specs) - self.num_logged,
+            np.fromiter((s.priority for s in specs), np.int64, len(specs)))

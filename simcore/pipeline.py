@@ -49,6 +49,7 @@ import simpy
 
 from simcore.batch import Batch, split_shape
 from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.log import IterationRecord
 from simcore.request import Request, Status
 from simcore.view import EngineView, Policy
 
@@ -162,7 +163,7 @@ class PipelinedEngine(Engine):
                 self._launch(batch)
                 continue
             if batch.preempt:   # vLLM's empty step: a request preempted itself; no forward pass
-                self._preempt(batch.preempt)
+                self._preempt(batch.preempt, env.now)
                 continue
             if not self.in_flight and (batch.wake_at_s is None or batch.wake_at_s <= env.now):
                 raise SimulationError(
@@ -178,8 +179,8 @@ class PipelinedEngine(Engine):
         """Apply the decision (preempt, admit, allocate), advance the scheduled tokens as computed (as vLLM's
         scheduler does) and place the batch on the stages."""
         env, reqs = self.env, self.requests
-        self._preempt(batch.preempt)
-        self._admit_and_allocate(batch)   # no transfer time: recompute preemption only
+        self._preempt(batch.preempt, env.now)
+        self._admit_and_allocate(batch.scheduled, batch.preempt, batch.preempt_at, env.now)   # recompute only: no transfer time
         shape = [(s.num_new_tokens, reqs[s.request_id].num_computed_tokens) for s in batch.scheduled]
         prefill, decode = split_shape(shape)
         stage_s, send_s = self.cost_model.stage_times_s(prefill=prefill, decode=decode,
@@ -231,6 +232,7 @@ class PipelinedEngine(Engine):
             req.num_generated_tokens += 1
             if req.first_token_s is None:
                 req.first_token_s = now
+                log.event(now, req, "first_token")
             else:
                 log.itl_gaps_s.append(now - req.last_token_s)
             req.last_token_s = now
@@ -241,9 +243,9 @@ class PipelinedEngine(Engine):
             req.finish_s, req.status = now, Status.FINISHED
             self.pool.free(req)
             log.done(req, self.replica_id)
-        log.iteration(fl.scheduled_s, fl.duration_s, fl.num_prefill_tokens, fl.num_decode_tokens, 0,
-                      len(fl.batch.scheduled), len(fl.batch.preempt), len(self.waiting), len(self.running),
-                      self.pool.num_used_blocks, self.replica_id)
+        log.iteration(IterationRecord(
+            fl.scheduled_s, fl.duration_s, fl.num_prefill_tokens, fl.num_decode_tokens, 0, len(fl.batch.scheduled),
+            len(fl.batch.preempt), len(self.waiting), len(self.running), self.pool.num_used_blocks, self.replica_id))
         self.pipeline_rows.append((fl.enter_s, fl.num_in_flight, self._bubble_s(fl)))
         self.active_s += max(0.0, now - max(fl.enter_s, self._active_until_s))
         self._active_until_s = max(self._active_until_s, now)

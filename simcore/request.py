@@ -67,7 +67,7 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         """1 for a decode, the rest of the prompt (+ generated, after a recompute) for a prefill."""
-        return self.num_tokens - self.num_computed_tokens
+        return self.spec.num_prompt_tokens + self.num_generated_tokens - self.num_computed_tokens
 
     @property
     def is_prefilling(self) -> bool:

@@ -1,23 +1,32 @@
-"""The read-only view of an engine that a policy decides from."""
+"""The read-only view of an engine that a policy decides from: the scheduling-state protocol both engines
+implement (simcore/engine.py over its request records, simcore/fastpath.py over the same records with
+lazily advanced decoders)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Sequence
 
 from simcore.batch import Batch
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 
+SWAPPED = Status.SWAPPED
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class EngineView:
     """A snapshot an engine hands its policy each iteration. Policies must not mutate what it holds (they
-    report each decision to `take`, which only updates the view's own prefix-cache scratch plan).
+    report each decision to `take`, which only updates the view's own prefix-cache scratch plan). Not a
+    frozen dataclass only because the fast engine builds one per decision, and frozen fields cost a
+    microsecond each time.
 
     `waiting`: FCFS order, front first (new arrivals, recompute-preempted and swapped requests).
     `running`: admission order (a resumed request is appended again at the end, as in vLLM).
     `draining`: finished requests whose slot and KV are still held (static batching only).
     `policy_state`: what the policy returned as `Batch.policy_state` last time (None at the start).
+    `lazy`: the fast engine, when running requests may be lazy decoders whose progress fields are stale
+    (only in a `Policy.schedule_decodes` call); read their progress through `num_generated_tokens` and
+    `num_decode_growth_blocks`, which answer in O(1) there. None: every field is current.
     """
     now_s: float
     waiting: Sequence[Request]
@@ -29,13 +38,14 @@ class EngineView:
     draining: Sequence[Request] = ()
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
+    lazy: object | None = None
+    _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):
         """The step's prefix-cache plan (simcore.kvcache.StepPlan), made on first use; None without caching."""
-        plan = self.__dict__.get("_step_plan")
+        plan = self._step_plan
         if plan is None and self.prefix_cache is not None:
-            plan = self.prefix_cache.plan()
-            object.__setattr__(self, "_step_plan", plan)
+            plan = self._step_plan = self.prefix_cache.plan()
         return plan
 
     def _is_new(self, req: Request) -> bool:
@@ -55,8 +65,8 @@ class EngineView:
         request's hit blocks that other requests hold (or take this step) are shared and take no free block."""
         if self.prefix_cache is not None and self._is_new(req):
             return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
-        extra = max(0, cdiv(num_tokens, self.block_size) - req.num_blocks)
-        return extra + req.num_blocks if req.status is Status.SWAPPED else extra
+        extra = max(0, -(-num_tokens // self.block_size) - req.num_blocks)
+        return extra + req.num_blocks if req.status is SWAPPED else extra
 
     def blocks_freed(self, req: Request) -> int:
         """Blocks that preempting running `req` returns to the free pool: all it holds, or with prefix
@@ -75,6 +85,24 @@ class EngineView:
     def max_total_tokens(self, spec: RequestSpec) -> int:
         return max_total_tokens(spec, self.max_model_len)
 
+    def num_generated_tokens(self, req: Request) -> int:
+        """`req.num_generated_tokens`, also for a lazy decoder of the fast engine."""
+        return req.num_generated_tokens if self.lazy is None else self.lazy.num_generated_tokens(req)
+
+    def num_decode_growth_blocks(self) -> int:
+        """Free blocks that every running request decoding one more token takes (paged KV grows by a block
+        at each block boundary). O(running) here, O(1) on the fast engine."""
+        lazy = self.lazy
+        if lazy is not None:
+            return lazy.phase[(-lazy.D) % lazy.block_size]   # FastEngine.decode_growth, inlined (hot)
+        return sum(self.blocks_to_hold(r, r.num_computed_tokens + 1) for r in self.running)
+
+    def all_running_decoding(self) -> bool:
+        """Whether every running request has exactly one token to compute (a decode)."""
+        if self.lazy is not None:
+            return self.lazy.all_running_decoding()
+        return all(r.num_uncomputed_tokens == 1 and r.num_generated_tokens > 0 for r in self.running)
+
 
 def max_total_tokens(spec: RequestSpec, max_model_len: int) -> int:
     """Prompt + the client's max_tokens (up to max_model_len when unset): what Orca-style and static
@@ -91,6 +119,12 @@ class Policy(Protocol):
     holds_slots_until_drained: ClassVar[bool]
 
     def schedule(self, view: EngineView) -> Batch: ...
+
+    # Optional (the fast engine's shortcut; a policy without it runs there step by step through `schedule`):
+    # def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None
+    # Called only when every running request is decoding; must equal `schedule(view)` whenever it returns a
+    # value (checked decision by decision in tests/test_decisions.py), and read running requests' progress
+    # only through the view (they may be lazy). See simcore.batch.DecodeShortcut for what a quiet answer promises.
 
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         """KV tokens this request needs at its peak when alone; it is rejected if that never fits."""

@@ -1,13 +1,10 @@
 """Small builders shared by the tests: hand-made requests and views, and a bare engine run."""
 from __future__ import annotations
 
-import simpy
-
-from simcore.arrivals import open_loop
 from simcore.costmodel import ConstantCost
-from simcore.engine import Engine, EngineLimits
-from simcore.log import EngineLog
+from simcore.engine import EngineLimits
 from simcore.metrics import requests_frame
+from simcore.replica import run_replica
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
 
@@ -32,11 +29,7 @@ def view(waiting=(), running_=(), free=1000, total=1000, block_size=16, max_mode
 
 def run_engine(policy, specs, *, cost=None, num_gpu_blocks=1000, block_size=16, max_model_len=8192,
                preemption_mode="recompute", num_swap_blocks=1000):
-    env = simpy.Environment()
-    log = EngineLog()
     limits = EngineLimits(num_gpu_blocks, block_size, max_model_len, preemption_mode,
                           kv_bytes_per_token=1000, host_link_bytes_per_s=1e9, num_swap_blocks=num_swap_blocks)
-    engine = Engine(env, policy, cost or ConstantCost(1.0), limits, log)
-    env.process(open_loop(env, sorted(specs, key=lambda s: s.arrival_s), engine.submit))
-    env.run()
-    return requests_frame(log), log, engine
+    engine = run_replica(policy, cost or ConstantCost(1.0), limits, sorted(specs, key=lambda s: s.arrival_s))
+    return requests_frame(engine.log), engine.log, engine

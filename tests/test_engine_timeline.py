@@ -1,5 +1,6 @@
 """Exact engine timelines with a constant-cost stub (1 s per iteration), computed by hand."""
 from policies import ChunkedPrefill, Continuous, Static
+from simcore.log import RequestEvent as E
 from simcore.request import RequestSpec
 from tests.helpers import run_engine
 
@@ -17,7 +18,7 @@ def test_static_holds_the_batch_until_the_longest_output_ends():
     # [0,1] padded prefill of A and B; B done at 1 but its slot is padding in [1,2] and [2,3];
     # C joins only after the batch drains at 3 and is prefilled in [3,4].
     assert rows == [(0, 1.0, 3.0), (1, 1.0, 1.0), (2, 4.0, 4.0)]
-    assert [(it[2], it[3], it[4], it[5]) for it in log.iterations] == [
+    assert [(it.prefill_tokens, it.decode_tokens, it.padding_tokens, it.num_seqs) for it in log.iterations] == [
         (8, 0, 0, 2), (0, 1, 1, 1), (0, 1, 1, 1), (4, 0, 0, 1)]  # (prefill, decode, padding, seqs)
 
 
@@ -42,7 +43,7 @@ def test_chunked_prefill_splits_a_prompt_longer_than_the_budget():
     df, log, _ = run_engine(ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=4),
                             [RequestSpec(0, 0.0, 10, 2)])
     # 10 prompt tokens in chunks of 4, 4, 2 -> first token at 3, the second at 4.
-    assert [it[2] for it in log.iterations] == [4, 4, 2, 0]
+    assert [it.prefill_tokens for it in log.iterations] == [4, 4, 2, 0]
     assert (df.first_token_s[0], df.finish_s[0]) == (3.0, 4.0)
 
 
@@ -60,8 +61,14 @@ def test_recompute_preemption_evicts_the_newest_and_reprefills_it():
     df, log, _ = run_engine(ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=64), specs,
                             num_gpu_blocks=3, block_size=4)
     assert df.num_preemptions.tolist() == [0, 1]
-    assert log.preemptions[0][1] == 1
+    assert log.preemptions[0].request_id == 1
     assert (df.status == "finished").all()
+    # Both prefill in [0,1] and decode in [1,2]; at 2 A's 5th token needs a block B holds: B is preempted;
+    # A ends at 3; B recomputes its 5 tokens in [3,4] and samples its last token. Every change, in order:
+    assert log.events == [
+        E(0.0, 0, "arrived"), E(0.0, 1, "arrived"), E(0.0, 0, "admitted"), E(0.0, 1, "admitted"),
+        E(1.0, 0, "first_token"), E(1.0, 1, "first_token"), E(2.0, 1, "preempted"), E(3.0, 0, "finished"),
+        E(3.0, 1, "admitted"), E(4.0, 1, "finished")]
 
 
 def closed_loop(think_time_s, specs):

@@ -4,18 +4,20 @@ ITL samples and summaries on random small workloads, for every supported policy 
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
-
 from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
-from policies import ChunkedPrefill, Continuous
-from simcore.arrivals import ClosedLoopUsers, open_loop
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.costmodel import ConstantCost
-from simcore.engine import Engine, EngineLimits
+from simcore.batch import QUIET, Batch, Scheduled
+from simcore.engine import EngineLimits, SimulationError
 from simcore.fastpath import FastEngine
-from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
+from simcore.replica import run_replica
 from simcore.request import RequestSpec
 from tests.test_properties import POLICIES as PROPERTY_POLICIES
 from tests.test_properties import random_specs
@@ -24,25 +26,39 @@ from tests.test_properties import random_specs
 POLICIES = [*PROPERTY_POLICIES[:5], Continuous(max_num_seqs=3, max_num_batched_tokens=512, watermark=0.2),
             *PROPERTY_POLICIES[5:],
             ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=4)]   # fewer tokens than running requests
+# every other policy and mode: on the fast engine through their own `schedule`, step by step
+OTHER_POLICIES = [
+    Tgi(max_batch_prefill_tokens=256),
+    Tgi(max_batch_prefill_tokens=1024, prefill_chunking=False, max_batch_size=5),
+    TrtLlm(max_batch_size=6, max_num_tokens=512),
+    TrtLlm(max_batch_size=6, max_num_tokens=256, capacity_scheduler_policy="MAX_UTILIZATION",
+           enable_chunked_context=True),
+    TrtLlm(max_batch_size=6, max_num_tokens=256, enable_chunked_context=True, context_chunking_policy="EQUAL_PROGRESS"),
+    Sglang(chunked_prefill_size=128, max_prefill_tokens=256, max_running_requests=6),
+    Sglang(chunked_prefill_size=64, max_prefill_tokens=256, enable_mixed_chunk=True),
+    ChunkedPrefill(max_num_seqs=6, max_num_batched_tokens=64, scheduling_policy="priority"),
+    ChunkedPrefill(max_num_seqs=16, max_num_batched_tokens=128, long_prefill_token_threshold=32,
+                   scheduling_policy="priority"),
+]
 ROOFLINE = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"))
 
 
-def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512):
-    limits = EngineLimits(num_gpu_blocks, block_size, max_model_len)
-    env, log = simpy.Environment(), EngineLog()
-    engine = Engine(env, policy, cost, limits, log)
-    if closed:
-        users = ClosedLoopUsers(env, specs, closed[0], engine.submit, closed[1])
-        engine.on_done = users.on_done
-        users.start()
-    else:
-        env.process(open_loop(env, specs, engine.submit))
-    env.run()
-    fast = FastEngine(policy, cost, limits, request_id=[s.request_id for s in specs],
-                      arrival_s=[s.arrival_s for s in specs], prompt_tokens=[s.num_prompt_tokens for s in specs],
-                      output_tokens=[s.num_output_tokens for s in specs],
-                      max_new_tokens=[-1 if s.max_new_tokens is None else s.max_new_tokens for s in specs],
-                      closed=closed).simulate()
+def with_priorities(specs, seed):
+    """Random priority classes 0..2 (read only by priority scheduling)."""
+    rng = np.random.default_rng(seed + 100)
+    return [dataclasses.replace(s, priority=int(rng.integers(0, 3))) for s in specs]
+
+
+def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, max_model_len=512, **engine):
+    limits = EngineLimits(num_gpu_blocks, block_size, max_model_len, **engine)
+    simpy_engine = run_replica(policy, cost, limits, specs, closed=closed)
+    log = simpy_engine.log
+    fast_engine = FastEngine(policy, cost, limits, specs, closed=closed)
+    fast = fast_engine.simulate()
+    if limits.enable_prefix_caching:   # the same hits, evictions and per-request cached tokens
+        a, b = simpy_engine.prefix_cache, fast_engine.prefix_cache
+        assert (a.num_hit_tokens, a.num_evicted_blocks, a.cached_tokens_by_request) == \
+               (b.num_hit_tokens, b.num_evicted_blocks, b.cached_tokens_by_request)
     plain = (requests_frame(log), iterations_frame(log), log.itl_gaps_s)
     return plain, (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts))
 
@@ -72,7 +88,54 @@ def test_fast_path_matches_the_simpy_engine_on_random_workloads(policy, cost):
         assert num_preemptions > 0
 
 
-@pytest.mark.parametrize("policy", POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
+def test_every_other_policy_matches_on_the_fast_path(policy, cost):
+    num_preemptions = 0
+    for seed in range(5):
+        specs = with_priorities(random_specs(seed), seed)
+        plain, fast = run_both(policy, specs, cost, num_gpu_blocks=40)
+        assert_identical(plain, fast, 40)
+        num_preemptions += plain[0].num_preemptions.sum()
+    if getattr(policy, "scheduling_policy", None) == "priority":
+        assert num_preemptions > 0   # priority preemption (of a request anywhere in running) is exercised
+
+
+@pytest.mark.parametrize("policy", POLICIES[2:], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+def test_swap_preemption_matches_on_the_fast_path(policy):
+    # a small host swap space: some victims are swapped (with copy times), the rest recomputed
+    for seed in range(4):
+        specs = random_specs(seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=40, preemption_mode="swap",
+                               num_swap_blocks=12, kv_bytes_per_token=100_000, host_link_bytes_per_s=1e9)
+        assert_identical(plain, fast, 40)
+
+
+def with_shared_prefixes(specs, seed, block_size=16):
+    """Prompts that open with one of three shared 'documents' (prefix-cache ids), the rest unique."""
+    rng = np.random.default_rng(seed + 200)
+    out = []
+    for s in specs:
+        doc = int(rng.integers(0, 3))
+        ids = tuple(1000 * doc + k for k in range(s.num_prompt_tokens // block_size))
+        out.append(dataclasses.replace(s, prefix_block_ids=ids[:int(rng.integers(0, len(ids) + 1))]))
+    return out
+
+
+@pytest.mark.parametrize("policy", [POLICIES[2], POLICIES[4], POLICIES[6], POLICIES[8], OTHER_POLICIES[-1]],
+                         ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+def test_prefix_caching_matches_on_the_fast_path(policy):
+    hits = 0
+    for seed in range(4):
+        specs = with_priorities(with_shared_prefixes(random_specs(seed), seed), seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=40,
+                               enable_prefix_caching=True)
+        assert_identical(plain, fast, 40)
+        hits += (plain[1].prefill_tokens.sum() < sum(s.num_prompt_tokens for s in specs[:-1]))
+    assert hits > 0   # cached prefixes were skipped
+
+
+@pytest.mark.parametrize("policy", POLICIES[::2] + OTHER_POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
 @pytest.mark.parametrize("think_time_s", [0.0, 0.03])
 def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
     for seed in range(3):
@@ -82,7 +145,7 @@ def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
         assert_identical(plain, fast, 60)
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
 def test_fast_path_breaks_ties_as_simpy_does(policy):
     # Arrivals land exactly on iteration ends (1 s steps, arrivals on a 0.5 s grid): SimPy's order of
     # equal-time events (creation order) decides whether a step sees them.
@@ -115,7 +178,7 @@ def test_simulate_gives_identical_results_on_both_paths():
         assert np.all(np.diff(np.asarray(b.itl_end_s)) >= 0)
 
 
-def test_priority_classes_pass_through_and_priority_scheduling_falls_back():
+def test_priority_classes_pass_through_and_priority_scheduling_runs_on_the_fast_path():
     cfg = {"engine": {"policy": "chunked_prefill", "max_num_batched_tokens": 256, "num_gpu_blocks": 300},
            "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 30.0},
                         "prompt_tokens": {"dist": "uniform", "min": 10, "max": 600},
@@ -125,19 +188,103 @@ def test_priority_classes_pass_through_and_priority_scheduling_falls_back():
     b = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "on"}}, seed=2)
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     assert a.summary.keys() == b.summary.keys() and "ttft_p99_ms_prio1" in b.summary
-    cfg["engine"].update(scheduling_policy="priority", fast_path="on")
-    with pytest.raises(Exception, match="scheduling_policy: priority is not modelled"):
-        simulate(cfg, seed=2)
+    cfg["engine"]["scheduling_policy"] = "priority"
+    a = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "off"}}, seed=2)
+    b = simulate({**cfg, "engine": {**cfg["engine"], "fast_path": "on"}}, seed=2)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+    assert a.requests.num_preemptions.sum() > 0
+
+
+@dataclass(frozen=True)
+class ShortestFirst:
+    """A policy written here, outside simcore and unregistered: running requests take all they have left
+    (preempting the newest when KV runs out), then waiting ones are admitted whole, shortest prompt first.
+    It offers no fast-path shortcut, and runs on the fast engine as it is."""
+    name: ClassVar[str] = "shortest_first"
+    holds_slots_until_drained: ClassVar[bool] = False
+    max_num_seqs: int = 4
+
+    def kv_tokens_needed(self, spec, max_model_len: int) -> int:
+        return spec.num_prompt_tokens + spec.num_output_tokens
+
+    def schedule(self, view) -> Batch:
+        free, running, scheduled, preempted = view.num_free_blocks, list(view.running), [], []
+        i = 0
+        while i < len(running):
+            req = running[i]
+            need = view.blocks_to_hold(req, req.num_tokens)
+            while need > free:
+                victim = running.pop()
+                preempted.append(victim.request_id)
+                free += view.blocks_freed(victim)
+                if victim is req:
+                    break
+            if preempted and preempted[-1] == req.request_id:
+                break
+            scheduled.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
+            free -= need
+            i += 1
+        if not preempted:
+            for req in sorted(view.waiting, key=lambda r: (r.num_prompt_tokens, r.request_id)):
+                need = view.blocks_to_hold(req, req.num_tokens)
+                if len(running) + len(scheduled) - i >= self.max_num_seqs or need > free:
+                    break
+                scheduled.append(Scheduled(req.request_id, req.num_uncomputed_tokens))
+                free -= need
+        return Batch(tuple(scheduled), tuple(preempted))
+
+
+def test_a_new_policy_runs_on_the_fast_path_without_touching_simcore():
+    policy = ShortestFirst()
+    num_preemptions = 0
+    for seed in range(4):
+        specs = random_specs(seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=30)
+        assert_identical(plain, fast, 30)
+        num_preemptions += plain[0].num_preemptions.sum()
+    assert num_preemptions > 0
+
+
+@dataclass(frozen=True)
+class AlwaysQuiet(ChunkedPrefill):
+    """A broken shortcut: claims a quiet step even when the decodes' KV growth does not fit."""
+
+    def schedule_decodes(self, view):
+        return QUIET if view.running and not view.waiting else super().schedule_decodes(view)
+
+
+def test_a_shortcut_that_breaks_its_promise_fails_loudly():
+    specs = [RequestSpec(i, 0.0, 30, 40) for i in range(3)]   # three decoders outgrow 8 blocks of 16
+    limits = EngineLimits(9, 16, 512)
+    with pytest.raises(SimulationError, match="answered a quiet step"):
+        FastEngine(AlwaysQuiet(max_num_batched_tokens=64), ConstantCost(), limits, specs).simulate()
+    run_both(ChunkedPrefill(max_num_batched_tokens=64), specs, ConstantCost(), 9)   # the honest one runs
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
-    cfg = {"engine": {"policy": "continuous", "preemption_mode": "swap", "fast_path": "on"},
+    cfg = {"engine": {"policy": "continuous", "fast_path": "on"}, "cluster": {"num_replicas": 2},
            "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate_per_s": 5.0},
                         "prompt_tokens": {"dist": "fixed", "value": 10}, "output_tokens": {"dist": "fixed", "value": 3}}}
-    with pytest.raises(Exception, match="fast_path: on, but preemption_mode swap"):
+    with pytest.raises(Exception, match="fast_path: on, but a cluster of several replicas"):
         simulate(cfg)
     cfg["engine"]["fast_path"] = "auto"   # auto falls back to the SimPy engine
     assert simulate(cfg).summary["num_finished"] == 5
+
+
+def test_simulate_with_swap_and_prefix_caching_is_identical_on_both_paths():
+    base = {"model": "llama-3-8b", "hardware": "h100-sxm",
+            "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate_per_s": 25.0},
+                         "prompt_tokens": {"dist": "lognormal", "median": 600, "sigma": 1.0, "max": 4000},
+                         "output_tokens": {"dist": "lognormal", "median": 60, "sigma": 0.8, "max": 512}}}
+    for engine in ({"policy": "continuous", "preemption_mode": "swap", "num_gpu_blocks": 400, "swap_space_gb": 0.05},
+                   {"policy": "chunked_prefill", "enable_prefix_caching": True, "num_gpu_blocks": 500}):
+        a = simulate({**base, "engine": {**engine, "fast_path": "off"}}, seed=3)
+        b = simulate({**base, "engine": {**engine, "fast_path": "on"}}, seed=3)
+        pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+        pd.testing.assert_frame_equal(a.iterations, b.iterations, check_exact=True)
+        assert all(a.summary[k] == b.summary[k] or a.summary[k] != a.summary[k] for k in a.summary)
+        assert a.requests.num_preemptions.sum() > 0
 
 
 def test_vectorised_roofline_equals_step_time_bitwise():

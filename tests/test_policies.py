@@ -1,5 +1,6 @@
 """Policy decisions on hand-built views, asserted exactly (no SimPy)."""
 from policies import ChunkedPrefill, Continuous, Static
+from policies.static import StaticBatchState
 from simcore.batch import Batch, Scheduled as S
 from simcore.request import Status
 from tests.helpers import req, running, view
@@ -106,7 +107,8 @@ def test_static_forms_a_padded_batch_when_idle():
     v = view(waiting=[req(10, 100, max_new=50), req(11, 300, max_new=20), req(12, 5, max_new=5)])
     b = Static(max_num_seqs=2).schedule(v)
     # rows padded to 300 prompt tokens, each reserving 300 + 50 tokens of KV
-    assert b == Batch((S(10, 100, 350), S(11, 300, 350)), padded_shape=((300, 0), (300, 0)))
+    assert b == Batch((S(10, 100, 350), S(11, 300, 350)), padded_shape=((300, 0), (300, 0)),
+                      policy_state=StaticBatchState(300))   # carried while the batch runs
 
 
 def test_static_decode_step_computes_finished_rows_as_padding():

@@ -1,0 +1,100 @@
+"""Applying a policy's decision to one replica: preemption (recompute or swap), admission, KV allocation,
+prefix-cache hits. One implementation, inherited by both engines (simcore/engine.py, simcore/fastpath.py);
+what happens when a step ends (sampling, finishing) is each engine's own, through simcore.mechanics."""
+from __future__ import annotations
+
+from collections import deque
+
+from simcore.mechanics import SimulationError, without_admitted
+from simcore.request import Request, Status
+
+
+RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
+
+
+class ReplicaMechanics:
+    """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
+    `waiting` (deque), `running` (list), `requests` (id -> record) and `log` (`event`, `preemption`)."""
+
+    def _preempt(self, victims, now_s: float) -> float:
+        """Evict running `victims` (ids): swap their KV to the host (swap mode, while it has room) or drop it
+        (recompute); each goes back to the front of the queue. Returns the swap-out transfer time."""
+        transfer_s = 0.0
+        for rid in victims:
+            req = self.requests[rid]
+            if req.status is not Status.RUNNING:
+                raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
+            self.running.remove(req)
+            req.num_preemptions += 1
+            if self.limits.preemption_mode == "swap" and self.swap_space.can_hold(req.num_blocks):
+                # vLLM V0 swap: KV copied to host; progress kept.
+                self.swap_space.num_used_blocks += req.num_blocks
+                transfer_s += self._transfer_s(req.num_blocks)
+                self.pool.num_used_blocks -= req.num_blocks
+                req.status = Status.SWAPPED
+            else:
+                # Recompute (vLLM default, and V0's fallback when swap space is full): KV dropped.
+                self.pool.free(req)
+                req.num_computed_tokens = 0
+                req.status = Status.WAITING
+            self.waiting.appendleft(req)  # vLLM: waiting.prepend_request
+            self.log.preemption(req, now_s)
+        return transfer_s
+
+    def _transfer_s(self, num_blocks: int) -> float:
+        num_bytes = num_blocks * self.limits.block_size * self.limits.kv_bytes_per_token
+        return num_bytes / self.limits.host_link_bytes_per_s
+
+    def _admit_and_allocate(self, scheduled, preempt, preempt_at, now_s: float) -> tuple[float, list]:
+        """Give every scheduled request its KV (admitting waiting ones, swapping swapped ones back in,
+        applying prefix-cache hits), with `preempt_at`'s victims evicted in between. Returns the swap
+        transfer time and the requests admitted (appended to `running`, in batch order)."""
+        transfer_s = 0.0
+        admitted = []
+        cache, pool, requests, log = self.prefix_cache, self.pool, self.requests, self.log
+        # victims interleaved with the allocations, as vLLM (only with prefix caching: Batch.preempt_at)
+        victims = deque(zip(preempt_at, preempt)) if preempt_at else None
+        for i, s in enumerate(scheduled):  # in order, as vLLM allocates (it may evict a later hit)
+            while victims and victims[0][0] <= i:
+                transfer_s += self._preempt((victims.popleft()[1],), now_s)
+            req = requests.get(s.request_id)
+            status = req.status if req is not None else None
+            if status is not RUNNING and status is not WAITING and status is not SWAPPED:
+                raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
+            n = s.num_new_tokens
+            if not 0 < n <= req.num_uncomputed_tokens:
+                raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
+                                      f"tokens; it has {req.num_uncomputed_tokens} left to compute")
+            if status is not RUNNING:
+                if cache is not None and status is WAITING and req.num_computed_tokens == 0:
+                    self._apply_prefix_hit(req, n)
+                if status is SWAPPED:
+                    self.swap_space.num_used_blocks -= req.num_blocks
+                    pool.num_used_blocks += req.num_blocks  # swapped back in; checked below
+                    transfer_s += self._transfer_s(req.num_blocks)
+                admitted.append(req)
+                req.status = RUNNING
+                if req.admitted_s is None:
+                    req.admitted_s = now_s
+                log.event(now_s, req, "admitted")
+            pool.grow(req, max(req.num_computed_tokens + n, s.num_reserved_tokens))
+            if cache is not None:  # vLLM registers full blocks when it schedules their computation
+                cache.cache_full_blocks(req, req.num_computed_tokens + n)
+        while victims:
+            transfer_s += self._preempt((victims.popleft()[1],), now_s)
+        if pool.num_used_blocks > pool.num_blocks:
+            raise SimulationError(f"{self.policy.name} swapped in more KV than fits")
+        if admitted:
+            self.waiting = without_admitted(self.waiting, len(admitted))
+            self.running.extend(admitted)
+        return transfer_s, admitted
+
+    def _apply_prefix_hit(self, req: Request, num_new_tokens: int) -> None:
+        """Prefix caching (vLLM `get_computed_blocks` at admission, only when nothing is computed yet): the
+        request shares its cached prefix blocks and starts with those tokens computed. The policy must have
+        sized the prefill with `EngineView.num_cached_prefix_tokens`."""
+        hit = self.prefix_cache.num_cached_tokens(req)
+        if num_new_tokens > req.num_tokens - hit:
+            raise SimulationError(f"{self.policy.name} gave request {req.request_id} {num_new_tokens} tokens, "
+                                  f"ignoring its {hit}-token prefix-cache hit")
+        req.num_computed_tokens = self.prefix_cache.admit(req)

@@ -1,0 +1,170 @@
+"""Decision-level equality of the two engines: random engine states (waiting and running sets, progress,
+free blocks, priorities) built once as the SimPy engine's request records and once as the fast engine's
+(decoders lazy, their stale progress fields scrambled), every policy -> the identical Batch. A quiet
+shortcut answer is also checked to stay true for the next decode-only steps, as it promises."""
+
+import re
+from collections import deque
+
+import numpy as np
+import pytest
+
+from simcore.batch import Batch, DecodeShortcut, Scheduled
+from simcore.costmodel import ConstantCost
+from simcore.engine import EngineLimits, SimulationError
+from simcore.fastpath import FastEngine, FastRequest
+from simcore.kvcache import cdiv
+from simcore.request import Request, RequestSpec, Status
+from simcore.view import EngineView
+from policies.static import StaticBatchState
+from policies.tgi import TgiState
+from tests.test_fastpath import OTHER_POLICIES, POLICIES
+
+BS, MML = 4, 512
+SCRAMBLED = -10**6   # a lazy decoder's stale fields: a shortcut that reads them fails loudly
+
+
+def reserves(policy) -> bool:
+    """Whether the policy holds KV to a request's end from admission (else tight paged KV)."""
+    return (policy.name in ("static", "tgi") or getattr(policy, "kv_reservation", "") == "max"
+            or getattr(policy, "capacity_scheduler_policy", "") == "GUARANTEED_NO_EVICT")
+
+
+def random_records(policy, rng):
+    """(waiting, running, draining) Request records of one random state."""
+    n = int(rng.integers(1, 14))
+    arrivals = np.sort(rng.uniform(0, 10, n))
+    static_gen = int(rng.integers(1, 6))
+    waiting, running, draining = [], [], []
+    for i in range(n):
+        p, o = int(rng.integers(1, 120)), int(rng.integers(2, 40))
+        m = None if rng.random() < 0.5 else o + int(rng.integers(0, 20))
+        spec = RequestSpec(i, float(arrivals[i]), p, o, m, priority=int(rng.integers(0, 3)))
+        req = Request(spec)
+        kind = rng.choice(["new", "preempted", "decoding", "prefilling", "draining"])
+        if policy.name == "static":
+            kind = "new" if running == [] and kind in ("new", "preempted") else ("decoding" if kind != "draining" else kind)
+        if kind in ("new", "preempted"):
+            if kind == "preempted":
+                req.num_generated_tokens, req.num_preemptions = int(rng.integers(1, o)), int(rng.integers(1, 3))
+                if policy.name in ("continuous", "chunked_prefill") and rng.random() < 0.5:   # swapped to host
+                    req.status, req.num_computed_tokens = Status.SWAPPED, p + req.num_generated_tokens - 1
+                    req.num_blocks = cdiv(req.num_computed_tokens, BS)
+                    waiting.insert(0, req)   # preempted requests go to the front
+                    continue
+            waiting.append(req)
+            continue
+        if kind == "draining" and policy.name != "static":
+            kind = "decoding"
+        gen = static_gen if policy.name == "static" else int(rng.integers(1, o))
+        if kind == "prefilling":
+            req.num_computed_tokens = int(rng.integers(0, p))
+        elif kind == "draining":
+            req.num_generated_tokens = o
+            req.num_computed_tokens = p + o - 1
+        else:
+            gen = min(gen, o - 1)
+            req.num_generated_tokens, req.num_computed_tokens = gen, p + gen - 1
+        tokens = policy.kv_tokens_needed(spec, MML) if reserves(policy) else req.num_computed_tokens
+        req.num_blocks = cdiv(max(tokens, req.num_computed_tokens), BS)
+        req.status = Status.DRAINING if kind == "draining" else Status.RUNNING
+        req.admitted_s = req.first_token_s = req.last_token_s = float(arrivals[i]) + 0.5
+        (draining if kind == "draining" else running).append(req)
+    if policy.name == "static" and not running:
+        draining = []
+    rng.shuffle(running)   # admission order is not arrival order
+    return waiting, running, draining
+
+
+def fast_copy(req: Request) -> FastRequest:
+    f = FastRequest(req.spec)
+    for k in Request.__slots__:
+        if k != "spec":
+            setattr(f, k, getattr(req, k))
+    return f
+
+
+def fast_engine(policy, waiting, running, draining, num_gpu_blocks, state, rng) -> FastEngine:
+    e = FastEngine(policy, ConstantCost(), EngineLimits(num_gpu_blocks, BS, MML), [])
+    e.waiting, e.running, e.draining = (deque(map(fast_copy, waiting)), [fast_copy(r) for r in running],
+                                        [fast_copy(r) for r in draining])
+    e.by_id = {r.request_id: r for r in (*e.waiting, *e.running, *e.draining)}
+    e.pool.num_used_blocks = sum(r.num_blocks for r in (*running, *draining))
+    e.policy_state, e.D = state, int(rng.integers(0, 50))
+    for k, req in enumerate(e.running):
+        req.order = k
+    e.num_admissions = len(e.running)
+    e.pref = {r for r in e.running if not (r.num_uncomputed_tokens == 1 and r.num_generated_tokens > 0)}
+    if e.shortcut is not None:   # as the engine keeps them: every decoding running request lazy
+        for req in e.running:
+            if req not in e.pref:
+                e._lazify(req)
+                req.num_computed_tokens = req.num_generated_tokens = SCRAMBLED
+    return e
+
+
+def expand(shortcut: DecodeShortcut, running, state) -> Batch:
+    decodes = tuple(Scheduled(r.request_id, 1) for r in running) if shortcut.decode_running else ()
+    return Batch(decodes + shortcut.admitted, padded_shape=shortcut.padded_shape, policy_state=state)
+
+
+def growth(running) -> int:
+    return sum(max(0, cdiv(r.num_computed_tokens + 1, BS) - r.num_blocks) for r in running)
+
+
+def decode_step(running, free: int) -> int | None:
+    """Apply the quiet step just decided (every running request one decode token, paged growth) in place;
+    the free blocks left, or None when the promise ends: a request finished, or the next step's growth
+    does not fit."""
+    if any(r.num_generated_tokens + 1 >= r.spec.num_output_tokens for r in running):
+        return None
+    free -= growth(running)
+    for r in running:
+        r.num_computed_tokens += 1
+        r.num_generated_tokens += 1
+        r.num_blocks = max(r.num_blocks, cdiv(r.num_computed_tokens, BS))
+    return free if growth(running) <= free else None
+
+
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+def test_both_engines_decide_the_same_on_random_states(policy):
+    rng = np.random.default_rng(hash(policy) % 2**32)
+    num_shortcuts = num_quiet = 0
+    for _ in range(300):
+        waiting, running, draining = random_records(policy, rng)
+        if not (waiting or running):
+            continue
+        used = sum(r.num_blocks for r in (*running, *draining))
+        free = int(rng.integers(0, 40))
+        state = TgiState(int(rng.integers(1, 30)), bool(rng.random() < 0.3)) if policy.name == "tgi" else None
+        if policy.name == "static" and running and rng.random() < 0.5:   # the batch's state, as carried
+            state = StaticBatchState(max(r.num_prompt_tokens for r in (*running, *draining)))
+        now = 11.0 + float(rng.random())
+        engine = fast_engine(policy, waiting, running, draining, used + free + 1, state, rng)
+        view = EngineView(now, deque(waiting), list(running), free, used + free, BS, MML, list(draining), state)
+        try:
+            expected = policy.schedule(view)
+        except SimulationError as e:   # a state the policy refuses (SGLang's out-of-memory abort): so must both
+            with pytest.raises(SimulationError, match=re.escape(str(e))):
+                engine.decide(now)
+            continue
+        fast = engine.decide(now)
+        if isinstance(fast, DecodeShortcut):
+            num_shortcuts += 1
+            assert expand(fast, running, state) == expected
+            if fast.is_quiet:
+                num_quiet += 1
+                shape = fast.padded_shape
+                for _ in range(3):   # the promise: the same decision until an arrival, a finish or no room
+                    free = decode_step(running, free)
+                    if free is None:
+                        break
+                    shape = shape and tuple((1, c + 1) for _, c in shape)
+                    view = EngineView(now, deque(waiting), list(running), free, used + free, BS, MML,
+                                      list(draining), state)
+                    assert policy.schedule(view) == Batch(tuple(Scheduled(r.request_id, 1) for r in running),
+                                                          padded_shape=shape, policy_state=state)
+        else:
+            assert fast == expected
+    if hasattr(policy, "schedule_decodes"):
+        assert num_shortcuts > 30 and num_quiet > 5   # the shortcut is exercised, quiet answers included
