@@ -17,7 +17,7 @@ from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelSha
                                 with_max_model_len)
 from costmodels.deployment import DEPLOYMENT_KEYS, Deployment, parse_deployment
 from experiments.configcheck import ConfigError, check_keys, check_tree, number  # noqa: F401 (re-exported)
-from experiments.engine_config import (EngineSettings, check_prefix_caching, parse_engine_settings,
+from experiments.engine_config import (EngineSettings, check_engine_rules, parse_engine_settings,
                                        resolve_policy)
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
                                   parse_disaggregation, parse_slo)
@@ -107,7 +107,7 @@ def _engine(raw: dict, model: ModelShape, gpu: GPU):
     if settings.max_model_len is not None:
         model = with_max_model_len(model, settings.max_model_len)
     policy = resolve_policy(engine, gpu, model.max_model_len)
-    check_prefix_caching(settings, policy)
+    check_engine_rules(settings, policy)
     return model, policy, settings
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from experiments.configcheck import ConfigError, check_type
 from policies import POLICIES
+from simcore.engine import PREEMPTION_MODES, engine_settings_error
 
 DEFAULT_POLICY = "chunked_prefill"
-PREEMPTION_MODES = ("recompute", "swap")
 FAST_PATH_MODES = ("auto", "on", "off")
 
 
@@ -46,10 +46,8 @@ class EngineSettings:
             raise ValueError("engine.block_size: must be at least 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"engine.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
-        # simcore.engine.Engine refuses a bad mode too, but only when a run starts; a sweep checks every
-        # point before the first one runs.
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"engine.preemption_mode: expected recompute or swap, got {self.preemption_mode!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:   # the rest of the engine's rules: check_engine_rules
+            raise ValueError(engine_settings_error(None, self.preemption_mode, False))
         if self.fast_path not in FAST_PATH_MODES:
             raise ValueError(f"engine.fast_path: expected auto, on or off, got {self.fast_path!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -133,11 +131,9 @@ def resolve_policy(engine: dict, gpu, max_model_len: int):
         raise ConfigError(str(e)) from None
 
 
-def check_prefix_caching(settings: EngineSettings, policy) -> None:
-    """Up front, what simcore.engine.Engine would refuse at the start of a run."""
-    if not settings.enable_prefix_caching:
-        return
-    if not getattr(policy, "supports_prefix_caching", False):
-        raise ConfigError(f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching")
-    if settings.preemption_mode != "recompute":
-        raise ConfigError("engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)")
+def check_engine_rules(settings: EngineSettings, policy) -> None:
+    """Up front, before any point runs, what simcore.engine.Engine would refuse at the start of a run (the
+    same rule, simcore.engine.engine_settings_error)."""
+    error = engine_settings_error(policy, settings.preemption_mode, settings.enable_prefix_caching)
+    if error:
+        raise ConfigError(error)

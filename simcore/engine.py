@@ -38,23 +38,36 @@ class EngineLimits:
     handoff_after_first_token: bool = False
 
 
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:
+    """Why an engine cannot run `policy` with these settings (one line naming the key), or None. The one
+    statement of these rules: `Engine` refuses with it at the start of a run, and the sweep loader
+    (experiments/engine_config.py) with it before any point runs."""
+    if preemption_mode not in PREEMPTION_MODES:
+        return f"engine.preemption_mode: expected recompute or swap, got {preemption_mode!r}"
+    if enable_prefix_caching:
+        if not getattr(policy, "supports_prefix_caching", False):
+            return f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching"
+        if preemption_mode != "recompute":
+            return "engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)"
+    return None
+
+
 class Engine(ReplicaMechanics):
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
                  replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
                  on_step: Callable[["Engine", Batch], None] | None = None):
-        if limits.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"engine.preemption_mode must be 'recompute' or 'swap', "
-                             f"not {limits.preemption_mode!r}")
+        error = engine_settings_error(policy, limits.preemption_mode, limits.enable_prefix_caching)
+        if error:
+            raise ValueError(error)
         self.env, self.policy, self.cost_model, self.limits = env, policy, cost_model, limits
         self.replica_id = replica_id
         # Prefix caching: a pool with block identities; off, the plain counting pool (fast path).
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
-            if not getattr(policy, "supports_prefix_caching", False):
-                raise ValueError(f"engine.enable_prefix_caching: policy {policy.name} does not support it")
-            if limits.preemption_mode != "recompute":
-                raise ValueError("engine.enable_prefix_caching: needs preemption_mode recompute (as vLLM V1)")
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
         self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
