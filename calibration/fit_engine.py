@@ -42,7 +42,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from calibration.realruns import RealRun, RealRunError, read_runs, replay, replay_config
-from calibration.stepfit import TERMS, StepFitCostModel, _fit_relative, fit_step_model, holdout_mask, step_features
+from calibration.stepfit import TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_features
 from costmodels.stepmodel import MoeTerm
 from experiments.config import ConfigError, load_sweep_file
 
@@ -145,13 +145,7 @@ def fit_moe_step_model(args: list[dict], y: np.ndarray, moe: MoeTerm, source: st
     same relative-error NNLS and the same random 20% of steps held out."""
     tokens = [sum(n for n, _ in a["prefill"]) + len(a["decode"]) for a in args]
     x = np.array([np.append(step_features(**a), moe.active_experts(t)) for a, t in zip(args, tokens)])
-    test = holdout_mask(len(y), 0.2, 0)
-    coef = _fit_relative(x[~test], y[~test])
-    held_out = None
-    if test.any():
-        ape = np.abs(x[test] @ coef / y[test] - 1) * 100
-        held_out = {"steps": int(test.sum()), "median_ape_pct": round(float(np.median(ape)), 2),
-                    "p90_ape_pct": round(float(np.percentile(ape, 90)), 2)}
+    coef, held_out = fit_held_out(x, y, 0.2, 0)
     return StepFitCostModel(tuple(float(c) for c in coef[:-1]), source, None, held_out, dtype,
                             moe=dataclasses.replace(moe, per_active_expert_s=float(coef[-1])))
 

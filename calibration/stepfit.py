@@ -27,6 +27,14 @@ def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], sourc
     y = np.asarray(measured_s, dtype=float)
     if len(y) < len(TERMS):
         raise ValueError(f"need at least {len(TERMS)} measured steps to fit, got {len(y)}")
+    coef, held_out = fit_held_out(x, y, holdout, seed)
+    return StepFitCostModel(tuple(float(c) for c in coef), source, reference_step_s, held_out, dtype)
+
+
+def fit_held_out(x: np.ndarray, y: np.ndarray, holdout: float, seed: int) -> tuple[np.ndarray, dict | None]:
+    """Non-negative coefficients for features `x` (one row per step) against measured seconds `y`, fitted on
+    all but a random `holdout` fraction of the steps, and the error on those (`held_out`: steps, median and
+    p90 absolute percentage error; None when nothing is held out)."""
     test = holdout_mask(len(y), holdout, seed)
     coef = _fit_relative(x[~test], y[~test])
     held_out = None
@@ -34,7 +42,7 @@ def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], sourc
         ape = np.abs(x[test] @ coef / y[test] - 1) * 100
         held_out = {"steps": int(test.sum()), "median_ape_pct": round(float(np.median(ape)), 2),
                     "p90_ape_pct": round(float(np.percentile(ape, 90)), 2)}
-    return StepFitCostModel(tuple(float(c) for c in coef), source, reference_step_s, held_out, dtype)
+    return coef, held_out
 
 
 def holdout_mask(n: int, holdout: float, seed: int) -> np.ndarray:

@@ -24,16 +24,10 @@ class GridSlice:
         if len(leading) != len(grid.axes) - 1:
             raise ValueError(f"grid over {grid.axes}: fix {len(grid.axes) - 1} axes, got {len(leading)}")
         cells, extra = [], 0.0
-        for x_raw, k, slope, stride in zip(leading, grid._knots, grid.slopes, grid._strides):
-            x = math.log(max(x_raw, 1e-12))
-            if x >= k[-1]:
-                extra += slope * (x - k[-1])
-                cells.append(((len(k) - 1) * stride, 0, 0.0))
-            elif x <= k[0]:
-                cells.append((0, 0, 0.0))
-            else:
-                i = bisect_right(k, x) - 1
-                cells.append((i * stride, stride, (x - k[i]) / (k[i + 1] - k[i])))
+        for axis, x_raw in enumerate(leading):   # the full grid's own cell rule, so the same bits
+            base, step, t, beyond = grid._cell(axis, x_raw)
+            extra += beyond
+            cells.append((base, step, t))
         lead = []   # (flat index, weight) per corner of the leading axes, in the full grid's corner order
         for corner in range(1 << len(cells)):
             index, w = 0, 1.0

@@ -126,16 +126,10 @@ class LogGrid:
 
     def _call_any(self, *sizes: float) -> float:
         cells, extra = [], 0.0
-        for x_raw, k, slope, stride in zip(sizes, self._knots, self.slopes, self._strides):
-            x = math.log(max(x_raw, 1e-12))
-            if x >= k[-1]:
-                extra += slope * (x - k[-1])
-                cells.append(((len(k) - 1) * stride, 0, 0.0))
-            elif x <= k[0]:
-                cells.append((0, 0, 0.0))
-            else:
-                i = bisect_right(k, x) - 1
-                cells.append((i * stride, stride, (x - k[i]) / (k[i + 1] - k[i])))
+        for axis, x_raw in enumerate(sizes):
+            base, step, t, beyond = self._cell(axis, x_raw)
+            extra += beyond   # 0.0 inside the grid: adding it changes no bit
+            cells.append((base, step, t))
         value = 0.0
         for corner in range(1 << len(cells)):  # multilinear: 2^d corners (d <= 3)
             index, w = 0, 1.0

@@ -16,7 +16,7 @@ from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog, IterationRecord
-from simcore.mechanics import SimulationError, is_decode, reject_reason, samples
+from simcore.mechanics import SimulationError, is_decode, reject_reason, samples, take_sample
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
 
@@ -230,14 +230,7 @@ class Engine(ReplicaMechanics):
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
             if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
-                req.num_generated_tokens += 1
-                if req.first_token_s is None:
-                    req.first_token_s = now
-                    log.event(now, req, "first_token")
-                else:
-                    log.itl_gaps_s.append(now - req.last_token_s)
-                req.last_token_s = now
-                if req.num_generated_tokens == req.spec.num_output_tokens:
+                if take_sample(req, now, log):
                     done.append(req)
                 elif handoff:
                     handed_off.append(req)

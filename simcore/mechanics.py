@@ -45,3 +45,17 @@ def without_admitted(waiting: deque, num_admitted: int) -> deque:
     if num_front < num_admitted:
         return deque(r for r in waiting if r.status is not Status.RUNNING)
     return waiting
+
+
+def take_sample(req: Request, now_s: float, log) -> bool:
+    """`req` samples one token at `now_s` (its KV has caught up): count it, log its first token or the gap
+    since its last one (`log.itl_gaps_s`), and say whether that was its last token. The SimPy and pipelined
+    engines' rule; the fast engine inlines the same steps with gaps grouped by their start (fastpath.py)."""
+    req.num_generated_tokens += 1
+    if req.first_token_s is None:
+        req.first_token_s = now_s
+        log.event(now_s, req, "first_token")
+    else:
+        log.itl_gaps_s.append(now_s - req.last_token_s)
+    req.last_token_s = now_s
+    return req.num_generated_tokens == req.spec.num_output_tokens

@@ -50,6 +50,7 @@ import simpy
 from simcore.batch import Batch, split_shape
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.log import IterationRecord
+from simcore.mechanics import take_sample
 from simcore.request import Request, Status
 from simcore.view import EngineView, Policy
 
@@ -229,14 +230,7 @@ class PipelinedEngine(Engine):
         for req, samples, num_preemptions in fl.rows:
             if not samples or req.num_preemptions != num_preemptions or req.status is not Status.RUNNING:
                 continue   # a partial chunk, or preempted while in flight: vLLM drops the stale output
-            req.num_generated_tokens += 1
-            if req.first_token_s is None:
-                req.first_token_s = now
-                log.event(now, req, "first_token")
-            else:
-                log.itl_gaps_s.append(now - req.last_token_s)
-            req.last_token_s = now
-            if req.num_generated_tokens == req.spec.num_output_tokens:
+            if take_sample(req, now, log):
                 done.append(req)
         for req in done:
             self.running.remove(req)
