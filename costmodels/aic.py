@@ -30,7 +30,13 @@ GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_s
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-FORMAT = "batchsim-aic-grids/3"
+FORMAT = "batchsim-aic-grids/4"
+# L2 cache per GPU (NVIDIA datasheets / architecture whitepapers: A100 40 MB, H100 and H200 50 MB, B200 126 MB,
+# L40S 96 MB, L4 48 MB). Decode attention whose whole KV fits is served from L2: the tables' rows step up
+# once b x context x KV bytes/token outgrows it (L40S ~3x, H100 ~1.4x; see tablegrid.baseline_s).
+L2_BYTES = {"a100-80gb": 40e6, "h100-sxm": 50e6, "h200-sxm": 50e6, "b200-sxm": 126e6, "l40s": 96e6, "l4": 48e6}
+# Collectives: latency + bytes / bandwidth fitted per table (the small-message rows are launch/latency noise).
+COMM_BASELINE = {"flops": [], "bytes": [(2.0, (1,))], "peak_flops_per_s": 1.0, "fit": "latency_bandwidth"}
 
 
 def tables_root() -> Path | None:
@@ -132,13 +138,16 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
             else:                   # stream K and V of the (windowed) context once per sequence
                 base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
                         "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
-                        "cap": [1, 1.0, None]}
+                        "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name)}
             base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]
                 if len(rows):
                     cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
-                    out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, {**base, "cap": cap})
+                    # The L2 step only for full attention: the window tables show no clean step at the
+                    # capacity, and fitting one made them worse (H100 TRT-LLM window p90 13.1% -> 15.7%).
+                    fam = {**base, "cap": cap, **({"l2_bytes": None} if w else {})}
+                    out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, fam)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
@@ -155,7 +164,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 rows = rows[rows["backend"].astype(str).str.endswith("_graph")]
             if len(rows):
                 # message_size counts elements (aiconfigurator's collector: a [tokens, 4096] tensor of that size)
-                out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,))
+                out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,), COMM_BASELINE)
                 note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
                 break
     return out
@@ -215,7 +224,7 @@ def _alltoall(out, root, g, d, note) -> None:
     t = _read(nccl_dir / "nccl_perf.parquet")
     rows = t[(t["op_name"] == "alltoall") & (t["num_gpus"] == d.ep) & (t["nccl_dtype"] == "half")]
     if len(rows):
-        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,))
+        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,), COMM_BASELINE)
         note("alltoall", nccl_dir / "nccl_perf.parquet", len(rows))
 
 

@@ -32,16 +32,24 @@ def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> L
     return LogGrid(tuple(axes), tuple(logk), values, tuple(float(s) for s in slopes))
 
 
-def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> dict:
-    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them."""
+def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes, baseline: dict | None = None) -> dict:
+    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them. With a
+    `baseline`, its fitted constants (fixed time, L2 speed-up, latency and bandwidth) come from the kept
+    rows only, so nothing about a held-out row enters what predicts it."""
     held = np.zeros(len(points), dtype=bool)
     for i in range(points.shape[1]):
         k = np.unique(points[:, i])
         held |= np.isin(points[:, i], k[1:-1][2::5])
     if not held.any() or held.all():
         return {"rows": 0}
-    grid = grid_from_rows(axes, points[~held], latency_s[~held], slopes)
-    pred = np.array([grid(*p) for p in points[held]])
+    kept_points, kept_s = points[~held], latency_s[~held]
+    if baseline is None:
+        grid = grid_from_rows(axes, kept_points, kept_s, slopes)
+        pred = np.array([grid(*p) for p in points[held]])
+    else:
+        b = fit_baseline(baseline, kept_points, kept_s)
+        grid = grid_from_rows(axes, kept_points, kept_s / baseline_s(b, kept_points), (0.0,) * len(slopes))
+        pred = np.array([grid(*p) for p in points[held]]) * baseline_s(b, points[held])
     err = np.abs(pred / latency_s[held] - 1) * 100
     return {"rows": int(held.sum()), "median_pct": round(float(np.median(err)), 2),
             "p90_pct": round(float(np.percentile(err, 90)), 2)}
@@ -51,15 +59,47 @@ def _monomials(terms, points: np.ndarray) -> np.ndarray:
     return sum(c * np.prod(points ** np.asarray(e, dtype=float), axis=1) for c, e in terms) if terms else 0.0
 
 
+def _with_cap(b: dict, points: np.ndarray) -> np.ndarray:
+    if not b.get("cap"):
+        return points
+    axis, divisor, window = b["cap"]
+    return np.column_stack([points, np.minimum(points[:, axis] / divisor, window)])
+
+
 def baseline_s(b: dict, points: np.ndarray) -> np.ndarray:
     """The roofline shape a family's rows are divided by before interpolation: fixed + max(FLOPs / peak,
     bytes / bandwidth), FLOPs and bytes as sums of monomials (coefficient, exponents) of the coordinates;
-    `cap` [axis, divisor, window] appends min(x[axis] / divisor, window), the keys a sliding window leaves."""
-    if b.get("cap"):
-        axis, divisor, window = b["cap"]
-        points = np.column_stack([points, np.minimum(points[:, axis] / divisor, window)])
-    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
-                                     _monomials(b["bytes"], points) / b["bytes_per_s"])
+    `cap` [axis, divisor, window] appends min(x[axis] / divisor, window), the keys a sliding window leaves.
+    `l2_bytes`: the bytes one call streams are served `l2_speedup` times faster while they fit in the L2
+    cache (decode attention whose whole KV is L2-resident: on L40S, 96 MB, the rows drop ~3x below it)."""
+    points = _with_cap(b, points)
+    num_bytes = _monomials(b["bytes"], points)
+    bytes_per_s = b["bytes_per_s"]
+    if b.get("l2_bytes"):
+        bytes_per_s = np.where(num_bytes <= b["l2_bytes"], bytes_per_s * b.get("l2_speedup", 1.0), bytes_per_s)
+    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"], num_bytes / bytes_per_s)
+
+
+def fit_baseline(b: dict, points: np.ndarray, latency_s: np.ndarray) -> dict:
+    """The baseline's constants from these rows: the fixed time (0.8 x the fastest row: launch floor), or,
+    for `fit: latency_bandwidth` (collectives), latency + bytes / bandwidth by least squares on relative
+    error; with `l2_bytes`, the L2 speed-up as the jump of latency / baseline across the capacity."""
+    if b.get("fit") == "latency_bandwidth":
+        x = _monomials(b["bytes"], _with_cap(b, points))
+        (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([1 / latency_s, x / latency_s]),
+                                           np.ones(len(x)), rcond=None)
+        alpha = max(float(alpha), 0.5 * float(latency_s.min()))   # a noisy fit must not lose the floor
+        beta = max(float(beta), 1e-30)
+        return {**b, "fixed_s": alpha, "bytes_per_s": 1.0 / beta}
+    b = {**b, "fixed_s": 0.8 * float(latency_s.min())}
+    if b.get("l2_bytes"):
+        b["l2_speedup"] = 1.0
+        num_bytes, ratio = _monomials(b["bytes"], _with_cap(b, points)), np.log(latency_s / baseline_s(b, points))
+        near = (num_bytes > b["l2_bytes"] / 4) & (num_bytes < b["l2_bytes"] * 4)   # memory-bound near the edge
+        inside, outside = near & (num_bytes <= b["l2_bytes"]), near & (num_bytes > b["l2_bytes"])
+        if inside.any() and outside.any():
+            b["l2_speedup"] = float(max(1.0, np.exp(np.median(ratio[outside]) - np.median(ratio[inside]))))
+    return b
 
 
 class TableFamily:
@@ -80,11 +120,10 @@ def family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-
     merged = frame.groupby(list(columns), as_index=False)["latency"].min()
     points = merged[list(columns)].to_numpy(dtype=float)
     lat = merged["latency"].to_numpy(dtype=float) * scale
+    err = held_out_error(axes, points, lat, slopes, baseline)
     if baseline is not None:
-        baseline = {**baseline, "fixed_s": 0.8 * float(lat.min())}
+        baseline = fit_baseline(baseline, points, lat)
         ratio, slopes = lat / baseline_s(baseline, points), (0.0,) * len(slopes)
-        err = held_out_error(axes, points, ratio, slopes)   # errors of the ratio are errors of the latency
         return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
                 "held_out": err, "rows": int(len(merged))}
-    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(),
-            "held_out": held_out_error(axes, points, lat, slopes), "rows": int(len(merged))}
+    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(), "held_out": err, "rows": int(len(merged))}
