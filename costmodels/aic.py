@@ -144,8 +144,9 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 rows = t[t["window_size"] == w]
                 if len(rows):
                     cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
-                    # The L2 step only for full attention: the window tables show no clean step at the
-                    # capacity, and fitting one made them worse (H100 TRT-LLM window p90 13.1% -> 15.7%).
+                    # The L2 step only for full attention: a window's KV per call reaches the L2 size only at
+                    # batches of hundreds, where per-sequence work, not streaming, sets the time; a step
+                    # fitted there (tried) moved L40S SGLang's window p90 from 10.8% to 17.0%.
                     fam = {**base, "cap": cap, **({"l2_bytes": None} if w else {})}
                     out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, fam)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
