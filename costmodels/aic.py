@@ -152,7 +152,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
-        _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note)
+        _mla_modules(out, root, g, gpu, model, d, fmt, kv, framework, version, note)
     if d.ep > 1:
         _alltoall(out, root, g, d, note)
     if model.is_moe:
@@ -195,7 +195,7 @@ def _moe(out, root, g, gpu, model, d, fmt, framework, version, note) -> None:
         note("moe", moe_dir / "moe_perf.parquet", len(rows))
 
 
-def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> None:
+def _mla_modules(out, root, g, gpu, model, d, fmt, kv, framework, version, note) -> None:
     """DeepSeek-V3's whole MLA attention block (its projections included: the rows depend on the GEMM
     format) for prefill (batch, new tokens) and decode (batch, context), at this GPU's heads."""
     try:
@@ -212,8 +212,28 @@ def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> N
         rows = t[(t["num_heads"] == heads) & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))
                  & (t["gemm_type"] == GEMM_DTYPES.get(fmt, "-"))]
         if len(rows):
-            out["families"][f"mla_{kind}_module"] = family(rows, cols, cols, slopes)
+            base = _mla_baseline(kind, gpu, model, heads, fmt, kv)
+            out["families"][f"mla_{kind}_module"] = family(rows, cols, cols, slopes, base)
             note(f"mla_{kind}_module", path, len(rows))
+
+
+def _mla_baseline(kind: str, gpu: GPU, m: ModelShape, heads: int, fmt: str, kv: str) -> dict:
+    """Roofline shape of one MLA block call at (batch, tokens): its projections (Q down/up, KV down/up,
+    output; the down projections unsplit by TP) read once per call and applied per token, plus attention.
+    Prefill decompresses K and V (causal: heads (qk + v) isl^2 FLOPs per sequence); decode attends in the
+    compressed space (absorbed: heads (4 kv_lora + 2 rope) FLOPs and kv_lora + rope cached values per key)."""
+    h, ql, kl, r = m.hidden_size, m.q_lora_rank or m.hidden_size, m.kv_lora_rank, m.qk_rope_head_dim
+    qk, v = m.qk_nope_head_dim + r, m.v_head_dim
+    params = h * ql * (m.q_lora_rank > 0) + h * (kl + r) + heads * (ql * qk + kl * (m.qk_nope_head_dim + v) + v * h)
+    weights = [(params * WEIGHT_BYTES[fmt], (0, 0))]
+    if kind == "prefill":
+        flops = [(2.0 * params, (1, 1)), (heads * (qk + v), (1, 2))]
+        moved = [(4.0 * h, (1, 1))]   # the hidden states in and out, 16-bit
+    else:
+        flops = [(2.0 * params, (1, 0)), (heads * (4.0 * kl + 2.0 * r), (1, 1))]
+        moved = [((kl + r) * (1.0 if kv == "fp8" else 2.0), (1, 1)), (4.0 * h, (1, 0))]
+    return {"flops": flops, "bytes": weights + moved, "bytes_per_s": gpu.hbm_bytes_per_s,
+            "peak_flops_per_s": gpu.peak_flops_per_s("fp8" if fmt.startswith("fp8") else "bf16")}
 
 
 def _alltoall(out, root, g, d, note) -> None:
