@@ -11,7 +11,7 @@ import numpy as np
 from costmodels.profile import LogGrid
 
 
-def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes, smooth: bool = False) -> LogGrid:
+def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> LogGrid:
     """A LogGrid on the rows' distinct values per axis; empty cells are extrapolated from the nearest
     filled cell below along each axis with that axis's slope, then floored from above."""
     knots = [np.unique(points[:, i]) for i in range(points.shape[1])]
@@ -29,8 +29,6 @@ def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes, smoo
             v[..., j][gap] = v[..., j + 1][gap]
     if np.isnan(values).any():
         values = np.where(np.isnan(values), np.nanmax(values), values)
-    if smooth:
-        values = median3(values)
     return LogGrid(tuple(axes), tuple(logk), values, tuple(float(s) for s in slopes))
 
 
@@ -50,19 +48,6 @@ def l2_jumps(points: np.ndarray, log_ratio: np.ndarray, inside: np.ndarray) -> n
     return np.array(jumps)
 
 
-def median3(values: np.ndarray) -> np.ndarray:
-    """A running median of three neighbouring knots along each axis in turn (end knots kept). Removes
-    one-knot spikes (measurement noise: SGLang's B200 bf16 GEMM at n = k = 4096 takes 15.7, 18.5, 14.7,
-    10.7 us at m = 192, 193, 224, 256) and keeps steps (an L2 or tile-count edge moves two knots)."""
-    for axis in range(values.ndim):
-        v = np.moveaxis(values, axis, -1)
-        if v.shape[-1] >= 3:
-            mid = np.median(np.stack([v[..., :-2], v[..., 1:-1], v[..., 2:]]), axis=0)
-            v = np.concatenate([v[..., :1], mid, v[..., -1:]], axis=-1)
-        values = np.moveaxis(v, -1, axis)
-    return values
-
-
 def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes, baseline: dict | None = None) -> dict:
     """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them. With a
     `baseline`, its fitted constants (fixed time, L2 speed-up, latency and bandwidth) come from the kept
@@ -79,8 +64,7 @@ def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes, base
         pred = np.array([grid(*p) for p in points[held]])
     else:
         b = fit_baseline(baseline, kept_points, kept_s)
-        grid = grid_from_rows(axes, kept_points, kept_s / baseline_s(b, kept_points), (0.0,) * len(slopes),
-                              smooth=bool(b.get("smooth")))
+        grid = grid_from_rows(axes, kept_points, kept_s / baseline_s(b, kept_points), (0.0,) * len(slopes))
         pred = np.array([grid(*p) for p in points[held]]) * baseline_s(b, points[held])
     err = np.abs(pred / latency_s[held] - 1) * 100
     return {"rows": int(held.sum()), "median_pct": round(float(np.median(err)), 2),
@@ -155,7 +139,6 @@ def family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-
     if baseline is not None:
         baseline = fit_baseline(baseline, points, lat)
         ratio, slopes = lat / baseline_s(baseline, points), (0.0,) * len(slopes)
-        grid = grid_from_rows(axes, points, ratio, slopes, smooth=bool(baseline.get("smooth")))
-        return {"grid": grid.to_dict(), "baseline": baseline,
+        return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
                 "held_out": err, "rows": int(len(merged))}
     return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(), "held_out": err, "rows": int(len(merged))}
