@@ -133,6 +133,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
             hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
             if kind == "prefill":   # causal: 4 hd heads b isl keys-per-query FLOPs; read Q, K, V, write O
+                # (no L2 step: tried, it raised the H100/H200/B200 prefill p90s, e.g. H200 vLLM 6.9% -> 10.0%)
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
             else:                   # stream K and V of the (windowed) context once per sequence
