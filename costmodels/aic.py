@@ -136,10 +136,11 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 # (no L2 step: tried, it raised the H100/H200/B200 prefill p90s, e.g. H200 vLLM 6.9% -> 10.0%)
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
-            else:                   # stream K and V of the (windowed) context once per sequence
+            else:   # stream K and V of the (windowed) context once per sequence, plus each sequence's own
+                    # work (fitted per_seq_s: at batch 2048 and 2 tokens of context the rows are ~15x the KV read)
                 base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
                         "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
-                        "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name)}
+                        "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name), "per_seq_s": 0.0}
             base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]

@@ -1,9 +1,9 @@
 """Kernel-table rows -> a LogGrid over the table's own knots (costmodels/aic.py builds its families with it).
 
 Optionally the rows are first divided by their roofline shape (fixed + max(FLOPs / peak, bytes / BW)),
-so that interpolation between knots follows launch-, memory- and compute-bound kinks. Two fitted terms:
-an L2-capacity step (bytes served faster while one call's data fits in L2) and, for collectives,
-latency + bytes / bandwidth. The held-out error rebuilds the grid without every fifth interior knot of
+so that interpolation between knots follows launch-, memory- and compute-bound kinks. Fitted terms: an
+L2-capacity step (bytes served faster while one call's data fits in L2), a time per decoded sequence,
+and, for collectives, latency + bytes / bandwidth. The held-out error rebuilds the grid without every fifth interior knot of
 each axis, fitting the baseline's constants on the kept rows only, and predicts the rows at those knots.
 Ignored: kernel-selection steps between knots (a tile or split change the rows show only where they are
 sampled) and the tables' own run-to-run noise; both remain in the held-out error.
@@ -91,19 +91,24 @@ def baseline_s(b: dict, points: np.ndarray) -> np.ndarray:
     bytes / bandwidth), FLOPs and bytes as sums of monomials (coefficient, exponents) of the coordinates;
     `cap` [axis, divisor, window] appends min(x[axis] / divisor, window), the keys a sliding window leaves.
     `l2_bytes`: the bytes one call streams are served `l2_speedup` times faster while they fit in the L2
-    cache (decode attention whose whole KV is L2-resident: on L40S, 96 MB, the rows drop ~3x below it)."""
+    cache (decode attention whose whole KV is L2-resident: on L40S, 96 MB, the rows drop ~3x below it).
+    `per_seq_s` x points[:, 0] (the batch) is added outside the max: each decoded sequence's own work
+    (its query, softmax and split-K reduction, its thread blocks), which no KV streaming hides."""
     points = _with_cap(b, points)
     num_bytes = _monomials(b["bytes"], points)
     bytes_per_s = b["bytes_per_s"]
     if b.get("l2_bytes"):
         bytes_per_s = np.where(num_bytes <= b["l2_bytes"], bytes_per_s * b.get("l2_speedup", 1.0), bytes_per_s)
-    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"], num_bytes / bytes_per_s)
+    per_seq_s = b["per_seq_s"] * points[:, 0] if b.get("per_seq_s") else 0.0
+    return b["fixed_s"] + per_seq_s + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
+                                                 num_bytes / bytes_per_s)
 
 
 def fit_baseline(b: dict, points: np.ndarray, latency_s: np.ndarray) -> dict:
     """The baseline's constants from these rows: the fixed time (0.8 x the fastest row: launch floor), or,
     for `fit: latency_bandwidth` (collectives), latency + bytes / bandwidth by least squares on relative
-    error; with `l2_bytes`, the L2 speed-up as the jump of latency / baseline across the capacity."""
+    error; with `l2_bytes`, the L2 speed-up as the jump of latency / baseline across the capacity; with
+    `per_seq_s`, the time per sequence at the shortest context (batches of 16 and more)."""
     if b.get("fit") == "latency_bandwidth":
         x = _monomials(b["bytes"], _with_cap(b, points))
         (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([1 / latency_s, x / latency_s]),
@@ -112,6 +117,10 @@ def fit_baseline(b: dict, points: np.ndarray, latency_s: np.ndarray) -> dict:
         beta = max(float(beta), 1e-30)
         return {**b, "fixed_s": alpha, "bytes_per_s": 1.0 / beta}
     b = {**b, "fixed_s": 0.8 * float(latency_s.min())}
+    if "per_seq_s" in b:   # from the shortest contexts, where each sequence's own work is all there is
+        shortest = (points[:, 1] == points[:, 1].min()) & (points[:, 0] >= 16)
+        if shortest.any():
+            b["per_seq_s"] = float(max(0.0, np.median((latency_s[shortest] - b["fixed_s"]) / points[shortest, 0])))
     if b.get("l2_bytes"):
         b["l2_speedup"], inside = 1.0, _monomials(b["bytes"], _with_cap(b, points)) <= b["l2_bytes"]
         for _ in range(4):   # the fixed time dilutes the step: rescale until the ratio has no jump left

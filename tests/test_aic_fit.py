@@ -74,3 +74,13 @@ def test_family_keeps_the_fitted_baseline_for_pricing():
     assert f["baseline"]["l2_speedup"] == pytest.approx(3.0, rel=0.1)
     assert TableFamily(f)(16, 1024) == pytest.approx(5e-6 + 4096 * 16 * 1024 / 864e9 / 3, rel=0.05)   # 67 MB: in L2
     assert TableFamily(f)(16, 4096) == pytest.approx(5e-6 + 4096 * 16 * 4096 / 864e9, rel=0.05)   # 268 MB: out
+
+
+def test_per_sequence_time_is_fitted_from_the_shortest_contexts():
+    pts, lat = decode_rows()
+    lat = lat + 2e-7 * pts[:, 0]   # 0.2 us of each sequence's own work
+    b = fit_baseline({**DECODE, "l2_bytes": L2_BYTES, "per_seq_s": 0.0}, pts, lat)
+    assert b["per_seq_s"] == pytest.approx(2e-7, rel=0.3)   # it also holds the 16-token KV read and launch share
+    axes, slopes = ("batch", "context"), (1.0, 1.0)
+    with_seq = held_out_error(axes, pts, lat, slopes, {**DECODE, "l2_bytes": L2_BYTES, "per_seq_s": 0.0})
+    assert with_seq["p90_pct"] <= held_out_error(axes, pts, lat, slopes, {**DECODE, "l2_bytes": L2_BYTES})["p90_pct"]
