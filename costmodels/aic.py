@@ -137,7 +137,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
             else:   # stream K and V of the (windowed) context once per sequence, plus each sequence's own
-                    # work (fitted per_seq_s: at batch 2048, 2 tokens of context, rows are 7x (L40S) to 18x (H100) the rest)
+                    # work (fitted per_seq_s: at batch 2048 and 2 tokens of context the rows are 7x (L40S)
+                    # to 18x (H100) the rest of this shape)
                 base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
                         "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
                         "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name), "per_seq_s": 0.0}

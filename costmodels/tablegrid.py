@@ -3,8 +3,9 @@
 Optionally the rows are first divided by their roofline shape (fixed + max(FLOPs / peak, bytes / BW)),
 so that interpolation between knots follows launch-, memory- and compute-bound kinks. Fitted terms: an
 L2-capacity step (bytes served faster while one call's data fits in L2), a time per decoded sequence,
-and, for collectives, latency + bytes / bandwidth. The held-out error rebuilds the grid without every fifth interior knot of
-each axis, fitting the baseline's constants on the kept rows only, and predicts the rows at those knots.
+and, for collectives, latency + bytes / bandwidth. The held-out error rebuilds the grid without every
+fifth interior knot of each axis, fitting the baseline's constants on the kept rows only, and predicts
+the rows at those knots.
 Ignored: kernel-selection steps between knots (a tile or split change the rows show only where they are
 sampled) and the tables' own run-to-run noise; both remain in the held-out error.
 """
