@@ -30,7 +30,13 @@ GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_s
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-FORMAT = "batchsim-aic-grids/3"
+FORMAT = "batchsim-aic-grids/4"
+# L2 cache per GPU (NVIDIA datasheets / architecture whitepapers: A100 40 MB, H100 and H200 50 MB, B200 126 MB,
+# L40S 96 MB, L4 48 MB). Decode attention whose whole KV fits is served from L2: the tables' rows step up
+# once b x context x KV bytes/token outgrows it (L40S ~3x, H100 ~1.4x; see tablegrid.baseline_s).
+L2_BYTES = {"a100-80gb": 40e6, "h100-sxm": 50e6, "h200-sxm": 50e6, "b200-sxm": 126e6, "l40s": 96e6, "l4": 48e6}
+# Collectives: latency + bytes / bandwidth fitted per table (the small-message rows are launch/latency noise).
+COMM_BASELINE = {"flops": [], "bytes": [(2.0, (1,))], "peak_flops_per_s": 1.0, "fit": "latency_bandwidth"}
 
 
 def tables_root() -> Path | None:
@@ -127,22 +133,29 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
             hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
             if kind == "prefill":   # causal: 4 hd heads b isl keys-per-query FLOPs; read Q, K, V, write O
+                # (no L2 step: tried, it raised the H100/H200/B200 prefill p90s, e.g. H200 vLLM 6.9% -> 10.0%)
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
-            else:                   # stream K and V of the (windowed) context once per sequence
+            else:   # stream K and V of the (windowed) context once per sequence, plus each sequence's own
+                    # work (fitted per_seq_s: at batch 2048 and 2 tokens of context the rows are 7x (L40S)
+                    # to 18x (H100) the rest of this shape)
                 base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
                         "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
-                        "cap": [1, 1.0, None]}
+                        "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name), "per_seq_s": 0.0}
             base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]
                 if len(rows):
                     cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
-                    out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, {**base, "cap": cap})
+                    # The L2 step only for full attention: a window's KV per call reaches the L2 size only at
+                    # batches of hundreds, where per-sequence work, not streaming, sets the time; a step
+                    # fitted there (tried) moved L40S SGLang's window p90 from 10.8% to 17.0%.
+                    fam = {**base, "cap": cap, **({"l2_bytes": None} if w else {})}
+                    out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, fam)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
-        _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note)
+        _mla_modules(out, root, g, gpu, model, d, fmt, kv, framework, version, note)
     if d.ep > 1:
         _alltoall(out, root, g, d, note)
     if model.is_moe:
@@ -155,7 +168,7 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 rows = rows[rows["backend"].astype(str).str.endswith("_graph")]
             if len(rows):
                 # message_size counts elements (aiconfigurator's collector: a [tokens, 4096] tensor of that size)
-                out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,))
+                out["families"]["allreduce"] = family(rows, ("elements",), ("message_size",), (1.0,), COMM_BASELINE)
                 note("allreduce", comm_dir / "custom_allreduce_perf.parquet", len(rows))
                 break
     return out
@@ -185,7 +198,7 @@ def _moe(out, root, g, gpu, model, d, fmt, framework, version, note) -> None:
         note("moe", moe_dir / "moe_perf.parquet", len(rows))
 
 
-def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> None:
+def _mla_modules(out, root, g, gpu, model, d, fmt, kv, framework, version, note) -> None:
     """DeepSeek-V3's whole MLA attention block (its projections included: the rows depend on the GEMM
     format) for prefill (batch, new tokens) and decode (batch, context), at this GPU's heads."""
     try:
@@ -202,8 +215,28 @@ def _mla_modules(out, root, g, model, d, fmt, kv, framework, version, note) -> N
         rows = t[(t["num_heads"] == heads) & (t["kv_cache_dtype"] == KV_DTYPES.get(kv, "-"))
                  & (t["gemm_type"] == GEMM_DTYPES.get(fmt, "-"))]
         if len(rows):
-            out["families"][f"mla_{kind}_module"] = family(rows, cols, cols, slopes)
+            base = _mla_baseline(kind, gpu, model, heads, fmt, kv)
+            out["families"][f"mla_{kind}_module"] = family(rows, cols, cols, slopes, base)
             note(f"mla_{kind}_module", path, len(rows))
+
+
+def _mla_baseline(kind: str, gpu: GPU, m: ModelShape, heads: int, fmt: str, kv: str) -> dict:
+    """Roofline shape of one MLA block call at (batch, tokens): its projections (Q down/up, KV down/up,
+    output; the down projections unsplit by TP) read once per call and applied per token, plus attention.
+    Prefill decompresses K and V (causal: heads (qk + v) isl^2 FLOPs per sequence); decode attends in the
+    compressed space (absorbed: heads (4 kv_lora + 2 rope) FLOPs and kv_lora + rope cached values per key)."""
+    h, ql, kl, r = m.hidden_size, m.q_lora_rank or m.hidden_size, m.kv_lora_rank, m.qk_rope_head_dim
+    qk, v = m.qk_nope_head_dim + r, m.v_head_dim
+    params = h * ql * (m.q_lora_rank > 0) + h * (kl + r) + heads * (ql * qk + kl * (m.qk_nope_head_dim + v) + v * h)
+    weights = [(params * WEIGHT_BYTES[fmt], (0, 0))]
+    if kind == "prefill":
+        flops = [(2.0 * params, (1, 1)), (heads * (qk + v), (1, 2))]
+        moved = [(4.0 * h, (1, 1))]   # the hidden states in and out, 16-bit
+    else:
+        flops = [(2.0 * params, (1, 0)), (heads * (4.0 * kl + 2.0 * r), (1, 1))]
+        moved = [((kl + r) * (1.0 if kv == "fp8" else 2.0), (1, 1)), (4.0 * h, (1, 0))]
+    return {"flops": flops, "bytes": weights + moved, "bytes_per_s": gpu.hbm_bytes_per_s,
+            "peak_flops_per_s": gpu.peak_flops_per_s("fp8" if fmt.startswith("fp8") else "bf16")}
 
 
 def _alltoall(out, root, g, d, note) -> None:
@@ -215,7 +248,7 @@ def _alltoall(out, root, g, d, note) -> None:
     t = _read(nccl_dir / "nccl_perf.parquet")
     rows = t[(t["op_name"] == "alltoall") & (t["num_gpus"] == d.ep) & (t["nccl_dtype"] == "half")]
     if len(rows):
-        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,))
+        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,), COMM_BASELINE)
         note("alltoall", nccl_dir / "nccl_perf.parquet", len(rows))
 
 

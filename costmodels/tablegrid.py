@@ -1,8 +1,13 @@
 """Kernel-table rows -> a LogGrid over the table's own knots (costmodels/aic.py builds its families with it).
 
 Optionally the rows are first divided by their roofline shape (fixed + max(FLOPs / peak, bytes / BW)),
-so that interpolation between knots follows launch-, memory- and compute-bound kinks. The held-out error
-rebuilds the grid without every fifth interior knot of each axis and predicts the rows at those knots.
+so that interpolation between knots follows launch-, memory- and compute-bound kinks. Fitted terms: an
+L2-capacity step (bytes served faster while one call's data fits in L2), a time per decoded sequence,
+and, for collectives, latency + bytes / bandwidth. The held-out error rebuilds the grid without every
+fifth interior knot of each axis, fitting the baseline's constants on the kept rows only, and predicts
+the rows at those knots.
+Ignored: kernel-selection steps between knots (a tile or split change the rows show only where they are
+sampled) and the tables' own run-to-run noise; both remain in the held-out error.
 """
 from __future__ import annotations
 
@@ -32,16 +37,40 @@ def grid_from_rows(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> L
     return LogGrid(tuple(axes), tuple(logk), values, tuple(float(s) for s in slopes))
 
 
-def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes) -> dict:
-    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them."""
+def l2_jumps(points: np.ndarray, log_ratio: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    """log(latency / baseline) just outside the L2 capacity minus just inside, for every pair of rows
+    that are neighbouring knots along one axis (other coordinates equal) and straddle the capacity: the
+    step itself, not mixed with rows far from it (large batches of short contexts are overhead-bound)."""
+    knots = [np.unique(points[:, i]) for i in range(points.shape[1])]
+    index = tuple(np.searchsorted(k, points[:, i]) for i, k in enumerate(knots))
+    values, is_inside = np.full([len(k) for k in knots], np.nan), np.zeros([len(k) for k in knots], dtype=bool)
+    values[index], is_inside[index] = log_ratio, inside
+    jumps = []
+    for axis in range(values.ndim):
+        v, ins = np.moveaxis(values, axis, -1), np.moveaxis(is_inside, axis, -1)
+        step = ~np.isnan(v[..., :-1]) & ~np.isnan(v[..., 1:]) & ins[..., :-1] & ~ins[..., 1:]
+        jumps.extend((v[..., 1:] - v[..., :-1])[step].tolist())
+    return np.array(jumps)
+
+
+def held_out_error(axes, points: np.ndarray, latency_s: np.ndarray, slopes, baseline: dict | None = None) -> dict:
+    """Rebuild without every fifth interior knot of each axis; absolute % error on the rows at them. With a
+    `baseline`, its fitted constants (fixed time, L2 speed-up, latency and bandwidth) come from the kept
+    rows only, so nothing about a held-out row enters what predicts it."""
     held = np.zeros(len(points), dtype=bool)
     for i in range(points.shape[1]):
         k = np.unique(points[:, i])
         held |= np.isin(points[:, i], k[1:-1][2::5])
     if not held.any() or held.all():
         return {"rows": 0}
-    grid = grid_from_rows(axes, points[~held], latency_s[~held], slopes)
-    pred = np.array([grid(*p) for p in points[held]])
+    kept_points, kept_s = points[~held], latency_s[~held]
+    if baseline is None:
+        grid = grid_from_rows(axes, kept_points, kept_s, slopes)
+        pred = np.array([grid(*p) for p in points[held]])
+    else:
+        b = fit_baseline(baseline, kept_points, kept_s)
+        grid = grid_from_rows(axes, kept_points, kept_s / baseline_s(b, kept_points), (0.0,) * len(slopes))
+        pred = np.array([grid(*p) for p in points[held]]) * baseline_s(b, points[held])
     err = np.abs(pred / latency_s[held] - 1) * 100
     return {"rows": int(held.sum()), "median_pct": round(float(np.median(err)), 2),
             "p90_pct": round(float(np.percentile(err, 90)), 2)}
@@ -51,15 +80,56 @@ def _monomials(terms, points: np.ndarray) -> np.ndarray:
     return sum(c * np.prod(points ** np.asarray(e, dtype=float), axis=1) for c, e in terms) if terms else 0.0
 
 
+def _with_cap(b: dict, points: np.ndarray) -> np.ndarray:
+    if not b.get("cap"):
+        return points
+    axis, divisor, window = b["cap"]
+    return np.column_stack([points, np.minimum(points[:, axis] / divisor, window)])
+
+
 def baseline_s(b: dict, points: np.ndarray) -> np.ndarray:
     """The roofline shape a family's rows are divided by before interpolation: fixed + max(FLOPs / peak,
     bytes / bandwidth), FLOPs and bytes as sums of monomials (coefficient, exponents) of the coordinates;
-    `cap` [axis, divisor, window] appends min(x[axis] / divisor, window), the keys a sliding window leaves."""
-    if b.get("cap"):
-        axis, divisor, window = b["cap"]
-        points = np.column_stack([points, np.minimum(points[:, axis] / divisor, window)])
-    return b["fixed_s"] + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
-                                     _monomials(b["bytes"], points) / b["bytes_per_s"])
+    `cap` [axis, divisor, window] appends min(x[axis] / divisor, window), the keys a sliding window leaves.
+    `l2_bytes`: the bytes one call streams are served `l2_speedup` times faster while they fit in the L2
+    cache (decode attention whose whole KV is L2-resident: on L40S, 96 MB, the rows drop ~3x below it).
+    `per_seq_s` x points[:, 0] (the batch) is added outside the max: each decoded sequence's own work
+    (its query, softmax and split-K reduction, its thread blocks), which no KV streaming hides."""
+    points = _with_cap(b, points)
+    num_bytes = _monomials(b["bytes"], points)
+    bytes_per_s = b["bytes_per_s"]
+    if b.get("l2_bytes"):
+        bytes_per_s = np.where(num_bytes <= b["l2_bytes"], bytes_per_s * b.get("l2_speedup", 1.0), bytes_per_s)
+    per_seq_s = b["per_seq_s"] * points[:, 0] if b.get("per_seq_s") else 0.0
+    return b["fixed_s"] + per_seq_s + np.maximum(_monomials(b["flops"], points) / b["peak_flops_per_s"],
+                                                 num_bytes / bytes_per_s)
+
+
+def fit_baseline(b: dict, points: np.ndarray, latency_s: np.ndarray) -> dict:
+    """The baseline's constants from these rows: the fixed time (0.8 x the fastest row: launch floor), or,
+    for `fit: latency_bandwidth` (collectives), latency + bytes / bandwidth by least squares on relative
+    error; with `l2_bytes`, the L2 speed-up as the jump of latency / baseline across the capacity; with
+    `per_seq_s`, the time per sequence at the shortest context (batches of 16 and more)."""
+    if b.get("fit") == "latency_bandwidth":
+        x = _monomials(b["bytes"], _with_cap(b, points))
+        (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([1 / latency_s, x / latency_s]),
+                                           np.ones(len(x)), rcond=None)
+        alpha = max(float(alpha), 0.5 * float(latency_s.min()))   # a noisy fit must not lose the floor
+        beta = max(float(beta), 1e-30)
+        return {**b, "fixed_s": alpha, "bytes_per_s": 1.0 / beta}
+    b = {**b, "fixed_s": 0.8 * float(latency_s.min())}
+    if "per_seq_s" in b:   # from the shortest contexts, where each sequence's own work is all there is
+        shortest = (points[:, 1] == points[:, 1].min()) & (points[:, 0] >= 16)
+        if shortest.any():
+            b["per_seq_s"] = float(max(0.0, np.median((latency_s[shortest] - b["fixed_s"]) / points[shortest, 0])))
+    if b.get("l2_bytes"):
+        b["l2_speedup"], inside = 1.0, _monomials(b["bytes"], _with_cap(b, points)) <= b["l2_bytes"]
+        for _ in range(4):   # the fixed time dilutes the step: rescale until the ratio has no jump left
+            jumps = l2_jumps(points, np.log(latency_s / baseline_s(b, points)), inside)
+            if not len(jumps):
+                break
+            b["l2_speedup"] = float(max(1.0, b["l2_speedup"] * np.exp(np.median(jumps))))
+    return b
 
 
 class TableFamily:
@@ -80,11 +150,10 @@ def family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-
     merged = frame.groupby(list(columns), as_index=False)["latency"].min()
     points = merged[list(columns)].to_numpy(dtype=float)
     lat = merged["latency"].to_numpy(dtype=float) * scale
+    err = held_out_error(axes, points, lat, slopes, baseline)
     if baseline is not None:
-        baseline = {**baseline, "fixed_s": 0.8 * float(lat.min())}
+        baseline = fit_baseline(baseline, points, lat)
         ratio, slopes = lat / baseline_s(baseline, points), (0.0,) * len(slopes)
-        err = held_out_error(axes, points, ratio, slopes)   # errors of the ratio are errors of the latency
         return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
                 "held_out": err, "rows": int(len(merged))}
-    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(),
-            "held_out": held_out_error(axes, points, lat, slopes), "rows": int(len(merged))}
+    return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(), "held_out": err, "rows": int(len(merged))}
