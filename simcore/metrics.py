@@ -30,7 +30,10 @@ def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
 
 
 def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    if not df["request_id"].is_monotonic_increasing:   # usually already in id order: no copy of every column
+        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    elif not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        df = df.reset_index(drop=True)
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = df["finish_s"] - df["arrival_s"]
     df["queue_s"] = df["admitted_s"] - df["arrival_s"]
