@@ -78,13 +78,17 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
-def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None) -> tuple:
+def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
     """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations, ITL, prefix-cache pool or
     None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
     SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
     experiments.tables.TableWriter) the rows are streamed to it in chunks as the run goes and `iterations`
-    is their IterationTotals (what the summary needs) instead."""
+    is their IterationTotals (what the summary needs) instead. `handed_over`: `specs` is a one-item list
+    holding the specs, which this empties, so that they are freed as soon as the engine is done with them
+    (the caller keeps no other reference: about 300 bytes a request)."""
+    if handed_over:
+        specs = specs.pop()
     arrival = cfg.workload.arrival
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
     totals = IterationTotals() if iteration_writer is not None else None
@@ -96,6 +100,8 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
 
     engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
                         iteration_sink=sink if iteration_writer is not None else None)
+    if handed_over:
+        del specs   # the engine's own list is then the only one
     log = engine.simulate()
     prefix_cache = engine.prefix_cache
     del engine   # its per-request records: only the log is needed from here on

@@ -166,7 +166,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     num_stages = pipeline_stages(cfg, cost_model)
     if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
-        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s, tables_dir, table_format)
+        handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
+        gen = dataclasses.replace(gen, specs=())
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s, tables_dir, table_format, handed)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -261,7 +263,8 @@ def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None
 
 
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
-                 latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet") -> SimResult:
+                 latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet",
+                 handed: list | None = None) -> SimResult:
     """The fast path's run, as the same SimResult (one replica: see experiments/fast.py); with `tables_dir`,
     its tables written there instead (the same tables, bitwise: tests/test_stream_tables.py)."""
     writer = None
@@ -269,7 +272,8 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
         Path(tables_dir).mkdir(parents=True, exist_ok=True)
         writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
     try:
-        requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, gen.specs, writer)
+        requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, handed or [gen.specs], writer,
+                                                           handed_over=True)
     finally:
         if writer is not None:
             writer.close()
