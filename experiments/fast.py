@@ -15,9 +15,9 @@ import pandas as pd
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fastpath import FastEngine
+from simcore.fastpath import STATUS_NAMES, FastEngine
 from simcore.log import ITERATION_COLUMNS
-from simcore.metrics import requests_frame_from_columns
+from simcore.metrics import IterationTotals, iteration_totals, requests_frame_from_columns
 
 FAST_PATH_MODES = ("auto", "on", "off")
 # Engine settings whose every value the fast path models; any other must keep its default.
@@ -78,14 +78,30 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
-def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame, pd.DataFrame, tuple, object]:
-    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations frame, ITL, prefix-cache
-    pool or None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in
-    time order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs
-    from the SimPy log's)."""
+def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
+    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations, ITL, prefix-cache pool or
+    None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
+    order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
+    SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
+    experiments.tables.TableWriter) the rows are streamed to it in chunks as the run goes and `iterations`
+    is their IterationTotals (what the summary needs) instead. `handed_over`: `specs` is a one-item list
+    holding the specs, which this empties, so that they are freed as soon as the engine is done with them
+    (the caller keeps no other reference: about 300 bytes a request)."""
+    if handed_over:
+        specs = specs.pop()
     arrival = cfg.workload.arrival
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
-    engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed)
+    totals = IterationTotals() if iteration_writer is not None else None
+
+    def sink(floats: np.ndarray, ints: np.ndarray) -> None:
+        frame = iterations_frame(floats, ints)
+        totals.add(frame)
+        iteration_writer.write(frame)
+
+    engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
+                        iteration_sink=sink if iteration_writer is not None else None)
+    if handed_over:
+        del specs   # the engine's own list is then the only one
     log = engine.simulate()
     prefix_cache = engine.prefix_cache
     del engine   # its per-request records: only the log is needed from here on
@@ -93,24 +109,35 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs) -> tuple[pd.DataFrame
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
     itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
            Repeated(log.itl_end_s, log.itl_counts))
-    return requests_table(log), iterations_table(log), itl, prefix_cache
+    iterations = totals.finish() if totals is not None else iterations_table(log)
+    return requests_table(log), iterations, itl, prefix_cache
 
 
 def requests_table(log) -> pd.DataFrame:
     n = len(log.request_id)
-    reasons = log.reject_reason
+    reasons = np.full(n, None, object)
+    for k, reason in log.reject_reason.items():
+        reasons[k] = reason
     return requests_frame_from_columns({
         "request_id": log.request_id.astype(np.int64), "replica_id": np.zeros(n, dtype=np.int64),
         "arrival_s": log.arrival_s, "prompt_tokens": log.prompt_tokens, "output_tokens": log.output_tokens,
-        "admitted_s": np.array(log.admitted_s, dtype=float), "first_token_s": np.array(log.first_token_s, dtype=float),
-        "finish_s": np.array(log.finish_s, dtype=float), "num_preemptions": np.array(log.num_preemptions, dtype=np.int64),
-        "status": log.status, "reject_reason": reasons if any(r is not None for r in reasons) else np.full(n, None, object),
+        "admitted_s": log.admitted_s, "first_token_s": log.first_token_s, "finish_s": log.finish_s,
+        "num_preemptions": log.num_preemptions.astype(np.int64),
+        "status": np.array(STATUS_NAMES, dtype=object)[log.status], "reject_reason": reasons,
         "priority": log.priority if log.priority is not None else np.zeros(n, dtype=np.int64),
     })
 
 
 def iterations_table(log) -> pd.DataFrame:
-    f, i = log.iteration_floats, log.iteration_ints
+    return iterations_frame(log.iteration_floats, log.iteration_ints)
+
+
+def empty_iterations() -> pd.DataFrame:
+    return iterations_frame(np.zeros((0, 2)), np.zeros((0, len(ITERATION_COLUMNS) - 3), dtype=np.int32))
+
+
+def iterations_frame(f: np.ndarray, i: np.ndarray) -> pd.DataFrame:
+    """Iteration rows from the fast engine's compact columns (float64 pairs, int32 counts)."""
     columns = {"start_s": f[:, 0].copy(), "duration_s": f[:, 1].copy()}
     for k, name in enumerate(ITERATION_COLUMNS[2:-1]):
         columns[name] = i[:, k].astype(np.int64)

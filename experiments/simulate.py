@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,8 @@ from costmodels import deployment
 from costmodels.deployment import Deployment
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
-from experiments.fast import run_fast, use_fast_path
+from experiments.fast import empty_iterations, run_fast, use_fast_path
+from experiments.tables import TableWriter, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -37,6 +39,8 @@ class SimResult:
                                           # or a disaggregated deployment (with a `role` column)
     itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # every token gap, pooled, in order
     itl_end_s: np.ndarray = field(default_factory=lambda: np.zeros(0))   # when each of those gaps ended
+    tables_saved: bool = False  # the big tables went straight to `simulate(tables_dir=...)`; the frames
+                                # and ITL here are then empty (a point of a sweep saved to disk)
 
 
 class _TimedGaps(list):
@@ -138,11 +142,14 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
     }
 
 
-def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=None) -> SimResult:
+def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=None, tables_dir=None,
+             table_format: str = "parquet") -> SimResult:
     """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`.
     `specs` (RequestSpecs sorted by arrival) replays exactly those requests instead of drawing the
     workload's, and `cost_model` (a cost-model value) replaces the configured one: calibration.compare and
-    calibration.fit_engine replay a real run's requests this way."""
+    calibration.fit_engine replay a real run's requests this way. `tables_dir`: a fast-path run writes its
+    tables there (iteration rows streamed as the run goes, experiments/tables.py) and returns a SimResult
+    without them (`tables_saved`); the SimPy engine ignores it (the caller saves its tables)."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
     cost_model = point_cost_model(cfg) if cost_model is None else cost_model
@@ -159,7 +166,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     num_stages = pipeline_stages(cfg, cost_model)
     if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
-        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s)
+        handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
+        gen = dataclasses.replace(gen, specs=())
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s, tables_dir, table_format, handed)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -254,13 +263,27 @@ def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None
 
 
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
-                 latency_s: float = 0.0) -> SimResult:
-    """The fast path's run, as the same SimResult (one replica: see experiments/fast.py)."""
-    requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, gen.specs)
+                 latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet",
+                 handed: list | None = None) -> SimResult:
+    """The fast path's run, as the same SimResult (one replica: see experiments/fast.py); with `tables_dir`,
+    its tables written there instead (the same tables, bitwise: tests/test_stream_tables.py)."""
+    writer = None
+    if tables_dir is not None:
+        Path(tables_dir).mkdir(parents=True, exist_ok=True)
+        writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
+    try:
+        requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, handed or [gen.specs], writer,
+                                                           handed_over=True)
+    finally:
+        if writer is not None:
+            writer.close()
     requests = client_view(requests, latency_s)
     summary = summarize(requests, iterations, itl[:2], num_usable_blocks(plan.num_gpu_blocks))
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [prefix_cache])
-    return SimResult(requests, iterations, summary, resolved_dict(cfg, plan, cost_model.describe(), seed), None,
-                     *itl[2:])
+    resolved = resolved_dict(cfg, plan, cost_model.describe(), seed)
+    if writer is None:
+        return SimResult(requests, iterations, summary, resolved, None, *itl[2:])
+    write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)
+    return SimResult(requests.iloc[:0], empty_iterations(), summary, resolved, tables_saved=True)

@@ -70,16 +70,19 @@ def _row(point: Point, summary: dict) -> dict:
     return row
 
 
-def _run_point(point: Point) -> tuple[Point, SimResult, float]:
+def _run_point(point: Point, tables_dir: Path | None = None,
+               table_format: str = "parquet") -> tuple[Point, SimResult, float]:
+    """One point; with `tables_dir`, a fast-path run streams its tables there (memory stays bounded)."""
     t0 = time.perf_counter()
-    result = simulate(point.config, point.seed)
+    result = simulate(point.config, point.seed, tables_dir=tables_dir, table_format=table_format)
     return point, result, time.perf_counter() - t0
 
 
 def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float,
                 table_format: str = "parquet") -> None:
     d = out_dir / "points" / point.point_id
-    write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format)
+    if not result.tables_saved:
+        write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format)
     (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
     summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
     tmp = d / "summary.json.tmp"
@@ -122,6 +125,13 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
     result = SweepResult(pd.DataFrame(), num_skipped=len(points) - len(todo))
     bar = _progress_bar(len(points), result.num_skipped, progress)
 
+    def stream_args(point: Point) -> tuple:
+        """Where a point's tables go as it runs: its folder, when they are saved and not kept in memory
+        (not through Dask, whose workers may not share this file system)."""
+        if out is None or keep or dask_address is not None:
+            return ()
+        return out / "points" / point.point_id, table_format
+
     def finish(point: Point, sim: SimResult, wall_s: float) -> None:
         rows[point.point_id] = {**_row(point, sim.summary), "wall_s": round(wall_s, 3)}
         if out is not None:
@@ -139,7 +149,7 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
                 for i, p in enumerate(todo):
                     if bar is not None and slots == 1:  # the inline executor runs the point right here
                         bar.set_postfix_str(f"1 running ({p.point_id}), {len(todo) - i - 1} queued")
-                    f = pool.submit(_run_point, p)
+                    f = pool.submit(_run_point, p, *stream_args(p))
                     if f.done():
                         finish(*f.result())
                     else:

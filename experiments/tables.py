@@ -6,6 +6,7 @@ slices of rows, so writing adds at most one slice to a run's memory however many
 stored as weighted samples (`gap_ms`, `count`: every distinct gap and how many tokens had it), from which
 every percentile and CDF equals the expanded data's (simcore.metrics.weighted_percentiles); the time order
 of the gaps is not kept. Readers accept either format, and the older `itl_gaps_ms.npy` (every gap, float32).
+A table can also be written as it is produced (`TableWriter`: the fast engine streams its iteration rows).
 """
 from __future__ import annotations
 
@@ -17,26 +18,54 @@ import pandas as pd
 from simcore.metrics import itl_samples
 
 TABLE_FORMATS = ("parquet", "csv")
-ROWS_PER_SLICE = 1_000_000   # Parquet row group / CSV write slice: bounds the memory a write adds
+ROWS_PER_SLICE = 262_144   # Parquet row group / CSV write slice: bounds the memory a write adds
 TABLES = ("requests", "iterations", "itl")
+
+
+class TableWriter:
+    """One table written piece by piece (`write(frame)` as rows come, then `close()`), so its rows never
+    need to be in memory together; every piece has the first one's columns and types. Closing a writer that
+    got no rows writes an empty table with `empty`'s columns."""
+
+    def __init__(self, path: Path, table_format: str = "parquet", empty: pd.DataFrame | None = None):
+        if table_format not in TABLE_FORMATS:
+            raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)}")
+        self.path = Path(path).with_suffix(f".{table_format}")
+        self.table_format, self.empty = table_format, empty
+        self._parquet = self._schema = None
+        self.num_rows = 0
+
+    def write(self, df: pd.DataFrame) -> None:
+        if self.table_format == "csv":
+            df.to_csv(self.path, index=False, mode="w" if self._schema is None else "a",
+                      header=self._schema is None, chunksize=max(1, ROWS_PER_SLICE // 10))
+            self._schema = True
+            self.num_rows += len(df)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        if self._schema is None:
+            self._schema = pa.Schema.from_pandas(df, preserve_index=False)
+            self._parquet = pq.ParquetWriter(self.path, self._schema)
+        for start in range(0, max(len(df), 1), ROWS_PER_SLICE):
+            part = pa.Table.from_pandas(df.iloc[start:start + ROWS_PER_SLICE], schema=self._schema,
+                                        preserve_index=False)
+            self._parquet.write_table(part, row_group_size=ROWS_PER_SLICE)
+        self.num_rows += len(df)
+
+    def close(self) -> Path:
+        if self._schema is None:
+            self.write(self.empty if self.empty is not None else pd.DataFrame())
+        if self._parquet is not None:
+            self._parquet.close()
+        return self.path
 
 
 def write_table(df: pd.DataFrame, path: Path, table_format: str = "parquet") -> Path:
     """`df` at `path` with the format's suffix, written slice by slice; returns the file written."""
-    if table_format not in TABLE_FORMATS:
-        raise ValueError(f"table format {table_format!r}: expected one of {', '.join(TABLE_FORMATS)}")
-    path = Path(path).with_suffix(f".{table_format}")
-    if table_format == "csv":
-        df.to_csv(path, index=False, chunksize=max(1, ROWS_PER_SLICE // 10))
-        return path
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    schema = pa.Schema.from_pandas(df, preserve_index=False)
-    with pq.ParquetWriter(path, schema) as writer:
-        for start in range(0, max(len(df), 1), ROWS_PER_SLICE):
-            part = pa.Table.from_pandas(df.iloc[start:start + ROWS_PER_SLICE], schema=schema, preserve_index=False)
-            writer.write_table(part, row_group_size=ROWS_PER_SLICE)
-    return path
+    writer = TableWriter(path, table_format)
+    writer.write(df)
+    return writer.close()
 
 
 def itl_frame(itl_gaps_s) -> pd.DataFrame:
@@ -48,13 +77,15 @@ def itl_frame(itl_gaps_s) -> pd.DataFrame:
     return pd.DataFrame({"gap_ms": np.asarray(values_s, dtype=float) * 1e3, "count": counts.astype(np.int64)})
 
 
-def write_run_tables(d: Path, requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s,
+def write_run_tables(d: Path, requests: pd.DataFrame, iterations: pd.DataFrame | None, itl_gaps_s,
                      table_format: str = "parquet") -> None:
     """requests, iterations and itl (weighted ITL samples) into folder `d`, in `table_format`; a table of
-    the other format left there by an earlier run is removed, so a folder never holds two versions."""
+    the other format left there by an earlier run is removed, so a folder never holds two versions.
+    `iterations` None: that table was already streamed there (a TableWriter in the same format)."""
     d.mkdir(parents=True, exist_ok=True)
     for name, df in (("requests", requests), ("iterations", iterations), ("itl", itl_frame(itl_gaps_s))):
-        write_table(df, d / name, table_format)
+        if df is not None:
+            write_table(df, d / name, table_format)
         for other in TABLE_FORMATS:
             if other != table_format:
                 (d / f"{name}.{other}").unlink(missing_ok=True)

@@ -43,19 +43,30 @@ class FastLog:
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
-    admitted_s: list
-    first_token_s: list
-    finish_s: list
-    num_preemptions: list
-    status: list
-    reject_reason: list
-    iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s
+    admitted_s: np.ndarray         # float64, NaN where absent
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    num_preemptions: np.ndarray    # int32
+    status: np.ndarray             # int8 codes: STATUS_NAMES
+    reject_reason: dict            # spec index -> reason, for the rejected requests only
+    iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s (rows not handed to a sink)
     iteration_ints: np.ndarray     # (num_iterations, 8) int32, ITERATION_COLUMNS order without replica_id
     itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
     itl_counts: np.ndarray
     itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int
     priority: np.ndarray | None = None   # the workload's priority class per request
+
+
+# Per-request status codes in FastLog.status (one byte a request instead of a string reference).
+STATUS_NAMES = ("unfinished", "finished", "rejected")
+UNFINISHED, FINISHED, REJECTED = range(3)
+ITERATION_CHUNK_ROWS = 262_144   # rows handed to `iteration_sink` at a time (12 MiB; Parquet row groups this size)
+
+
+class _Request(FastRequest):
+    """A fast request that knows its place in the workload (`k`: the spec's index), where its row goes."""
+    __slots__ = ("k",)
 
 
 def padded_tokens(padded) -> int:
@@ -82,7 +93,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     last token (ITL) and by their context sum (pricing). Before the policy's general `schedule` they are
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
-    def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None):
+    def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
+                 iteration_sink=None):
         if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
             raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
         self.policy, self.cost, self.limits = policy, cost_model, limits
@@ -102,8 +114,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
         self.block_size = self.bs
         self.specs = list(specs)
-        self.reqs: list[FastRequest | None] = [None] * len(self.specs)
-        self.requests: dict[int, FastRequest] = {}
+        self._init_request_columns()
+        self.requests: dict[int, FastRequest] = {}   # live requests only: released when they finish
         self.num_admissions = 0
         self.waiting: deque[FastRequest] = deque()
         self.running: list[FastRequest] = []
@@ -125,21 +137,50 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
         self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")   # gap, count, when it ended
         self.num_logged = 0
+        # Called with (floats, ints) every ITERATION_CHUNK_ROWS iteration rows (experiments/fast.py streams
+        # them to a file), so a long run does not hold them all; None keeps them for FastLog.
+        self.iteration_sink = iteration_sink
         self.pricers: dict = {}          # decode-step pricing functions by batch size
+
+    # ---- per-request rows: compact columns, written when a request leaves (its record is then released) ----
+    def _init_request_columns(self) -> None:
+        specs, n = self.specs, len(self.specs)
+        self.request_ids = np.fromiter((s.request_id for s in specs), np.int64, n)
+        if len(np.unique(self.request_ids)) < n:   # checked up front: finished requests are not kept
+            ids, counts = np.unique(self.request_ids, return_counts=True)
+            raise SimulationError(f"duplicate request id {int(ids[counts > 1][0])}")
+        self.col_arrival = np.fromiter((s.arrival_s for s in specs), float, n)   # closed loop: send time
+        self.col_admitted, self.col_first, self.col_finish = (np.full(n, np.nan) for _ in range(3))
+        self.col_preemptions = np.zeros(n, dtype=np.int32)
+        self.col_status = np.zeros(n, dtype=np.int8)   # UNFINISHED until it leaves
+        self.reject_reasons: dict[int, str] = {}
+
+    def _record(self, req, status: int) -> None:
+        k = req.k
+        if req.admitted_s is not None:
+            self.col_admitted[k] = req.admitted_s
+        if req.first_token_s is not None:
+            self.col_first[k] = req.first_token_s
+        if req.finish_s is not None:
+            self.col_finish[k] = req.finish_s
+        self.col_preemptions[k] = req.num_preemptions
+        self.col_status[k] = status
 
     # ---- requests arriving and leaving ----
     def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
-        req = self.reqs[k] = FastRequest(spec)
-        if spec.request_id in self.requests:
-            raise SimulationError(f"duplicate request id {spec.request_id}")
-        self.requests[spec.request_id] = req
+        req = _Request(spec)
+        req.k = k
+        self.col_arrival[k] = spec.arrival_s
         reason = reject_reason(spec, self.policy, self.max_model_len, self.total, self.bs)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
+            self.reject_reasons[k] = reason
+            self._record(req, REJECTED)
             self.num_logged += 1
             if self.closed:
                 self._on_done(req, now)
             return
+        self.requests[spec.request_id] = req
         self.waiting.append(req)
         if self.eng_kind is None or self.eng_kind == "timed":  # wake the idle engine
             self.eng_kind, self.eng_t, self.eng_e = "resume", now, self.seq
@@ -214,6 +255,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 self._next(t)
                 self._flush_timers(t)
                 self.deferring = False
+                if self.iteration_sink is not None and len(self.rec_f) >= 2 * ITERATION_CHUNK_ROWS:
+                    self._flush_iterations()
         return self._log()
 
     def _arrivals(self, now: float, first: bool) -> None:
@@ -400,9 +443,12 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         else:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
+        requests = self.requests
         for req in done:
             req.finish_s = now
             self.num_logged += 1
+            self._record(req, FINISHED)   # its row is final: nothing below changes it
+            del requests[req.request_id]
             if self.holds_slots:
                 req.status = Status.DRAINING
                 self.draining.append(req)
@@ -431,20 +477,28 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                                       f"{pool.num_blocks}, requests hold {held}")
 
     # ---- results ----
+    def _flush_iterations(self) -> None:
+        """Hand the iteration rows logged so far to the sink and start afresh."""
+        floats = np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2).copy()
+        ints = np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS).copy()
+        self.rec_f, self.rec_i = array("d"), array("i")
+        self.iteration_sink(floats, ints)
+
     def _log(self) -> FastLog:
-        specs, reqs = self.specs, self.reqs
-        recs = [r if r is not None else FastRequest(s) for r, s in zip(reqs, specs)]
-        status = ["finished" if r.status in (Status.FINISHED, Status.DRAINING) else
-                  ("rejected" if r.status is Status.REJECTED else "unfinished") for r in recs]
+        for req in self.requests.values():   # never finished (the caller reports them)
+            self._record(req, UNFINISHED)
+        if self.iteration_sink is not None and len(self.rec_f):
+            self._flush_iterations()
+        specs, n = self.specs, len(self.specs)
+        self.specs = []   # the run is over: the specs can go with this call (10M requests: about 3 GB)
         return FastLog(
-            np.fromiter((s.request_id for s in specs), np.int64, len(specs)),
-            np.fromiter((r.spec.arrival_s for r in recs), float, len(recs)),
-            np.fromiter((s.num_prompt_tokens for s in specs), np.int64, len(specs)),
-            np.fromiter((s.num_output_tokens for s in specs), np.int64, len(specs)),
-            [r.admitted_s for r in recs], [r.first_token_s for r in recs], [r.finish_s for r in recs],
-            [r.num_preemptions for r in recs], status, [r.reject_reason for r in recs],
+            self.request_ids, self.col_arrival,
+            np.fromiter((s.num_prompt_tokens for s in specs), np.int64, n),
+            np.fromiter((s.num_output_tokens for s in specs), np.int64, n),
+            self.col_admitted, self.col_first, self.col_finish, self.col_preemptions, self.col_status,
+            self.reject_reasons,
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
-            np.frombuffer(self.itl_e, dtype=float), len(specs) - self.num_logged,
-            np.fromiter((s.priority for s in specs), np.int64, len(specs)))
+            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged,
+            np.fromiter((s.priority for s in specs), np.int64, n))

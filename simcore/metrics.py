@@ -30,7 +30,10 @@ def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
 
 
 def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    if not df["request_id"].is_monotonic_increasing:   # usually already in id order: no copy of every column
+        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+    elif not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        df = df.reset_index(drop=True)
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = df["finish_s"] - df["arrival_s"]
     df["queue_s"] = df["admitted_s"] - df["arrival_s"]
@@ -106,10 +109,50 @@ def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> d
     return out
 
 
-def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_gpu_blocks: int) -> dict:
+class IterationTotals:
+    """What `summarize` needs from the iteration rows, gathered chunk by chunk (a streamed run never holds
+    the table): exact integer sums and maxima, and the columns its time-weighted means multiply, kept
+    compact (20 bytes an iteration: duration float64, waiting / running / KV blocks int32), because those
+    sums are numpy's pairwise float sums over the whole column, which no running sum reproduces bit for bit."""
+
+    def __init__(self):
+        self.num_iterations, self.end_s = 0, 0.0
+        self.num_tokens = self.num_padding_tokens = self.num_seqs = self.max_waiting = self.max_kv_blocks = 0
+        self._parts: list[tuple] = []
+
+    def add(self, it: pd.DataFrame) -> None:
+        if not len(it):
+            return
+        dur = it["duration_s"].to_numpy(float)
+        self.num_iterations += len(it)
+        self.end_s = max(self.end_s, float((it["start_s"].to_numpy(float) + dur).max()))
+        self.num_tokens += int(it["prefill_tokens"].sum() + it["decode_tokens"].sum())
+        self.num_padding_tokens += int(it["padding_tokens"].sum())
+        self.num_seqs += int(it["num_seqs"].sum())
+        self.max_waiting = max(self.max_waiting, int(it["num_waiting"].max()))
+        self.max_kv_blocks = max(self.max_kv_blocks, int(it["kv_blocks_used"].max()))
+        self._parts.append((dur.copy(), *(it[c].to_numpy().astype(np.int32) for c in
+                                          ("num_waiting", "num_running", "kv_blocks_used"))))
+
+    def finish(self) -> IterationTotals:
+        """Join the kept columns (call once, after the last chunk)."""
+        cols = list(zip(*self._parts)) or [[np.zeros(0)], *[[np.zeros(0, np.int32)]] * 3]
+        self.duration_s, self.num_waiting, self.num_running, self.kv_blocks_used = (np.concatenate(c) for c in cols)
+        self._parts = []
+        return self
+
+
+def iteration_totals(iterations: pd.DataFrame) -> IterationTotals:
+    totals = IterationTotals()
+    totals.add(iterations)
+    return totals.finish()
+
+
+def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: int) -> dict:
+    """The results row. `iterations`: the iterations frame, or its IterationTotals (a streamed run)."""
+    it = iterations if isinstance(iterations, IterationTotals) else iteration_totals(iterations)
     fin = requests[requests["status"] == "finished"]
-    end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0,
-                      (iterations["start_s"] + iterations["duration_s"]).max() if len(iterations) else 0.0))
+    end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0, it.end_s))
     duration_s = end_s if end_s > 0 else float("nan")
     out_tokens = int(fin["output_tokens"].sum())
     in_tokens = int(fin["prompt_tokens"].sum())
@@ -127,25 +170,29 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, itl_gaps_s, num_
     s.update(_stats_ms("tpot", fin["tpot_s"]))
     s.update(_stats_ms("e2e", fin["e2e_s"]))
     s.update(_stats_ms("queue", fin["queue_s"]))
-    it = iterations
-    dur = it["duration_s"].to_numpy()
-    computed = it["prefill_tokens"] + it["decode_tokens"]
-    s.update({
-        "num_preemptions": int(requests["num_preemptions"].sum()),
-        "num_iterations": len(it),
-        # time-weighted over the whole run (idle stretches count as zero)
-        "mean_waiting": float((it["num_waiting"] * dur).sum() / duration_s) if len(it) else 0.0,
-        "max_waiting": int(it["num_waiting"].max()) if len(it) else 0,
-        "mean_running": float((it["num_running"] * dur).sum() / duration_s) if len(it) else 0.0,
-        "mean_batch_tokens": float((computed + it["padding_tokens"]).mean()) if len(it) else 0.0,
-        "mean_batch_seqs": float(it["num_seqs"].mean()) if len(it) else 0.0,
-        "kv_usage_mean": float((it["kv_blocks_used"] * dur).sum() / duration_s / num_gpu_blocks) if len(it) else 0.0,
-        "kv_usage_max": float(it["kv_blocks_used"].max() / num_gpu_blocks) if len(it) else 0.0,
-        "padding_waste": float(it["padding_tokens"].sum() / max(1, (computed + it["padding_tokens"]).sum())),
-        "busy_fraction": float(dur.sum() / duration_s) if len(it) else 0.0,
-    })
+    s["num_preemptions"] = int(requests["num_preemptions"].sum())
+    s.update(_iteration_keys(it, duration_s, num_gpu_blocks))
     s.update(per_priority_stats(requests))
     return s
+
+
+def _iteration_keys(it: IterationTotals, duration_s: float, num_gpu_blocks: int) -> dict:
+    """Integer sums are exact, so means from them equal pandas' float means of the columns (< 2**53)."""
+    n, dur = it.num_iterations, it.duration_s
+    batch_tokens = it.num_tokens + it.num_padding_tokens
+    return {
+        "num_iterations": n,
+        # time-weighted over the whole run (idle stretches count as zero)
+        "mean_waiting": float((it.num_waiting * dur).sum() / duration_s) if n else 0.0,
+        "max_waiting": it.max_waiting,
+        "mean_running": float((it.num_running * dur).sum() / duration_s) if n else 0.0,
+        "mean_batch_tokens": float(batch_tokens) / n if n else 0.0,
+        "mean_batch_seqs": float(it.num_seqs) / n if n else 0.0,
+        "kv_usage_mean": float((it.kv_blocks_used * dur).sum() / duration_s / num_gpu_blocks) if n else 0.0,
+        "kv_usage_max": float(np.int64(it.max_kv_blocks) / num_gpu_blocks) if n else 0.0,
+        "padding_waste": float(it.num_padding_tokens / max(1, batch_tokens)),
+        "busy_fraction": float(dur.sum() / duration_s) if n else 0.0,
+    }
 
 
 def replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame, num_gpu_blocks: int,

@@ -24,7 +24,7 @@ def test_rerun_skips_every_finished_point(tmp_path, monkeypatch):
     first = run_sweep(SWEEP, tmp_path, jobs=1, progress=False)
     assert len(first.results) == 4 and first.num_skipped == 0
 
-    def boom(point):
+    def boom(point, *_):
         raise AssertionError(f"{point.point_id} ran again")
     monkeypatch.setattr(sweep_mod, "_run_point", boom)
     again = run_sweep(SWEEP, tmp_path, jobs=1, progress=True)
@@ -39,7 +39,7 @@ def test_interrupted_sweep_runs_only_the_missing_points(tmp_path, monkeypatch):
     (tmp_path / "points" / "p001-seed1" / "summary.json").unlink()   # as if killed mid-point
     ran = []
     real = sweep_mod._run_point
-    monkeypatch.setattr(sweep_mod, "_run_point", lambda p: ran.append(p.point_id) or real(p))
+    monkeypatch.setattr(sweep_mod, "_run_point", lambda p, *rest: ran.append(p.point_id) or real(p, *rest))
     again = run_sweep(SWEEP, tmp_path, jobs=1, progress=False)
     assert ran == ["p001-seed1"] and again.num_skipped == 3 and len(again.results) == 4
 
