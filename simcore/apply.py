@@ -62,7 +62,8 @@ class ReplicaMechanics:
             if status is not RUNNING and status is not WAITING and status is not SWAPPED:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             n = s.num_new_tokens
-            if not 0 < n <= req.num_uncomputed_tokens:
+            # req.num_uncomputed_tokens, inlined (once per scheduled request: the fast path's admissions)
+            if not 0 < n <= req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens:
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
             if status is not RUNNING:

@@ -307,8 +307,11 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 k += 1
             self.num_admissions = k
             self.pref.update(admitted)
-        requests = self.requests
-        explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
+        if len(admitted) == len(scheduled):   # every one admitted, in batch order: no lookups by id
+            explicit = [(req, s.num_new_tokens, s.num_reserved_tokens) for req, s in zip(admitted, scheduled)]
+        else:
+            requests = self.requests
+            explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
         duration_s = self._price(explicit, num_lazy, padded)
         if transfer_s or swap_s:
             duration_s += transfer_s + swap_s
