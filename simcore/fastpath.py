@@ -22,7 +22,7 @@ from operator import attrgetter
 import numpy as np
 
 from simcore.apply import ReplicaMechanics
-from simcore.batch import Batch, DecodeShortcut, split_shape
+from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.lazy import FastRequest, LazyDecoders
@@ -32,7 +32,7 @@ from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
 
 INF = float("inf")
-RUNNING = Status.RUNNING
+RUNNING, DRAINING, FINISHED = Status.RUNNING, Status.DRAINING, Status.FINISHED
 BY_ORDER = attrgetter("order")
 
 
@@ -130,9 +130,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     # ---- requests arriving and leaving ----
     def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
         req = self.reqs[k] = FastRequest(spec)
-        if spec.request_id in self.requests:
+        if self.requests.setdefault(spec.request_id, req) is not req:
             raise SimulationError(f"duplicate request id {spec.request_id}")
-        self.requests[spec.request_id] = req
         reason = reject_reason(spec, self.policy, self.max_model_len, self.total, self.bs)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
@@ -254,6 +253,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     def _next(self, now: float) -> None:
         while self.waiting or self.running:
             batch = self.decide(now)
+            if batch is QUIET and self.running:   # the most common answer (one shared value): a quiet stretch
+                self._stretch(now, None)
+                return
             if isinstance(batch, DecodeShortcut):
                 self._start_shortcut(batch, now)
                 return
@@ -403,15 +405,16 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         else:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
-        for req in done:
-            req.finish_s = now
-            self.num_logged += 1
-            if self.holds_slots:
-                req.status = Status.DRAINING
-                self.draining.append(req)
-            else:
-                req.status = Status.FINISHED
-                self.pool.free(req)
+        self.num_logged += len(done)
+        if self.holds_slots:
+            for req in done:
+                req.finish_s, req.status = now, DRAINING
+            self.draining.extend(done)
+        else:
+            free = self.pool.free
+            for req in done:
+                req.finish_s, req.status = now, FINISHED
+                free(req)
         if self.draining and not self.running:
             for req in self.draining:
                 self.pool.free(req)
@@ -437,8 +440,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     def _log(self) -> FastLog:
         specs, reqs = self.specs, self.reqs
         recs = [r if r is not None else FastRequest(s) for r, s in zip(reqs, specs)]
-        status = ["finished" if r.status in (Status.FINISHED, Status.DRAINING) else
-                  ("rejected" if r.status is Status.REJECTED else "unfinished") for r in recs]
+        name = {Status.FINISHED: "finished", Status.DRAINING: "finished", Status.REJECTED: "rejected"}
+        status = [name.get(r.status, "unfinished") for r in recs]
         return FastLog(
             np.fromiter((s.request_id for s in specs), np.int64, len(specs)),
             np.fromiter((r.spec.arrival_s for r in recs), float, len(recs)),
