@@ -211,7 +211,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 if kind == "complete":
                     self._complete(t)
                 self._next(t)
-                self._flush_timers(t)
+                if self.deferred:
+                    self._flush_timers(t)
                 self.deferring = False
         return self._log()
 
@@ -332,7 +333,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 prefill.append((n, c))
             else:
                 decode.append(c + 1)
-            if c + n >= req.num_tokens:
+            if c + n >= req.spec.num_prompt_tokens + req.num_generated_tokens:   # req.num_tokens
                 num_logits += 1
         if not num_lazy:
             return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
