@@ -40,6 +40,11 @@ def _priority_key(req: Request) -> tuple:
     return (req.spec.priority, req.spec.arrival_s, req.request_id)  # vLLM Request.__lt__
 
 
+def _cap(n: int, budget: int, threshold: int) -> int:
+    """Tokens a request with `n` left to compute gets: at most `threshold` (when > 0), at most the budget."""
+    return min(threshold if 0 < threshold < n else n, budget)
+
+
 def _in_priority_order(waiting):
     """Waiting requests lowest (priority, arrival, id) first, popped lazily from a heap."""
     heap = [(_priority_key(r), i) for i, r in enumerate(waiting)]
@@ -94,16 +99,17 @@ class ChunkedPrefill:
 
     def schedule(self, view: EngineView) -> Batch:
         budget = self.max_num_batched_tokens
-        cap = self._capper(view)
+        threshold = self._threshold(view)
         free = view.num_free_blocks
         running = list(view.running)
         scheduled: dict[int, Scheduled] = {}   # in scheduling order
         preempted: list[int] = []
         preempt_at: list[int] = []  # scheduled before each victim (the order matters with prefix caching)
-        budget, free = self._schedule_running(view, running, scheduled, preempted, preempt_at, budget, free, cap)
+        budget, free = self._schedule_running(view, running, scheduled, preempted, preempt_at, budget, free,
+                                               threshold)
         # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
         if not preempted:
-            for s in self._schedule_waiting(view, budget, free, len(running), cap):
+            for s in self._schedule_waiting(view, budget, free, len(running), threshold):
                 scheduled[s.request_id] = s
         return Batch(tuple(scheduled.values()), tuple(preempted),
                      preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
@@ -111,28 +117,24 @@ class ChunkedPrefill:
     def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
         """`schedule` when every running request decodes and phase A can give each its token without
         preempting (fewer running requests than the budget, their KV growth fits): phase B alone."""
-        running = view.running
-        if view.prefix_cache is not None or len(running) > self.max_num_batched_tokens:
+        num_running = len(view.running)
+        if view.prefix_cache is not None or num_running > self.max_num_batched_tokens:
             return None  # with prefix caching phase A's `take`s shape phase B's hits
         free = view.num_free_blocks - view.num_decode_growth_blocks()
         if free < 0:
             return None  # phase A would preempt
         if not view.waiting:
             return QUIET
-        admitted = self._schedule_waiting(view, self.max_num_batched_tokens - len(running), free, len(running),
-                                          self._capper(view))
+        admitted = self._schedule_waiting(view, self.max_num_batched_tokens - num_running, free, num_running,
+                                          self._threshold(view))
         return DecodeShortcut(tuple(admitted)) if admitted else QUIET
 
-    def _capper(self, view: EngineView):
+    def _threshold(self, view: EngineView) -> int:
         # vLLM applies long_prefill_token_threshold only when another request (running or waiting) could be
         # starved by a long prefill: alone, a request gets the whole budget.
-        threshold = self.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
+        return self.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
 
-        def cap(n: int, budget: int) -> int:
-            return min(threshold if 0 < threshold < n else n, budget)
-        return cap
-
-    def _schedule_running(self, view, running, scheduled, preempted, preempt_at, budget, free, cap):
+    def _schedule_running(self, view, running, scheduled, preempted, preempt_at, budget, free, threshold):
         """Phase A: running requests, in list order (preempting as the class docstring says). Fills
         `scheduled`, `preempted`, `preempt_at` and pops victims off `running`; returns (budget, free)."""
         blocks_taken: dict[int, int] = {}
@@ -140,7 +142,7 @@ class ChunkedPrefill:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = cap(req.num_uncomputed_tokens, budget)
+            n = _cap(req.num_uncomputed_tokens, budget, threshold)
             need = view.blocks_to_hold(req, req.num_computed_tokens + n)
             while need > free:  # preempt until it fits
                 if by_priority:  # the lowest priority, latest arrival (first such in list order on ties)
@@ -169,7 +171,7 @@ class ChunkedPrefill:
             i += 1
         return budget, free
 
-    def _schedule_waiting(self, view, budget, free, num_seqs, cap) -> list[Scheduled]:
+    def _schedule_waiting(self, view, budget, free, num_seqs, threshold) -> list[Scheduled]:
         """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
@@ -178,11 +180,16 @@ class ChunkedPrefill:
             if budget <= 0 or num_seqs >= self.max_num_seqs:
                 break
             hit = view.num_cached_prefix_tokens(req) if caching else 0
-            n = cap(req.num_uncomputed_tokens - hit, budget)
-            if view.blocks_to_hold(req, req.num_tokens) > free:
+            num_tokens = req.num_tokens
+            left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
+            n = min(threshold if 0 < threshold < left else left, budget)   # _cap, inlined (the fast path's hot loop)
+            need = view.blocks_to_hold(req, num_tokens)
+            if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted
             out.append(Scheduled(req.request_id, n))
-            free -= view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
+            if n < left:   # a chunk: it holds KV only for what it computes this step
+                need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
+            free -= need
             if caching:
                 view.take(req, req.num_computed_tokens + hit + n)
             budget -= n

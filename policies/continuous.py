@@ -99,7 +99,7 @@ class Continuous:
         if view.prefix_cache is not None or (view.waiting and view.waiting[0].status is Status.SWAPPED):
             return None
         num_running, budget = len(view.running), self.max_num_batched_tokens
-        if not self.mix_prefill_decode:
+        if not self.mix_prefill_decode and view.waiting:
             prefills, _ = self._prefill_pass(view, num_running, view.num_free_blocks, budget)
             if prefills:
                 return DecodeShortcut(tuple(prefills), decode_running=False)
@@ -122,16 +122,17 @@ class Continuous:
         watermark_blocks = 0 if reserve_max else int(self.watermark * view.num_total_blocks)
         caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
-            n = req.num_uncomputed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
+            num_tokens = req.num_tokens
+            n = num_tokens - req.num_computed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
-            need = view.blocks_to_hold(req, max(req.num_tokens, reserve))
+            need = view.blocks_to_hold(req, max(num_tokens, reserve))
             if free - need < watermark_blocks:
                 break
             out.append(Scheduled(req.request_id, n, reserve))
             if caching:
-                view.take(req, max(req.num_tokens, reserve))
+                view.take(req, max(num_tokens, reserve))
             free -= need
             budget -= n
             num_seqs += 1

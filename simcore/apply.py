@@ -62,7 +62,8 @@ class ReplicaMechanics:
             if status is not RUNNING and status is not WAITING and status is not SWAPPED:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             n = s.num_new_tokens
-            if not 0 < n <= req.num_uncomputed_tokens:
+            # req.num_uncomputed_tokens, inlined (once per scheduled request: the fast path's admissions)
+            if not 0 < n <= req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens:
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
             if status is not RUNNING:
@@ -77,9 +78,11 @@ class ReplicaMechanics:
                 if req.admitted_s is None:
                     req.admitted_s = now_s
                 log.event(now_s, req, "admitted")
-            pool.grow(req, max(req.num_computed_tokens + n, s.num_reserved_tokens))
+            num_held_tokens = req.num_computed_tokens + n
+            reserved = s.num_reserved_tokens
+            pool.grow(req, reserved if reserved > num_held_tokens else num_held_tokens)
             if cache is not None:  # vLLM registers full blocks when it schedules their computation
-                cache.cache_full_blocks(req, req.num_computed_tokens + n)
+                cache.cache_full_blocks(req, num_held_tokens)
         while victims:
             transfer_s += self._preempt((victims.popleft()[1],), now_s)
         if pool.num_used_blocks > pool.num_blocks:

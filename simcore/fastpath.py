@@ -22,7 +22,7 @@ from operator import attrgetter
 import numpy as np
 
 from simcore.apply import ReplicaMechanics
-from simcore.batch import Batch, DecodeShortcut, split_shape
+from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.lazy import FastRequest, LazyDecoders
@@ -253,7 +253,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 if kind == "complete":
                     self._complete(t)
                 self._next(t)
-                self._flush_timers(t)
+                if self.deferred:
+                    self._flush_timers(t)
                 self.deferring = False
                 if self.iteration_sink is not None and len(self.rec_f) >= 2 * ITERATION_CHUNK_ROWS:
                     self._flush_iterations()
@@ -297,6 +298,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     def _next(self, now: float) -> None:
         while self.waiting or self.running:
             batch = self.decide(now)
+            if batch is QUIET and self.running:   # the most common answer (one shared value): a quiet stretch
+                self._stretch(now, None)
+                return
             if isinstance(batch, DecodeShortcut):
                 self._start_shortcut(batch, now)
                 return
@@ -350,8 +354,11 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 k += 1
             self.num_admissions = k
             self.pref.update(admitted)
-        requests = self.requests
-        explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
+        if len(admitted) == len(scheduled):   # every one admitted, in batch order: no lookups by id
+            explicit = [(req, s.num_new_tokens, s.num_reserved_tokens) for req, s in zip(admitted, scheduled)]
+        else:
+            requests = self.requests
+            explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
         duration_s = self._price(explicit, num_lazy, padded)
         if transfer_s or swap_s:
             duration_s += transfer_s + swap_s
@@ -370,7 +377,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 prefill.append((n, c))
             else:
                 decode.append(c + 1)
-            if c + n >= req.num_tokens:
+            if c + n >= req.spec.num_prompt_tokens + req.num_generated_tokens:   # req.num_tokens
                 num_logits += 1
         if not num_lazy:
             return self.cost.step_time_s(prefill=prefill, decode=decode, num_logits=num_logits)
@@ -443,18 +450,21 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         else:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
-        requests = self.requests
+        requests, record = self.requests, self._record
+        self.num_logged += len(done)
         for req in done:
             req.finish_s = now
-            self.num_logged += 1
-            self._record(req, FINISHED)   # its row is final: nothing below changes it
+            record(req, FINISHED)   # its row is final: nothing below changes it
             del requests[req.request_id]
-            if self.holds_slots:
+        if self.holds_slots:
+            for req in done:
                 req.status = Status.DRAINING
-                self.draining.append(req)
-            else:
+            self.draining.extend(done)
+        else:
+            free = self.pool.free
+            for req in done:
                 req.status = Status.FINISHED
-                self.pool.free(req)
+                free(req)
         if self.draining and not self.running:
             for req in self.draining:
                 self.pool.free(req)

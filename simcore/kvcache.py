@@ -82,10 +82,10 @@ class BlockPool:
 
     def grow(self, req: Request, num_tokens: int) -> None:
         """Make `req` hold blocks for `num_tokens` tokens (never shrinks)."""
-        extra = self.blocks_for(num_tokens) - req.num_blocks
+        extra = -(-num_tokens // self.block_size) - req.num_blocks   # blocks_for, inlined (once per admission)
         if extra <= 0:
             return
-        if extra > self.num_free_blocks:
+        if extra > self.num_blocks - self.num_used_blocks:
             raise RuntimeError(f"KV pool over capacity: request {req.request_id} needs {extra} blocks, "
                                f"{self.num_free_blocks} free (a policy scheduled more than fits)")
         self.num_used_blocks += extra

@@ -41,7 +41,8 @@ class QuietStretches:
         free0 = self.total - used0
         e0 = self.seq
         self.seq += 1
-        self._flush_timers(now)   # think timers created at this instant come after the first step
+        if self.deferred:
+            self._flush_timers(now)   # think timers created at this instant come after the first step
         t_ext, e_ext = self._next_external()
         ends, durs, useds = [now], [], []
         grown, j, stop = 0, 0, False

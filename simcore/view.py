@@ -65,8 +65,11 @@ class EngineView:
         request's hit blocks that other requests hold (or take this step) are shared and take no free block."""
         if self.prefix_cache is not None and self._is_new(req):
             return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
-        extra = max(0, -(-num_tokens // self.block_size) - req.num_blocks)
-        return extra + req.num_blocks if req.status is SWAPPED else extra
+        held = req.num_blocks
+        extra = -(-num_tokens // self.block_size) - held
+        if extra < 0:   # (not max(0, ...): policies ask this once per request they consider, on the fast path too)
+            extra = 0
+        return extra + held if req.status is SWAPPED else extra
 
     def blocks_freed(self, req: Request) -> int:
         """Blocks that preempting running `req` returns to the free pool: all it holds, or with prefix
