@@ -131,8 +131,9 @@ class Sglang:
             return None
         if st.full_ids is None and view.waiting:
             prefill, full = self._prefill(view, st, None, running)
-            if full or not prefill or any(p[0] in {s.request_id for s in prefill} for p in st.requeued):
-                return None
+            admitted = {s.request_id for s in prefill}
+            if full or not prefill or any(rid in admitted for rid, _ in st.requeued):
+                return None   # the state changes: batch marked full, or a retracted request leaves the queue
             return DecodeShortcut(tuple(prefill), decode_running=self.enable_mixed_chunk)
         if st.new_token_ratio != self.min_ratio or view.num_decode_growth_blocks() > view.num_free_blocks:
             return None   # the ratio decays, or a retraction
