@@ -109,7 +109,15 @@ class Tgi:
             return waiting_tokens
         return waiting_tokens + 1
 
-    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+    @property
+    def schedule_decodes(self):
+        """The fast engine's shortcut (simcore.view.Policy), offered with prefill chunking only. Without it,
+        the counter moves for `max_waiting_tokens` steps after every onboarding while the queue is held back
+        by `waiting_served_ratio`, so the shortcut would decline most steps, and a declined answer costs the
+        fast engine more than not asking (measured: 20k requests 31% slower than without it)."""
+        return self._schedule_decodes if self.prefill_chunking else None
+
+    def _schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
         """`schedule` when every running request decodes and the state is steady (no decode owed after an
         onboarding; without chunking, `max_waiting_tokens` decode steps since the last one): quiet when the
         queue onboards nothing, else None (an onboarding resets the state, which a shortcut cannot carry).

@@ -171,7 +171,7 @@ def test_both_engines_decide_the_same_on_random_states(policy):
                                                           padded_shape=shape, policy_state=state)
         else:
             assert fast == expected
-    if hasattr(policy, "schedule_decodes"):
+    if getattr(policy, "schedule_decodes", None) is not None:   # (TGI offers it only with chunking)
         assert num_shortcuts > 30 and num_quiet > 5   # the shortcut is exercised, quiet answers included
 
 
