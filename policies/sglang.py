@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least, sglang_chunked_prefill_size
-from simcore.batch import Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec
@@ -118,6 +118,33 @@ class Sglang:
             return Batch(tuple(prefill), policy_state=state)
         return self._decode(view, SglangState(st.new_token_ratio, full_ids, st.requeued), decoding)
 
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """`schedule` when every running request decodes and the decision leaves the state as it is:
+        a prefill that marks the batch neither full nor takes a retracted request (prefill steps do not
+        move the ratio), or a decode of every request that provably repeats until an arrival, a finish or
+        KV growth that does not fit: the ratio at its floor (it no longer decays), their next tokens fit,
+        and no prefill tried (nothing waits, or the batch is full and marked so for these requests). Else
+        None: while the ratio decays, or when the queue is tried and admits nothing, the state or the
+        admission budget (free KV and the running requests' estimates both move every step) may change."""
+        st, running = view.policy_state, view.running
+        if not running or type(st) is not SglangState:
+            return None
+        if st.full_ids is None and view.waiting:
+            prefill, full = self._prefill(view, st, None, running)
+            admitted = {s.request_id for s in prefill}
+            if full or not prefill or any(rid in admitted for rid, _ in st.requeued):
+                return None   # the state changes: batch marked full, or a retracted request leaves the queue
+            return DecodeShortcut(tuple(prefill), decode_running=self.enable_mixed_chunk)
+        if st.new_token_ratio != self.min_ratio or view.num_decode_growth_blocks() > view.num_free_blocks:
+            return None   # the ratio decays, or a retraction
+        if st.full_ids is None or st.full_ids <= self._ids(running):   # (full: kept while none of them leaves)
+            return QUIET
+        return None
+
+    @staticmethod
+    def _ids(running) -> frozenset[int]:
+        return frozenset(r.request_id for r in running)
+
     # ---- prefill ----
     def _queue(self, view: EngineView, st: SglangState):
         """Waiting requests in queue-entry order: retracted ones re-entered at the back when retracted."""
@@ -139,26 +166,29 @@ class Sglang:
         free_blocks = view.num_free_blocks
         num_mixed = len(decoding) if self.enable_mixed_chunk else 0
         if num_mixed:
-            free_blocks -= sum(view.blocks_to_hold(r, r.num_computed_tokens + 1) for r in decoding)
+            free_blocks -= view.num_decode_growth_blocks() if chunked is None else \
+                sum(view.blocks_to_hold(r, r.num_computed_tokens + 1) for r in decoding)
             if free_blocks < 0:
                 return [], False  # the decodes alone do not fit: decode (and retract) instead
-        running_estimate = sum(self._remaining_estimate(r, view.max_model_len) * st.new_token_ratio for r in decoding)
+        running_estimate = sum(self._remaining_estimate(view, r) * st.new_token_ratio for r in decoding)
         adder = _PrefillAdder(view.block_size, free_blocks * view.block_size, running_estimate,
                               self.max_prefill_tokens - num_mixed,
                               self.chunked_prefill_size - num_mixed if self.chunked_prefill_size else None)
         if chunked is not None:
-            adder.add_chunked(chunked, self._remaining_estimate(chunked, view.max_model_len))
+            adder.add_chunked(chunked, self._remaining_estimate(view, chunked))
         num_allocatable = max_running - len(decoding)
         for req in self._queue(view, st):
             if len(adder.out) >= num_allocatable:
                 return adder.out, True
-            result = adder.add_one(req, self._remaining_estimate(req, view.max_model_len))
+            result = adder.add_one(req, self._remaining_estimate(view, req))
             if result != _CONTINUE:
                 return adder.out, result == _NO_TOKEN
         return adder.out, False
 
-    def _remaining_estimate(self, req: Request, max_model_len: int) -> int:
-        return min(self._max_new(req, max_model_len) - req.num_generated_tokens, CLIP_MAX_NEW_TOKENS_ESTIMATION)
+    def _remaining_estimate(self, view: EngineView, req: Request) -> int:
+        # (through the view: a running request may be a lazy decoder of the fast engine)
+        return min(self._max_new(req, view.max_model_len) - view.num_generated_tokens(req),
+                   CLIP_MAX_NEW_TOKENS_ESTIMATION)
 
     # ---- decode ----
     def _decode(self, view: EngineView, st: SglangState, decoding: list[Request]) -> Batch:

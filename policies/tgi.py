@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
-from simcore.batch import Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec
@@ -24,7 +24,11 @@ from simcore.view import EngineView, max_total_tokens
 class TgiState:
     """The batching task's loop variables: `waiting_tokens` (decode steps since the last onboarding,
     reset to 1 by a prefill) and `decode_next` (a prefill that joined a running batch is always
-    followed by a decode of everything, without looking at the queue)."""
+    followed by a decode of everything, without looking at the queue).
+
+    Only `waiting_tokens < max_waiting_tokens` is ever read, and only without prefill chunking, so the
+    counter stops at `max_waiting_tokens` there and is carried unchanged with chunking: a decode-only step
+    then leaves the state as it was, which lets the fast engine's quiet stretches skip it (DecodeShortcut)."""
     waiting_tokens: int = 1
     decode_next: bool = False
 
@@ -97,7 +101,41 @@ class Tgi:
                 new = self._next_batch(view, free, min_size, max_size, self.max_batch_prefill_tokens)
                 if new:  # the running batch waits for this prefill-only forward
                     return Batch(tuple(new), policy_state=TgiState(1, True))
-        return Batch(tuple(current), policy_state=TgiState(state.waiting_tokens + 1, False))
+        return Batch(tuple(current), policy_state=TgiState(self._counted(state.waiting_tokens), False))
+
+    def _counted(self, waiting_tokens: int) -> int:
+        """The counter after one more decode step (see TgiState: unread with chunking, capped without)."""
+        if self.prefill_chunking or waiting_tokens >= self.max_waiting_tokens:
+            return waiting_tokens
+        return waiting_tokens + 1
+
+    @property
+    def schedule_decodes(self):
+        """The fast engine's shortcut (simcore.view.Policy), offered with prefill chunking only. Without it,
+        the counter moves for `max_waiting_tokens` steps after every onboarding while the queue is held back
+        by `waiting_served_ratio`, so the shortcut would decline most steps, and a declined answer costs the
+        fast engine more than not asking (measured: 20k requests 31% slower than without it)."""
+        return self._schedule_decodes if self.prefill_chunking else None
+
+    def _schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """`schedule` when every running request decodes and the state is steady (no decode owed after an
+        onboarding; without chunking, `max_waiting_tokens` decode steps since the last one): quiet when the
+        queue onboards nothing, else None (an onboarding resets the state, which a shortcut cannot carry).
+        Quiet holds until an arrival or a finish: reservations are whole (free blocks do not move while
+        the batch decodes) and the batch size and queue do not change."""
+        state, running = view.policy_state, view.running
+        if not running or type(state) is not TgiState or state.decode_next or \
+                self._counted(state.waiting_tokens) != state.waiting_tokens:
+            return None
+        if not view.waiting:
+            return QUIET
+        free = self._free_blocks(view)
+        if self.prefill_chunking:   # the forward already carries one token per running request
+            new = self._next_batch(view, free, None, None, self.max_batch_prefill_tokens - len(running))
+        else:   # counter at max_waiting_tokens: no min size
+            max_size = None if self.max_batch_size is None else max(0, self.max_batch_size - len(running))
+            new = self._next_batch(view, free, None, max_size, self.max_batch_prefill_tokens)
+        return None if new else QUIET
 
     def _free_blocks(self, view: EngineView) -> int:
         """Blocks of TGI's allocator (`max_batch_total_tokens / block_size`) not yet reserved."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
-from simcore.batch import Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, max_total_tokens
@@ -83,6 +83,57 @@ class TrtLlm:
         else:
             fitting, paused = self._max_utilization(view)
         return Batch(tuple(self._micro_batch(view, fitting)), tuple(r.request_id for r in paused))
+
+    def schedule_decodes(self, view: EngineView) -> DecodeShortcut | None:
+        """`schedule` when every running request is generating, none is paused, and they are in arrival order
+        (the order `schedule` lists them), every one gets its token (batch size, token budget and, with
+        MAX_UTILIZATION, its KV growth allow) and, with chunked context, no context starts (contexts are
+        listed first there); else None. The head contexts that fit start after the decodes; with none,
+        the answer is quiet, which holds until an arrival or a finish: the blocks left for the head only
+        shrink while the batch decodes (GUARANTEED_NO_EVICT reserves whole sequences), the rest is fixed."""
+        running, waiting = view.running, view.waiting
+        num_running = len(running)
+        if not num_running or num_running > min(self.max_batch_size, self.max_num_tokens):
+            return None
+        if waiting and waiting[0].num_preemptions > 0:
+            return None   # a paused request resumes in arrival order among the running ones
+        avail = view.num_free_blocks
+        if not self.guaranteed_no_evict:
+            avail -= view.num_decode_growth_blocks()
+            if avail < 0:
+                return None   # someone is paused
+        keys = [(r.spec.arrival_s, r.request_id) for r in running]
+        if not all(a < b for a, b in zip(keys, keys[1:])):
+            return None
+        contexts = self._fresh_contexts(view, avail, num_running)
+        if contexts is None or (contexts and self.enable_chunked_context):
+            return None
+        return DecodeShortcut(tuple(contexts)) if contexts else QUIET
+
+    def _fresh_contexts(self, view: EngineView, avail: int, num_running: int) -> list[Scheduled] | None:
+        """New contexts, whole, after `num_running` generation steps: both capacity policies admit queued
+        requests in order while their blocks fit (no pausing among them), then the micro-batch token budget.
+        None where `schedule` fails (a context over `max_num_tokens`)."""
+        out: list[Scheduled] = []
+        num_tokens = num_running
+        for req in view.waiting:
+            if num_running + len(out) >= self.max_batch_size:
+                break
+            reserve = self._reservation(view, req)
+            need = view.blocks_to_hold(req, reserve)
+            if need > avail:
+                break
+            n = req.num_uncomputed_tokens
+            if self.enable_chunked_context:
+                return [Scheduled(req.request_id, n, reserve)]   # (only whether one starts matters)
+            if n > self.max_num_tokens:
+                return None   # `schedule` fails loudly on it
+            if num_tokens + n > self.max_num_tokens:
+                break
+            out.append(Scheduled(req.request_id, n, reserve))
+            avail -= need
+            num_tokens += n
+        return out
 
     # ---- capacity scheduler ----
     @staticmethod

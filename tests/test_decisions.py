@@ -17,11 +17,14 @@ from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
 from policies.static import StaticBatchState
+from policies.sglang import SglangState
 from policies.tgi import TgiState
 from tests.test_fastpath import OTHER_POLICIES, POLICIES
 
 BS, MML = 4, 512
-SCRAMBLED = -10**6   # a lazy decoder's stale fields: a shortcut that reads them fails loudly
+SCRAMBLED = -10**6
+# shortcuts that answer only when the state is steady and nothing moves the decision: more random states
+NUM_STATES = {"tgi": 1000, "trtllm": 1000, "sglang": 1000}   # a lazy decoder's stale fields: a shortcut that reads them fails loudly
 
 
 def reserves(policy) -> bool:
@@ -72,7 +75,8 @@ def random_records(policy, rng):
         (draining if kind == "draining" else running).append(req)
     if policy.name == "static" and not running:
         draining = []
-    rng.shuffle(running)   # admission order is not arrival order
+    if policy.name != "trtllm" or rng.random() < 0.5:   # (TRT-LLM's shortcut needs arrival order, as its runs keep)
+        rng.shuffle(running)   # admission order is not arrival order
     return waiting, running, draining
 
 
@@ -130,13 +134,14 @@ def decode_step(running, free: int) -> int | None:
 def test_both_engines_decide_the_same_on_random_states(policy):
     rng = np.random.default_rng(hash(policy) % 2**32)
     num_shortcuts = num_quiet = 0
-    for _ in range(300):
+    for _ in range(NUM_STATES.get(policy.name, 300)):
         waiting, running, draining = random_records(policy, rng)
         if not (waiting or running):
             continue
         used = sum(r.num_blocks for r in (*running, *draining))
         free = int(rng.integers(0, 40))
-        state = TgiState(int(rng.integers(1, 30)), bool(rng.random() < 0.3)) if policy.name == "tgi" else None
+        state = random_tgi_state(policy, rng) if policy.name == "tgi" else None
+        state = random_sglang_state(policy, waiting, running, rng) if policy.name == "sglang" else state
         if policy.name == "static" and running and rng.random() < 0.5:   # the batch's state, as carried
             state = StaticBatchState(max(r.num_prompt_tokens for r in (*running, *draining)))
         now = 11.0 + float(rng.random())
@@ -166,5 +171,22 @@ def test_both_engines_decide_the_same_on_random_states(policy):
                                                           padded_shape=shape, policy_state=state)
         else:
             assert fast == expected
-    if hasattr(policy, "schedule_decodes"):
+    if getattr(policy, "schedule_decodes", None) is not None:   # (TGI offers it only with chunking)
         assert num_shortcuts > 30 and num_quiet > 5   # the shortcut is exercised, quiet answers included
+
+
+def random_tgi_state(policy, rng) -> TgiState:
+    """TGI's state as the engine carries it, often steady (the counter at max_waiting_tokens, no decode owed)."""
+    count = policy.max_waiting_tokens if rng.random() < 0.5 else int(rng.integers(1, 30))
+    return TgiState(count, bool(rng.random() < 0.3))
+
+
+def random_sglang_state(policy, waiting, running, rng) -> SglangState:
+    """SGLang's state as the engine carries it: the ratio often at its floor (where the shortcut applies),
+    the batch often not full, else marked full for (a subset of) the running requests or for one that left;
+    some retracted requests re-queued at a later time."""
+    ratio = (policy.min_ratio, policy.min_ratio, policy.init_ratio, float(rng.uniform(policy.min_ratio, 1.0)))
+    ids = [r.request_id for r in running]
+    full = (None, None, frozenset(ids), frozenset(ids[:int(rng.integers(0, len(ids) + 1))]), frozenset(ids) | {99})
+    requeued = tuple((r.request_id, 10.5) for r in waiting if r.num_preemptions > 0 and rng.random() < 0.5)
+    return SglangState(ratio[int(rng.integers(0, 4))], full[int(rng.integers(0, 5))], requeued)

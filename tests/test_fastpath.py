@@ -310,3 +310,40 @@ def test_profile_cost_model_prices_from_sums_bitwise():
         prefill = [(int(rng.integers(1, 4000)), int(rng.integers(0, 4000)))] if rng.random() < 0.5 else []
         assert profile.step_time_sums_s(prefill, len(ctx), sum(ctx), None) == profile.step_time_s(prefill, ctx)
         assert profile.decode_step_time_fn(len(ctx))(sum(ctx)) == profile.step_time_s(decode=ctx)
+
+
+# TGI, TRT-LLM and SGLang through their own `schedule_decodes`, in every mode; the knobs that gate their
+# shortcut (TGI's max_waiting_tokens, SGLang's ratio decay) are short here so that quiet stretches happen
+SHORTCUT_POLICIES = [
+    Tgi(max_batch_prefill_tokens=256),
+    Tgi(max_batch_prefill_tokens=1024, prefill_chunking=False, max_batch_size=5, max_waiting_tokens=3),
+    TrtLlm(max_batch_size=6, max_num_tokens=512),
+    TrtLlm(max_batch_size=6, max_num_tokens=512, capacity_scheduler_policy="MAX_UTILIZATION"),
+    TrtLlm(max_batch_size=6, max_num_tokens=256, capacity_scheduler_policy="MAX_UTILIZATION",
+           enable_chunked_context=True),
+    TrtLlm(max_batch_size=8, max_num_tokens=256, enable_chunked_context=True),
+    Sglang(chunked_prefill_size=128, max_prefill_tokens=256, max_running_requests=6, new_token_ratio_decay_steps=4),
+    Sglang(chunked_prefill_size=64, max_prefill_tokens=256, enable_mixed_chunk=True, new_token_ratio_decay_steps=4),
+]
+
+
+@pytest.mark.parametrize("policy", SHORTCUT_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
+def test_tgi_trtllm_sglang_shortcuts_match_and_are_taken(policy, cost, monkeypatch):
+    answers = {"quiet": 0, "admit": 0}
+    start_shortcut = FastEngine._start_shortcut
+
+    def counted(engine, shortcut, now):
+        answers["quiet" if shortcut.is_quiet else "admit"] += 1
+        start_shortcut(engine, shortcut, now)
+    monkeypatch.setattr(FastEngine, "_start_shortcut", counted)
+    for seed in range(5):
+        specs = random_specs(seed)
+        plain, fast = run_both(policy, specs, cost, num_gpu_blocks=40)
+        assert_identical(plain, fast, 40)
+    if policy.schedule_decodes is None:   # TGI without chunking: not offered (policies/tgi.py says why)
+        assert answers["quiet"] == answers["admit"] == 0
+        return
+    assert answers["quiet"] > 5   # quiet stretches are taken (admissions too, where the policy offers them)
+    if policy.name == "sglang" or (policy.name == "trtllm" and not policy.enable_chunked_context):
+        assert answers["admit"] > 0
