@@ -65,8 +65,9 @@ class DecodeShortcut:
     An empty `admitted` with `decode_running` is a quiet step; it promises that the policy decides the same
     (a `padded_shape`'s rows one token further per step) in every following decode-only step until a
     request arrives or finishes, or the decoders' KV growth no longer fits in the free blocks. The engine
-    keeps `policy_state` unchanged over such steps, so a policy whose state moves every step (TGI's
-    step counter, SGLang's decaying ratio) does not offer the shortcut.
+    keeps `policy_state` unchanged over such steps, so a policy answers only where its `schedule()` would
+    leave its state as it is (TGI with prefill chunking; SGLang once its `new_token_ratio` sits at its
+    floor) and returns None while its state moves (TGI's step counter without chunking, SGLang's decay).
     """
     admitted: tuple[Scheduled, ...] = ()
     decode_running: bool = True
