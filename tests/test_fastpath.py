@@ -4,6 +4,7 @@ ITL samples and summaries on random small workloads, for every supported policy 
 import numpy as np
 import pandas as pd
 import pytest
+
 from costmodels import RooflineCostModel, get_gpu, get_model
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.costmodel import ConstantCost
-from simcore.batch import QUIET, Batch, Scheduled
+from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import EngineLimits, SimulationError
 from simcore.fastpath import FastEngine
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
@@ -331,12 +332,14 @@ SHORTCUT_POLICIES = [
 @pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
 def test_tgi_trtllm_sglang_shortcuts_match_and_are_taken(policy, cost, monkeypatch):
     answers = {"quiet": 0, "admit": 0}
-    start_shortcut = FastEngine._start_shortcut
+    decide = FastEngine.decide
 
-    def counted(engine, shortcut, now):
-        answers["quiet" if shortcut.is_quiet else "admit"] += 1
-        start_shortcut(engine, shortcut, now)
-    monkeypatch.setattr(FastEngine, "_start_shortcut", counted)
+    def counted(engine, now):   # every shortcut answer passes through decide (a quiet one skips _start_shortcut)
+        decision = decide(engine, now)
+        if isinstance(decision, DecodeShortcut):
+            answers["quiet" if decision.is_quiet else "admit"] += 1
+        return decision
+    monkeypatch.setattr(FastEngine, "decide", counted)
     for seed in range(5):
         specs = random_specs(seed)
         plain, fast = run_both(policy, specs, cost, num_gpu_blocks=40)
