@@ -93,9 +93,11 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
 
 def check_runnable(cfg: PointConfig) -> None:
     """Raise now what `simulate` would refuse before its first step: no room for the KV cache, a profile
-    that cannot be loaded, a pipeline-parallel layout that is not modelled."""
+    that cannot be loaded, a pipeline-parallel layout that is not modelled, `fast_path: on` where the fast
+    path cannot run (experiments/fast.py says why)."""
     memory_plan(cfg)
     pipeline_stages(cfg, point_cost_model(cfg))
+    use_fast_path(cfg, ())
 
 
 # vLLM's schedulers; the others' engines pipeline differently (TRT-LLM, SGLang) or not at all (TGI).
@@ -119,9 +121,6 @@ def pipeline_stages(cfg: PointConfig, cost_model) -> int:
             raise SimulationError(f"pipeline_parallel_size: {pp} needs per-stage prices, which the "
                                   f"{cost_model.describe().get('kind', '?')} cost model does not give "
                                   f"(use the roofline or aic cost model)")
-        if getattr(cfg.engine, "fast_path", "auto") == "on":
-            raise SimulationError("engine.fast_path: on, but pipeline parallelism (pipeline_parallel_size > 1) "
-                                  "is not modelled by the fast path")
     return pp
 
 
@@ -165,7 +164,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
     num_stages = pipeline_stages(cfg, cost_model)
-    if num_stages == 1 and use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py)
+    if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py; never with stages)
         handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
         gen = dataclasses.replace(gen, specs=())
         return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s, tables_dir, table_format, handed)
