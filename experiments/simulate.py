@@ -23,7 +23,7 @@ from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_c
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
-from simcore.pipeline import PipelinedEngine, add_pipeline_results
+from simcore.pipeline import PipelinedEngine, add_pipeline_results, pipeline_error
 from simcore.replica import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
@@ -112,15 +112,10 @@ def pipeline_stages(cfg: PointConfig, cost_model) -> int:
         if cfg.policy.name not in PIPELINE_POLICIES:
             raise SimulationError(f"pipeline_parallel_size: {pp} is modelled for the vLLM policies "
                                   f"({', '.join(PIPELINE_POLICIES)}), not {cfg.policy.name}")
-        if cfg.disaggregation is not None:
-            raise SimulationError(f"pipeline_parallel_size: {pp} is not modelled with disaggregation")
-        if cfg.engine.preemption_mode != "recompute" or cfg.engine.enable_prefix_caching:
-            raise SimulationError(f"pipeline_parallel_size: {pp} is modelled with recompute preemption and "
-                                  f"no prefix caching only")
-        if not hasattr(cost_model, "stage_times_s"):
-            raise SimulationError(f"pipeline_parallel_size: {pp} needs per-stage prices, which the "
-                                  f"{cost_model.describe().get('kind', '?')} cost model does not give "
-                                  f"(use the roofline or aic cost model)")
+        error = pipeline_error(pp, cfg.policy, cost_model, cfg.engine.preemption_mode,
+                               cfg.engine.enable_prefix_caching, cfg.disaggregation is not None)
+        if error:   # the pipelined engine's own rule, checked before anything runs
+            raise SimulationError(error)
     return pp
 
 

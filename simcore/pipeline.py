@@ -99,6 +99,24 @@ class _InFlight:
     rows: list[tuple[Request, bool, int]] = field(default_factory=list)
 
 
+def pipeline_error(num_stages: int, policy, cost_model, preemption_mode: str, enable_prefix_caching: bool,
+                   disaggregated: bool) -> str | None:
+    """Why the pipelined engine cannot run this layout (one line naming the key), or None. The one statement
+    of these rules: `PipelinedEngine` refuses with it, and experiments.simulate before any point runs."""
+    if getattr(policy, "holds_slots_until_drained", False):
+        return f"pipeline_parallel_size: {num_stages} is not modelled with static batching ({policy.name})"
+    if disaggregated:
+        return f"pipeline_parallel_size: {num_stages} is not modelled with disaggregation"
+    if preemption_mode != "recompute" or enable_prefix_caching:
+        return (f"pipeline_parallel_size: {num_stages} is modelled with recompute preemption and no prefix "
+                f"caching only")
+    if not hasattr(cost_model, "stage_times_s"):
+        return (f"pipeline_parallel_size: {num_stages} needs per-stage prices, which the "
+                f"{cost_model.describe().get('kind', '?')} cost model does not give (use the roofline or aic "
+                f"cost model)")
+    return None
+
+
 class PipelinedEngine(Engine):
     """`Engine` with `num_stages` pipeline stages and up to `max_batches_in_flight` batches in the pipeline
     (default `num_stages`, vLLM's batch queue). The cost model must have `stage_times_s`. Summary figures:
@@ -107,14 +125,10 @@ class PipelinedEngine(Engine):
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: StageCostModel, limits: EngineLimits,
                  log=None, on_done=None, replica_id: int = 0, *, num_stages: int,
                  max_batches_in_flight: int | None = None):
-        if not hasattr(cost_model, "stage_times_s"):
-            raise SimulationError(f"pipeline_parallel_size: the cost model "
-                                  f"({cost_model.describe().get('kind', '?')}) cannot price pipeline stages; "
-                                  f"use the roofline or aic cost model")
-        if policy.holds_slots_until_drained or limits.preemption_mode != "recompute" \
-                or limits.enable_prefix_caching or limits.handoff_after_first_token:
-            raise SimulationError("pipeline_parallel_size: the pipelined engine does not model static batching, "
-                                  "swap preemption, prefix caching or disaggregation")
+        error = pipeline_error(num_stages, policy, cost_model, limits.preemption_mode,
+                               limits.enable_prefix_caching, limits.handoff_after_first_token)
+        if error:
+            raise SimulationError(error)
         self.num_stages = num_stages
         self.max_batches_in_flight = max_batches_in_flight or num_stages
         self.in_flight: deque[_InFlight] = deque()
