@@ -2,9 +2,10 @@
 
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
 policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
-preemption mode, prefix caching, priority scheduling; one replica, no disaggregation, and no engine feature
-it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot run is an error); `off` always
-runs the SimPy engine.
+preemption mode, prefix caching, priority scheduling, a cluster of replicas behind any router
+(simcore/fastcluster.py); no disaggregation or pipeline parallelism, and no engine feature it does not
+model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
+run is an error); `off` always runs the SimPy engine.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pandas as pd
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
+from simcore.fastcluster import FastCluster
 from simcore.fastpath import STATUS_NAMES, FastEngine
 from simcore.log import ITERATION_COLUMNS
 from simcore.metrics import IterationTotals, iteration_totals, requests_frame_from_columns
@@ -29,8 +31,6 @@ def fast_path_reason(cfg, specs) -> str | None:
     """None when the fast path can run this point exactly, else the reason it cannot."""
     if not hasattr(cfg.policy, "schedule"):
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
-    if getattr(cfg, "cluster", None) is not None and cfg.cluster.num_replicas > 1:
-        return "a cluster of several replicas (the router reads every replica's live state: simcore/cluster.py)"
     if getattr(cfg, "disaggregation", None) is not None:
         return "prefill/decode disaggregation (KV handed between engines: simcore/disagg.py)"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
@@ -78,13 +78,19 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
+def num_replicas(cfg) -> int:
+    """Replicas behind a router (1 without a `cluster:` section)."""
+    cluster = getattr(cfg, "cluster", None)
+    return cluster.num_replicas if cluster is not None else 1
+
+
 def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
-    """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations, ITL, prefix-cache pool or
-    None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
+    """Simulate `specs` under `cfg` on the fast path, one engine or a cluster of them (simcore/fastcluster.py):
+    (requests frame, iterations, ITL, the replicas' prefix-caching pools) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
     SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
-    experiments.tables.TableWriter) the rows are streamed to it in chunks as the run goes and `iterations`
-    is their IterationTotals (what the summary needs) instead. `handed_over`: `specs` is a one-item list
+    experiments.tables.TableWriter; one replica only) the rows are streamed to it in chunks as the run goes
+    and `iterations` is their IterationTotals (what the summary needs) instead. `handed_over`: `specs` is a one-item list
     holding the specs, which this empties, so that they are freed as soon as the engine is done with them
     (the caller keeps no other reference: about 300 bytes a request)."""
     if handed_over:
@@ -98,19 +104,25 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         totals.add(frame)
         iteration_writer.write(frame)
 
-    engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
-                        iteration_sink=sink if iteration_writer is not None else None)
+    if num_replicas(cfg) > 1:
+        if iteration_writer is not None:
+            raise ValueError("run_fast: a cluster's iteration rows are not streamed")
+        engine = FastCluster(cfg.policy, cost_model, limits, specs, cfg.cluster.router, cfg.cluster.num_replicas,
+                             closed=closed)
+    else:
+        engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
+                            iteration_sink=sink if iteration_writer is not None else None)
     if handed_over:
         del specs   # the engine's own list is then the only one
     log = engine.simulate()
-    prefix_cache = engine.prefix_cache
+    prefix_caches = engine.prefix_caches
     del engine   # its per-request records: only the log is needed from here on
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
     itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
            Repeated(log.itl_end_s, log.itl_counts))
     iterations = totals.finish() if totals is not None else iterations_table(log)
-    return requests_table(log), iterations, itl, prefix_cache
+    return requests_table(log), iterations, itl, prefix_caches
 
 
 def requests_table(log) -> pd.DataFrame:
@@ -119,7 +131,8 @@ def requests_table(log) -> pd.DataFrame:
     for k, reason in log.reject_reason.items():
         reasons[k] = reason
     return requests_frame_from_columns({
-        "request_id": log.request_id.astype(np.int64), "replica_id": np.zeros(n, dtype=np.int64),
+        "request_id": log.request_id.astype(np.int64),
+        "replica_id": np.zeros(n, dtype=np.int64) if log.replica_id is None else log.replica_id.astype(np.int64),
         "arrival_s": log.arrival_s, "prompt_tokens": log.prompt_tokens, "output_tokens": log.output_tokens,
         "admitted_s": log.admitted_s, "first_token_s": log.first_token_s, "finish_s": log.finish_s,
         "num_preemptions": log.num_preemptions.astype(np.int64),
@@ -129,17 +142,18 @@ def requests_table(log) -> pd.DataFrame:
 
 
 def iterations_table(log) -> pd.DataFrame:
-    return iterations_frame(log.iteration_floats, log.iteration_ints)
+    return iterations_frame(log.iteration_floats, log.iteration_ints, log.iteration_replica_id)
 
 
 def empty_iterations() -> pd.DataFrame:
     return iterations_frame(np.zeros((0, 2)), np.zeros((0, len(ITERATION_COLUMNS) - 3), dtype=np.int32))
 
 
-def iterations_frame(f: np.ndarray, i: np.ndarray) -> pd.DataFrame:
-    """Iteration rows from the fast engine's compact columns (float64 pairs, int32 counts)."""
+def iterations_frame(f: np.ndarray, i: np.ndarray, replica_id: np.ndarray | None = None) -> pd.DataFrame:
+    """Iteration rows from the fast engine's compact columns (float64 pairs, int32 counts; a cluster's
+    replica of each row, else replica 0)."""
     columns = {"start_s": f[:, 0].copy(), "duration_s": f[:, 1].copy()}
     for k, name in enumerate(ITERATION_COLUMNS[2:-1]):
         columns[name] = i[:, k].astype(np.int64)
-    columns["replica_id"] = np.zeros(len(f), dtype=np.int64)
+    columns["replica_id"] = np.zeros(len(f), dtype=np.int64) if replica_id is None else replica_id.astype(np.int64)
     return pd.DataFrame(columns, copy=False)   # one block per column: no consolidating copy (millions of rows)

@@ -15,6 +15,7 @@ from costmodels.deployment import Deployment
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
+from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
@@ -259,25 +260,32 @@ def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
                  latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet",
                  handed: list | None = None) -> SimResult:
-    """The fast path's run, as the same SimResult (one replica: see experiments/fast.py); with `tables_dir`,
-    its tables written there instead (the same tables, bitwise: tests/test_stream_tables.py)."""
+    """The fast path's run, as the same SimResult (one engine, or a cluster: see experiments/fast.py); with
+    `tables_dir`, one engine's tables are written there instead (the same tables, bitwise:
+    tests/test_stream_tables.py); a cluster's are returned, as the SimPy engine's."""
+    n = fast_replicas(cfg)
     writer = None
-    if tables_dir is not None:
+    if tables_dir is not None and n == 1:
         Path(tables_dir).mkdir(parents=True, exist_ok=True)
         writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
     try:
-        requests, iterations, itl, prefix_cache = run_fast(cfg, limits, cost_model, handed or [gen.specs], writer,
-                                                           handed_over=True)
+        requests, iterations, itl, prefix_caches = run_fast(cfg, limits, cost_model, handed or [gen.specs], writer,
+                                                            handed_over=True)
     finally:
         if writer is not None:
             writer.close()
     requests = client_view(requests, latency_s)
-    summary = summarize(requests, iterations, itl[:2], num_usable_blocks(plan.num_gpu_blocks))
+    usable = num_usable_blocks(plan.num_gpu_blocks)
+    summary = summarize(requests, iterations, itl[:2], usable * n)
+    replicas = None
+    if n > 1:   # as the SimPy engine's cluster (simulate)
+        replicas = replicas_frame(requests, iterations, usable, n)
+        summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
-    if prefix_cache is not None:
-        add_prefix_cache_stats(summary, requests, [prefix_cache])
+    if prefix_caches:
+        add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, cost_model.describe(), seed)
     if writer is None:
-        return SimResult(requests, iterations, summary, resolved, None, *itl[2:])
+        return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
     write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)
     return SimResult(requests.iloc[:0], empty_iterations(), summary, resolved, tables_saved=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
 
 from simcore.apply import ReplicaMechanics
+from simcore.fasttraffic import FastTraffic
 from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
@@ -32,6 +33,7 @@ from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
 
 INF = float("inf")
+WAIT_ENDS = ("timed", "woken")   # a timed wait's timeout fired, or its wake event was processed
 RUNNING = Status.RUNNING
 BY_ORDER = attrgetter("order")
 
@@ -56,6 +58,8 @@ class FastLog:
     itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int
     priority: np.ndarray | None = None   # the workload's priority class per request
+    replica_id: np.ndarray | None = None              # a cluster's (simcore/fastcluster.py): where each ran
+    iteration_replica_id: np.ndarray | None = None
 
 
 # Per-request status codes in FastLog.status (one byte a request instead of a string reference).
@@ -86,7 +90,7 @@ class _NoEvents:
         pass
 
 
-class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
+class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     """Runs a whole workload: open loop (`specs` sorted by arrival) or closed loop (`closed = (concurrency,
     think_time_s)`, specs taken in order). Running requests that decode are lazy: they all take one token
     in every decode step, kept by finish step (a heap), by block phase (KV growth), by the time of their
@@ -94,7 +98,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
-                 iteration_sink=None):
+                 iteration_sink=None, traffic: FastTraffic | None = None):
         if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
             raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
         self.policy, self.cost, self.limits = policy, cost_model, limits
@@ -133,6 +137,11 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         self.groups: dict = {}          # lazy decoders by the time of their last token
         self.explicit_mode = False      # lazy decoders were made explicit for this step
         self.closed = closed
+        # Arrivals and closed-loop users: this engine's own, or a cluster's (simcore/fastcluster.py), which
+        # then holds the event counter between events and lends it to the replica whose event it processes.
+        self.traffic = traffic if traffic is not None else self
+        self.holder = self
+        self.one_step = traffic is not None   # in a cluster, every step is an event of its own (see _stretch)
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
         self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
         self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")   # gap, count, when it ended
@@ -141,6 +150,11 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         # them to a file), so a long run does not hold them all; None keeps them for FastLog.
         self.iteration_sink = iteration_sink
         self.pricers: dict = {}          # decode-step pricing functions by batch size
+
+    @property
+    def prefix_caches(self) -> list:
+        """The prefix-caching pool, as a one-item list (empty without prefix caching); as FastCluster's."""
+        return [self.prefix_cache] if self.prefix_cache is not None else []
 
     # ---- per-request rows: compact columns, written when a request leaves (its record is then released) ----
     def _init_request_columns(self) -> None:
@@ -178,57 +192,21 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
             self._record(req, REJECTED)
             self.num_logged += 1
             if self.closed:
-                self._on_done(req, now)
+                self.traffic._on_done(req, now)
             return
         self.requests[spec.request_id] = req
         self.waiting.append(req)
-        if self.eng_kind is None or self.eng_kind == "timed":  # wake the idle engine
-            self.eng_kind, self.eng_t, self.eng_e = "resume", now, self.seq
+        kind = self.eng_kind
+        if kind is None or kind == "timed":  # wake the idle engine (its `_wake` event succeeds now)
+            # A plain wait resumes on the wake event; a timed wait (`wake | timeout`) one event later, when
+            # the condition it waits on fires (SimPy's AnyOf schedules itself when the wake is processed).
+            self.eng_kind, self.eng_t, self.eng_e = ("resume" if kind is None else "woken"), now, self.seq
             self.seq += 1
-
-    def _on_done(self, req: FastRequest, now: float) -> None:
-        user = req.spec.user_id
-        think = self.closed[1]
-        if think <= 0:
-            self._send(user, now)
-        elif self.deferring:  # the engine acts first at this instant (see _flush_timers)
-            self.deferred.append(user)
-        else:
-            heapq.heappush(self.timers, (now + think, self.seq, user))
-            self.seq += 1
-
-    def _send(self, user: int, now: float) -> None:
-        k = self.next_spec
-        if k < len(self.specs):
-            self.next_spec += 1
-            self._submit(k, replace(self.specs[k], arrival_s=now, user_id=user), now)
-
-    def _flush_timers(self, now: float) -> None:
-        for user in self.deferred:
-            heapq.heappush(self.timers, (now + self.closed[1], self.seq, user))
-            self.seq += 1
-        self.deferred.clear()
-
-    def _next_external(self) -> tuple[float, int]:
-        ext = (self.arr_t, self.arr_e)
-        if self.timers and self.timers[0][:2] < ext:
-            ext = self.timers[0][:2]
-        return ext
 
     # ---- the event loop ----
     def simulate(self) -> FastLog:
-        self.timers: list = []
-        self.deferred: list[int] = []
         self.eng_kind, self.eng_t, self.eng_e = "resume", 0.0, -2   # the engine process starts first
-        self.arr_k, self.arr_t, self.arr_e = 0, INF, 0
-        self.deferring = True
-        if self.closed:
-            self.next_spec = 0
-            for user in range(min(self.closed[0], len(self.specs))):
-                self._send(user, 0.0)
-        else:
-            self.arr_t, self.arr_e = 0.0, -1   # the arrival process starts second
-        self.deferring = False
+        self._start_traffic()
         first_arrival = True
         while True:
             t, e, kind = self.eng_t, self.eng_e, self.eng_kind
@@ -245,7 +223,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 first_arrival = False
             elif kind == "timer":
                 self._send(heapq.heappop(self.timers)[2], t)
-            elif kind == "timed":   # the batching timeout fired: SimPy resumes the engine one event later
+            elif kind in WAIT_ENDS:   # the engine resumes one event later (simcore/fasttraffic.py)
                 self.eng_kind, self.eng_e = "resume", self.seq
                 self.seq += 1
             else:
@@ -259,22 +237,6 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
                 if self.iteration_sink is not None and len(self.rec_f) >= 2 * ITERATION_CHUNK_ROWS:
                     self._flush_iterations()
         return self._log()
-
-    def _arrivals(self, now: float, first: bool) -> None:
-        """simcore.arrivals.open_loop: submit the due arrival(s), then sleep until the next one."""
-        k, specs = self.arr_k, self.specs
-        if not first:
-            self._submit(k, specs[k], now)
-            k += 1
-        while k < len(specs) and specs[k].arrival_s <= now:
-            self._submit(k, specs[k], now)
-            k += 1
-        self.arr_k = k
-        if k < len(specs):
-            self.arr_t, self.arr_e = now + (specs[k].arrival_s - now), self.seq
-            self.seq += 1
-        else:
-            self.arr_t = INF
 
     # ---- one engine decision ----
     def _view(self, now: float) -> EngineView:
@@ -441,8 +403,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
                            len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks))
         if self.closed:
+            on_done = self.traffic._on_done
             for req in done:
-                self._on_done(req, now)
+                on_done(req, now)
 
     def _finish(self, done: list, now: float) -> None:
         if len(done) == 1:

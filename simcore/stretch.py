@@ -13,6 +13,7 @@ import numpy as np
 from simcore.engine import SimulationError
 
 NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
+INF = float("inf")
 SCALAR_STEPS = 8     # a stretch prices this many steps one by one before switching to vectorised chunks
 
 
@@ -41,9 +42,13 @@ class QuietStretches:
         free0 = self.total - used0
         e0 = self.seq
         self.seq += 1
-        if self.deferred:
-            self._flush_timers(now)   # think timers created at this instant come after the first step
-        t_ext, e_ext = self._next_external()
+        traffic = self.traffic
+        if traffic.deferred:
+            traffic._flush_timers(now)   # think timers created at this instant come after the first step
+        # In a cluster (`one_step`) every step ends as an event of its own: another replica's event may
+        # route a request here or start a think timer between any two steps, and SimPy numbers each step's
+        # event when the one before it ends.
+        t_ext, e_ext = (-INF, 0) if self.one_step else traffic._next_external()
         ends, durs, useds = [now], [], []
         grown, j, stop = 0, 0, False
         phase = self.phase
