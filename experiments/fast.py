@@ -3,8 +3,8 @@
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
 policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
 preemption mode, prefix caching, priority scheduling, a cluster of replicas behind any router
-(simcore/fastcluster.py); no disaggregation or pipeline parallelism, and no engine feature it does not
-model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
+(simcore/fastcluster.py), prefill/decode disaggregation (simcore/fastdisagg.py); not pipeline
+parallelism, and no engine feature it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
 run is an error); `off` always runs the SimPy engine.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pandas as pd
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
+from experiments import disaggregation
 from simcore.fastcluster import FastCluster
 from simcore.fastpath import STATUS_NAMES, FastEngine
 from simcore.log import ITERATION_COLUMNS
@@ -31,8 +32,6 @@ def fast_path_reason(cfg, specs) -> str | None:
     """None when the fast path can run this point exactly, else the reason it cannot."""
     if not hasattr(cfg.policy, "schedule"):
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
-    if getattr(cfg, "disaggregation", None) is not None:
-        return "prefill/decode disaggregation (KV handed between engines: simcore/disagg.py)"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
     for f in dataclasses.fields(cfg.engine):
@@ -79,14 +78,19 @@ class Repeated(NDArrayOperatorsMixin):
 
 
 def num_replicas(cfg) -> int:
-    """Replicas behind a router (1 without a `cluster:` section)."""
+    """Engine replicas of the point: a cluster's, both pools of a disaggregated deployment, else 1."""
+    d = getattr(cfg, "disaggregation", None)
+    if d is not None:
+        return d.num_prefill_replicas + d.num_decode_replicas
     cluster = getattr(cfg, "cluster", None)
     return cluster.num_replicas if cluster is not None else 1
 
 
 def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
-    """Simulate `specs` under `cfg` on the fast path, one engine or a cluster of them (simcore/fastcluster.py):
-    (requests frame, iterations, ITL, the replicas' prefix-caching pools) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
+    """Simulate `specs` under `cfg` on the fast path, one engine, a cluster of them (simcore/fastcluster.py) or
+    a disaggregated deployment (simcore/fastdisagg.py):
+    (requests frame, iterations, ITL, the replicas' prefix-caching pools, the disaggregated deployment or
+    None: its hand-offs) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
     SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
     experiments.tables.TableWriter; one replica only) the rows are streamed to it in chunks as the run goes
@@ -104,7 +108,12 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         totals.add(frame)
         iteration_writer.write(frame)
 
-    if num_replicas(cfg) > 1:
+    disagg = None
+    if getattr(cfg, "disaggregation", None) is not None:
+        if iteration_writer is not None:
+            raise ValueError("run_fast: a disaggregated deployment's iteration rows are not streamed")
+        engine = disagg = disaggregation.build_fast(cfg, cost_model, limits, specs, closed)
+    elif num_replicas(cfg) > 1:
         if iteration_writer is not None:
             raise ValueError("run_fast: a cluster's iteration rows are not streamed")
         engine = FastCluster(cfg.policy, cost_model, limits, specs, cfg.cluster.router, cfg.cluster.num_replicas,
@@ -122,7 +131,7 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
            Repeated(log.itl_end_s, log.itl_counts))
     iterations = totals.finish() if totals is not None else iterations_table(log)
-    return requests_table(log), iterations, itl, prefix_caches
+    return requests_table(log), iterations, itl, prefix_caches, disagg
 
 
 def requests_table(log) -> pd.DataFrame:

@@ -196,7 +196,24 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     requests = client_view(requests_frame(log), latency_s)
     iterations = iterations_frame(log)
     usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
-    summary = summarize(requests, iterations, log.itl_gaps_s, usable * num_replicas)
+    requests, summary, replicas = pooled_results(cfg, requests, iterations, log.itl_gaps_s, usable, num_replicas,
+                                                 disagg)
+    if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
+        add_pipeline_results(engines, iterations, summary, replicas, usable)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
+    if engine.prefix_cache is not None:
+        add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
+    return SimResult(requests, iterations, summary,
+                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
+                     np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.DataFrame, itl, usable: int,
+                   num_replicas: int, disagg) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
+    """Both engines' summary over all replicas' pooled tables, and a cluster's or a disaggregated deployment's
+    (`disagg`: its hand-offs) per-replica table and keys: (requests, summary, replicas). A disaggregated
+    deployment's requests gain their hand-off columns and its iterations (in place) a `role`."""
+    summary = summarize(requests, iterations, itl, usable * num_replicas)
     replicas = None
     if disagg is not None:
         requests = disaggregation.add_handoff_columns(requests, disagg)
@@ -207,14 +224,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
         summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
-    if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
-        add_pipeline_results(engines, iterations, summary, replicas, usable)
-    run_keys(cfg, plan, cost_model, gen, requests, summary)
-    if engine.prefix_cache is not None:
-        add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
-    return SimResult(requests, iterations, summary,
-                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
-                     np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+    return requests, summary, replicas
 
 
 def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:
@@ -260,27 +270,23 @@ def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
                  latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet",
                  handed: list | None = None) -> SimResult:
-    """The fast path's run, as the same SimResult (one engine, or a cluster: see experiments/fast.py); with
-    `tables_dir`, one engine's tables are written there instead (the same tables, bitwise:
-    tests/test_stream_tables.py); a cluster's are returned, as the SimPy engine's."""
+    """The fast path's run, as the same SimResult (one engine, a cluster, a disaggregated deployment: see
+    experiments/fast.py); with `tables_dir`, one engine's tables are written there instead (the same tables,
+    bitwise: tests/test_stream_tables.py); several replicas' are returned, as the SimPy engine's."""
     n = fast_replicas(cfg)
     writer = None
     if tables_dir is not None and n == 1:
         Path(tables_dir).mkdir(parents=True, exist_ok=True)
         writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
     try:
-        requests, iterations, itl, prefix_caches = run_fast(cfg, limits, cost_model, handed or [gen.specs], writer,
-                                                            handed_over=True)
+        requests, iterations, itl, prefix_caches, disagg = run_fast(cfg, limits, cost_model, handed or [gen.specs],
+                                                                    writer, handed_over=True)
     finally:
         if writer is not None:
             writer.close()
     requests = client_view(requests, latency_s)
-    usable = num_usable_blocks(plan.num_gpu_blocks)
-    summary = summarize(requests, iterations, itl[:2], usable * n)
-    replicas = None
-    if n > 1:   # as the SimPy engine's cluster (simulate)
-        replicas = replicas_frame(requests, iterations, usable, n)
-        summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
+    requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
+                                                 num_usable_blocks(plan.num_gpu_blocks), n, disagg)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)

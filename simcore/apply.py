@@ -16,6 +16,24 @@ class ReplicaMechanics:
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running` (list), `requests` (id -> record) and `log` (`event`, `preemption`)."""
 
+    def can_receive(self, num_tokens: int) -> bool:
+        """Whether KV for `num_tokens` tokens fits in free blocks now."""
+        return self.pool.blocks_for(num_tokens) <= self.pool.num_free_blocks
+
+    def receive(self, req: Request) -> None:
+        """Allocate blocks for the KV of `req` (a fresh progress record with `num_computed_tokens` and
+        `num_generated_tokens` already set, holding no blocks here) before its transfer; it joins the batch
+        at `received` (disaggregation: simcore/disagg.py). The caller checks `can_receive` first."""
+        if req.request_id in self.requests:
+            raise SimulationError(f"duplicate request id {req.request_id}")
+        if req.num_blocks or not 0 <= req.num_computed_tokens < req.num_tokens:
+            raise SimulationError(f"request {req.request_id} cannot be received with {req.num_blocks} blocks "
+                                  f"and {req.num_computed_tokens} of {req.num_tokens} tokens computed")
+        self.requests[req.request_id] = req
+        self.pool.grow(req, req.num_computed_tokens)
+        req.status = WAITING
+        self.receiving.append(req)
+
     def _preempt(self, victims, now_s: float) -> float:
         """Evict running `victims` (ids): swap their KV to the host (swap mode, while it has room) or drop it
         (recompute); each goes back to the front of the queue. Returns the swap-out transfer time."""

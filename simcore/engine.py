@@ -107,24 +107,6 @@ class Engine(ReplicaMechanics):
         self._wake_up()
 
     # ---- disaggregation: a request prefilled on another engine (simcore/disagg.py) ----
-    def can_receive(self, num_tokens: int) -> bool:
-        """Whether KV for `num_tokens` tokens fits in free blocks now."""
-        return self.pool.blocks_for(num_tokens) <= self.pool.num_free_blocks
-
-    def receive(self, req: Request) -> None:
-        """Allocate blocks for the KV of `req` (a fresh progress record with `num_computed_tokens` and
-        `num_generated_tokens` already set, holding no blocks here) before its transfer; it joins the batch
-        at `received`. The caller checks `can_receive` first."""
-        if req.request_id in self.requests:
-            raise SimulationError(f"duplicate request id {req.request_id}")
-        if req.num_blocks or not 0 <= req.num_computed_tokens < req.num_tokens:
-            raise SimulationError(f"request {req.request_id} cannot be received with {req.num_blocks} blocks "
-                                  f"and {req.num_computed_tokens} of {req.num_tokens} tokens computed")
-        self.requests[req.request_id] = req
-        self.pool.grow(req, req.num_computed_tokens)
-        req.status = Status.WAITING
-        self.receiving.append(req)
-
     def received(self, req: Request) -> None:
         """The KV of `req` has arrived: it runs from the next iteration on (policies see a running request
         with one token to compute, a decode)."""

@@ -37,31 +37,44 @@ class FastCluster(FastTraffic):
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
                  closed: tuple[int, float] | None = None):
+        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed)
+        self.cluster = Cluster(self.replicas, router)
+
+    def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed) -> None:
+        """One fast engine per item of `limits`, sharing this traffic, the event counter and the columns."""
         self.specs, self.closed = list(specs), closed
         self.seq, self.holder = 0, self
+        self.events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fastdisagg)
         # Replica 0 builds the request columns from the specs; every replica then writes into the same ones.
-        self.replicas = [FastEngine(policy, cost_model, limits, self.specs if i == 0 else (), closed=closed,
-                                    traffic=self) for i in range(num_replicas)]
+        self.replicas = [FastEngine(policy, cost_model, lim, self.specs if i == 0 else (), closed=closed,
+                                    traffic=self) for i, lim in enumerate(limits)]
         first = self.replicas[0]
         first.specs = []
         for i, replica in enumerate(self.replicas):
             replica.replica_id = i
             for name in REQUEST_COLUMNS + LOG_ARRAYS:
                 setattr(replica, name, getattr(first, name))
-        self.col_replica = np.zeros(len(self.specs), dtype=np.int16)   # where each request was routed
+        self.col_replica = np.zeros(len(self.specs), dtype=np.int16)   # where each request ran (its row's)
         self.rec_r = array("h")   # the replica of each iteration row
-        self.cluster = Cluster(self.replicas, router)
 
     # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
     def _submit(self, k: int, spec, now: float) -> None:
         i = self.cluster.route(spec)
         self.col_replica[k] = i
-        replica, holder = self.replicas[i], self.holder
+        self._submit_to(self.replicas[i], k, spec, now)
+
+    def _submit_to(self, replica: FastEngine, k: int, spec, now: float) -> None:
+        # a rejection may end a closed-loop user's request, who then sends again: lend the counter
+        self._lend(replica, replica._submit, k, spec, now)
+
+    def _lend(self, replica: FastEngine, fn, *args) -> None:
+        """Call `fn(*args)`, which may create events on `replica`, with the event counter lent to it."""
+        holder = self.holder
         if replica is holder:
-            replica._submit(k, spec, now)
+            fn(*args)
             return
-        replica.seq, self.holder = holder.seq, replica   # a rejection may end a user's request: it sends again
-        replica._submit(k, spec, now)
+        replica.seq, self.holder = holder.seq, replica
+        fn(*args)
         holder.seq, self.holder = replica.seq, holder
 
     # ---- the event loop ----
@@ -72,10 +85,13 @@ class FastCluster(FastTraffic):
             replica.eng_kind, replica.eng_t, replica.eng_e = "resume", 0.0, i - n - 1
         self._start_traffic()
         first_arrival = True
+        events = self.events
         while True:
             t, e, source = self.arr_t, self.arr_e, None
             if self.timers and self.timers[0][:2] < (t, e):
                 (t, e), source = self.timers[0][:2], self.timers
+            if events and events[0][:2] < (t, e):
+                (t, e), source = events[0][:2], events
             for replica in replicas:
                 if replica.eng_kind is not None and (replica.eng_t < t or (replica.eng_t == t and replica.eng_e < e)):
                     t, e, source = replica.eng_t, replica.eng_e, replica
@@ -86,6 +102,9 @@ class FastCluster(FastTraffic):
                 first_arrival = False
             elif source is self.timers:
                 self._send(heapq.heappop(self.timers)[2], t)
+            elif source is events:
+                _, _, kind, payload = heapq.heappop(events)
+                self._driver_event(kind, payload, t)
             else:
                 self._replica_event(source, t)
         return self._log()
@@ -97,6 +116,8 @@ class FastCluster(FastTraffic):
         if kind in WAIT_ENDS:   # the engine resumes one event later (simcore/fastpath.py)
             replica.eng_kind, replica.eng_e = "resume", replica.seq
             replica.seq += 1
+        elif kind == "swapwait" and not replica.swap_wait_over(now):
+            pass   # it waits for its wake event (disaggregation: a KV copy ending)
         else:
             self.deferring = True
             if kind == "complete":
@@ -107,6 +128,9 @@ class FastCluster(FastTraffic):
                 self._flush_timers(now)
             self.deferring = False
         self.seq, self.holder = replica.seq, self
+
+    def _driver_event(self, kind: str, payload, now: float) -> None:
+        raise NotImplementedError(kind)   # a plain cluster schedules none (simcore/fastdisagg.py does)
 
     # ---- results ----
     def _log(self) -> FastLog:

@@ -99,8 +99,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
                  iteration_sink=None, traffic: FastTraffic | None = None):
-        if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
-            raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
+        if limits.preemption_mode not in ("recompute", "swap"):
+            raise ValueError("the fast path models recompute or swap preemption")
         self.policy, self.cost, self.limits = policy, cost_model, limits
         self.check_invariants = limits.check_invariants
         self.prefix_cache = None
@@ -142,6 +142,16 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.traffic = traffic if traffic is not None else self
         self.holder = self
         self.one_step = traffic is not None   # in a cluster, every step is an event of its own (see _stretch)
+        # Called with (request, now) when a request finishes or is rejected: closed-loop users, or a
+        # disaggregated deployment's decode-side hook (simcore/fastdisagg.py).
+        self.on_done = self.traffic._on_done if closed else None
+        # Disaggregation (simcore/fastdisagg.py): a prefill replica hands each request off after its first
+        # token (`sending`: KV held until `release`); a decode replica receives prefilled requests.
+        self.handoff = limits.handoff_after_first_token
+        self.on_handoff = None            # called with (request, now) for each request handed off
+        self.sending: list[FastRequest] = []
+        self.receiving: list[FastRequest] = []
+        self.swap_woken = None            # (time, seq) of a wake while sleeping through a swap-out
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
         self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
         self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")   # gap, count, when it ended
@@ -191,16 +201,23 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             self.reject_reasons[k] = reason
             self._record(req, REJECTED)
             self.num_logged += 1
-            if self.closed:
-                self.traffic._on_done(req, now)
+            if self.on_done is not None:
+                self.on_done(req, now)
             return
         self.requests[spec.request_id] = req
         self.waiting.append(req)
+        self._wake_up(now)
+
+    def _wake_up(self, now: float) -> None:
+        """simcore.engine.Engine._wake_up: the waiting engine's `_wake` event succeeds now."""
         kind = self.eng_kind
         if kind is None or kind == "timed":  # wake the idle engine (its `_wake` event succeeds now)
             # A plain wait resumes on the wake event; a timed wait (`wake | timeout`) one event later, when
             # the condition it waits on fires (SimPy's AnyOf schedules itself when the wake is processed).
             self.eng_kind, self.eng_t, self.eng_e = ("resume" if kind is None else "woken"), now, self.seq
+            self.seq += 1
+        elif kind == "swapwait" and self.swap_woken is None:   # asleep, then waiting on this wake event
+            self.swap_woken = (now, self.seq)
             self.seq += 1
 
     # ---- the event loop ----
@@ -247,7 +264,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
         request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
-        if self.shortcut is not None and not self.pref and not self.explicit_mode:
+        if self.shortcut is not None and not self.pref and not self.explicit_mode and self.running:
             view = self.lazy_view   # asked very often: one object (lazy=self), brought up to date
             view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
             view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state
@@ -267,6 +284,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
                 self._start_shortcut(batch, now)
                 return
             self.policy_state = batch.policy_state
+            if not batch.scheduled and (self.sending or self.receiving) and batch.wake_at_s is None:
+                self._wait_for_transfers(batch.preempt, now)
+                return
             if batch.scheduled:
                 self._start(batch.scheduled, 0, batch.preempt, batch.preempt_at, batch.padded_shape, now)
                 return
@@ -286,6 +306,50 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             self.seq += 1
             return
         self.eng_kind = None
+
+    def _wait_for_transfers(self, preempt, now: float) -> None:
+        """simcore.engine.Engine's wait while KV transfers hold blocks (disaggregation): apply the policy's
+        preemptions, sleep through any swap-out, then wait for a transfer to end (`_wake_up`)."""
+        swap_out_s = self._preempt(preempt, now) if preempt else 0.0
+        self.pref.difference_update(self.requests[rid] for rid in preempt)
+        if swap_out_s:
+            self.eng_kind, self.eng_t, self.eng_e = "swapwait", now + swap_out_s, self.seq
+            self.seq += 1
+            self.swap_woken = None
+        else:
+            self.eng_kind = None
+
+    def swap_wait_over(self, now: float) -> bool:
+        """The swap-out sleep of `_wait_for_transfers` ended: True when the engine goes on at once (its wake
+        event was processed during the sleep), else it waits for the wake (pending, or still to come)."""
+        woken, self.swap_woken = self.swap_woken, None
+        if woken is None:
+            self.eng_kind = None
+            return False
+        if woken < (now, self.eng_e):
+            return True
+        self.eng_kind, (self.eng_t, self.eng_e) = "resume", woken
+        return False
+
+    # ---- disaggregation: hand-off and reception of prefilled requests (simcore/fastdisagg.py) ----
+    def received(self, req: FastRequest, now: float) -> None:
+        """The KV of `req` (see `receive`) has arrived: it runs from the next step on, explicit for that step
+        (with a first token still to sample, or simply not yet among the lazy decoders)."""
+        self.receiving.remove(req)
+        req.status = RUNNING
+        self.running.append(req)
+        req.order = self.num_admissions   # its place in `running` (finish order within a step)
+        self.num_admissions += 1
+        self.pref.add(req)
+        self._wake_up(now)
+
+    def release(self, req: FastRequest, now: float) -> None:
+        """The KV of a handed-off request has been copied out: free its blocks here."""
+        self.sending.remove(req)
+        self.pool.free(req)
+        req.status = Status.FINISHED
+        del self.requests[req.request_id]
+        self._wake_up(now)
 
     def _start_shortcut(self, shortcut, now: float) -> None:
         if shortcut.decode_running and not shortcut.admitted:   # quiet
@@ -382,6 +446,13 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             self.itl_v.append(now - lt)
             self.itl_c.append(count)
             self.itl_e.append(now)
+        handed_off = None
+        if self.handoff and new_decoders:   # a prefill replica (disaggregation) decodes none: they leave
+            handed_off, new_decoders = new_decoders, []   # holding their KV until it has been copied
+            for req in handed_off:
+                self.running.remove(req)
+                req.status = Status.SENDING
+            self.sending.extend(handed_off)
         if done:
             if num_lazy and explicit:
                 done.sort(key=BY_ORDER)   # finish order = batch order
@@ -402,10 +473,13 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.rec_f.extend((start_s, duration_s))
         self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
                            len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks))
-        if self.closed:
-            on_done = self.traffic._on_done
+        if self.on_done is not None:
+            on_done = self.on_done
             for req in done:
                 on_done(req, now)
+        if handed_off:
+            for req in handed_off:
+                self.on_handoff(req, now)
 
     def _finish(self, done: list, now: float) -> None:
         if len(done) == 1:
@@ -443,7 +517,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         if not 0 <= self.swap_space.num_used_blocks <= self.swap_space.num_blocks:
             raise SimulationError(f"host swap accounting broken: {self.swap_space.num_used_blocks} blocks used")
         if self.explicit_mode or self.shortcut is None:
-            held = sum(r.num_blocks for group in (self.running, self.draining) for r in group)
+            held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving)
+                       for r in group)
             expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks
             if held != expected:
                 raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "

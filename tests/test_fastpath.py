@@ -264,11 +264,12 @@ def test_a_shortcut_that_breaks_its_promise_fails_loudly():
 
 
 def test_fast_path_on_refuses_what_it_does_not_model():
-    cfg = {"engine": {"policy": "continuous", "fast_path": "on"},
-           "disaggregation": {"num_prefill_replicas": 1, "num_decode_replicas": 1},
+    # pipeline parallelism: batches in flight through the stages (simcore/pipeline.py), SimPy only
+    cfg = {"model": "llama-3-70b", "hardware": "h200-sxm", "pipeline_parallel_size": 2,
+           "engine": {"policy": "chunked_prefill", "fast_path": "on"},
            "workload": {"num_requests": 5, "arrival": {"process": "poisson", "rate_per_s": 5.0},
                         "prompt_tokens": {"dist": "fixed", "value": 10}, "output_tokens": {"dist": "fixed", "value": 3}}}
-    with pytest.raises(Exception, match="fast_path: on, but prefill/decode disaggregation"):
+    with pytest.raises(Exception, match="fast_path: on, but pipeline parallelism"):
         simulate(cfg)
     cfg["engine"]["fast_path"] = "auto"   # auto falls back to the SimPy engine
     assert simulate(cfg).summary["num_finished"] == 5
