@@ -29,6 +29,7 @@ from simcore.fasttraffic import FastTraffic
 REQUEST_COLUMNS = ("request_ids", "col_arrival", "col_admitted", "col_first", "col_finish", "col_preemptions",
                    "col_status", "reject_reasons")
 LOG_ARRAYS = ("rec_f", "rec_i", "itl_v", "itl_c", "itl_e")   # iteration rows and ITL samples, in event order
+EVENT_LOG = ("log", "events")   # the request events, when recorded
 
 
 class FastCluster(FastTraffic):
@@ -36,23 +37,24 @@ class FastCluster(FastTraffic):
     closed loop (`closed = (concurrency, think_time_s)`), as simcore/replica.py wires the SimPy cluster."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
-                 closed: tuple[int, float] | None = None):
-        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed)
+                 closed: tuple[int, float] | None = None, record_events: bool = False):
+        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed, record_events)
         self.cluster = Cluster(self.replicas, router)
 
-    def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed) -> None:
+    def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed,
+                        record_events: bool) -> None:
         """One fast engine per item of `limits`, sharing this traffic, the event counter and the columns."""
         self.specs, self.closed = list(specs), closed
         self.seq, self.holder = 0, self
         self.events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fastdisagg)
         # Replica 0 builds the request columns from the specs; every replica then writes into the same ones.
         self.replicas = [FastEngine(policy, cost_model, lim, self.specs if i == 0 else (), closed=closed,
-                                    traffic=self) for i, lim in enumerate(limits)]
+                                    traffic=self, record_events=record_events) for i, lim in enumerate(limits)]
         first = self.replicas[0]
         first.specs = []
         for i, replica in enumerate(self.replicas):
             replica.replica_id = i
-            for name in REQUEST_COLUMNS + LOG_ARRAYS:
+            for name in REQUEST_COLUMNS + LOG_ARRAYS + EVENT_LOG:
                 setattr(replica, name, getattr(first, name))
         self.col_replica = np.zeros(len(self.specs), dtype=np.int16)   # where each request ran (its row's)
         self.rec_r = array("h")   # the replica of each iteration row

@@ -36,10 +36,10 @@ class FastDisagg(HandoffRules, FastCluster):
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, num_prefill: int, num_decode: int,
                  prefill_router, decode_router, link: KVLink, kv_bytes_per_token: int,
                  first_token_from: str = "prefill", max_num_seqs: int | None = None,
-                 closed: tuple[int, float] | None = None):
+                 closed: tuple[int, float] | None = None, record_events: bool = False):
         prefill_limits = dataclasses.replace(limits, handoff_after_first_token=True)
         self._build_replicas(policy, cost_model, [prefill_limits] * num_prefill + [limits] * num_decode, specs,
-                             closed)
+                             closed, record_events)
         self._init_rules(self.replicas[:num_prefill], self.replicas[num_prefill:], prefill_router, decode_router,
                          link, kv_bytes_per_token, first_token_from, max_num_seqs)
         for e in self.prefill:

@@ -8,8 +8,9 @@ decode. Decoding requests are "lazy" (simcore/lazy.py: progress = base + D, the 
 stretch of decode-only steps is priced in bulk (simcore/stretch.py) and logged as arrays; per-request
 work happens at events only. Per-token gaps are logged as weighted samples (gap, count).
 Preemption, admission and KV allocation (swap and prefix caching included) are simcore/apply.py's, shared
-with the SimPy engine. Not modelled (experiments/fast.py falls back to the SimPy engine): several replicas
-behind a router, disaggregation (KV handed between engines), real-hardware executors.
+with the SimPy engine. Several replicas behind a router (simcore/fastcluster.py) and a disaggregated
+deployment (simcore/fastdisagg.py) run fast engines as replicas, one event loop for all. Not modelled
+(experiments/fast.py falls back to the SimPy engine): pipeline parallelism, real-hardware executors.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.lazy import FastRequest, LazyDecoders
 from simcore.mechanics import reject_reason
+from simcore.log import RequestEvent
 from simcore.request import RequestSpec, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
@@ -60,6 +62,7 @@ class FastLog:
     priority: np.ndarray | None = None   # the workload's priority class per request
     replica_id: np.ndarray | None = None              # a cluster's (simcore/fastcluster.py): where each ran
     iteration_replica_id: np.ndarray | None = None
+    events: list | None = None     # RequestEvent list, with `record_events` only
 
 
 # Per-request status codes in FastLog.status (one byte a request instead of a string reference).
@@ -80,14 +83,29 @@ def padded_tokens(padded) -> int:
 
 
 class _NoEvents:
-    """The fast engine keeps no per-request event list (a million requests would not fit): its tables are
-    built from the request records at the end."""
+    """By default the fast engine keeps no per-request event list (a million requests would not fit): its
+    tables are built from the request records at the end."""
+    events = None
 
     def event(self, now_s, req, kind) -> None:
         pass
 
     def preemption(self, req, now_s) -> None:
         pass
+
+
+class _Events(_NoEvents):
+    """With `record_events`: the SimPy log's request events (simcore/log.py `RequestEvent`: arrived, rejected,
+    admitted, preempted, first_token, finished), in the same order, for timeline tests."""
+
+    def __init__(self):
+        self.events: list[RequestEvent] = []
+
+    def event(self, now_s, req, kind) -> None:
+        self.events.append(RequestEvent(now_s, req.request_id, kind))
+
+    def preemption(self, req, now_s) -> None:
+        self.events.append(RequestEvent(now_s, req.request_id, "preempted"))
 
 
 class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
@@ -98,7 +116,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
-                 iteration_sink=None, traffic: FastTraffic | None = None):
+                 iteration_sink=None, traffic: FastTraffic | None = None, record_events: bool = False):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError("the fast path models recompute or swap preemption")
         self.policy, self.cost, self.limits = policy, cost_model, limits
@@ -110,7 +128,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
         self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
-        self.log = _NoEvents()
+        self.log = _Events() if record_events else _NoEvents()
+        self.events = self.log.events   # None unless recording
         self.shortcut = getattr(policy, "schedule_decodes", None) if self.prefix_cache is None else None
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
@@ -195,9 +214,13 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         req = _Request(spec)
         req.k = k
         self.col_arrival[k] = spec.arrival_s
+        if self.events is not None:
+            self.log.event(now, req, "arrived")
         reason = reject_reason(spec, self.policy, self.max_model_len, self.total, self.bs)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
+            if self.events is not None:
+                self.log.event(now, req, "rejected")
             self.reject_reasons[k] = reason
             self._record(req, REJECTED)
             self.num_logged += 1
@@ -433,6 +456,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
                 req.num_generated_tokens = g + 1
                 if req.first_token_s is None:
                     req.first_token_s = now
+                    if self.events is not None:
+                        self.log.event(now, req, "first_token")
                 else:
                     lt = req.last_token_s
                     gaps[lt] = gaps.get(lt, 0) + 1
@@ -493,6 +518,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             req.finish_s = now
             record(req, FINISHED)   # its row is final: nothing below changes it
             del requests[req.request_id]
+        if self.events is not None:
+            for req in done:
+                self.log.event(now, req, "finished")
         if self.holds_slots:
             for req in done:
                 req.status = Status.DRAINING
@@ -549,4 +577,4 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
             np.frombuffer(self.itl_e, dtype=float), n - self.num_logged,
-            np.fromiter((s.priority for s in specs), np.int64, n))
+            np.fromiter((s.priority for s in specs), np.int64, n), events=self.events)

@@ -65,10 +65,18 @@ def test_recompute_preemption_evicts_the_newest_and_reprefills_it():
     assert (df.status == "finished").all()
     # Both prefill in [0,1] and decode in [1,2]; at 2 A's 5th token needs a block B holds: B is preempted;
     # A ends at 3; B recomputes its 5 tokens in [3,4] and samples its last token. Every change, in order:
-    assert log.events == [
+    expected = [
         E(0.0, 0, "arrived"), E(0.0, 1, "arrived"), E(0.0, 0, "admitted"), E(0.0, 1, "admitted"),
         E(1.0, 0, "first_token"), E(1.0, 1, "first_token"), E(2.0, 1, "preempted"), E(3.0, 0, "finished"),
         E(3.0, 1, "admitted"), E(4.0, 1, "finished")]
+    assert log.events == expected
+    # the fast engine, asked to keep its events, logs the same timeline
+    from simcore.costmodel import ConstantCost
+    from simcore.engine import EngineLimits
+    from simcore.fastpath import FastEngine
+    fast = FastEngine(ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=64), ConstantCost(1.0),
+                      EngineLimits(3, 4, 8192), specs, record_events=True).simulate()
+    assert fast.events == expected
 
 
 def closed_loop(think_time_s, specs):

@@ -35,8 +35,9 @@ def run_both(policy, router, specs, cost, num_replicas, num_gpu_blocks=40, close
     cluster = Cluster(engines, router)
     start_arrivals(env, specs, cluster.submit, on_done_of(engines), closed)
     env.run()
-    fast_cluster = FastCluster(policy, cost, limits, specs, router, num_replicas, closed)
+    fast_cluster = FastCluster(policy, cost, limits, specs, router, num_replicas, closed, record_events=True)
     fast = fast_cluster.simulate()
+    assert fast.events == log.events
     if limits.enable_prefix_caching:
         for a, b in zip((e.prefix_cache for e in engines), fast_cluster.prefix_caches):
             assert (a.num_hit_tokens, a.num_evicted_blocks, a.cached_tokens_by_request) == \

@@ -42,8 +42,9 @@ def run_both(policy, specs, cost, num_prefill, num_decode, num_gpu_blocks=40, cl
     start_arrivals(env, specs, plain.submit, plain.chain_on_done, closed)
     env.run()
     fast_deployment = FastDisagg(policy, cost, limits, specs, num_prefill, num_decode, *routers, link,
-                                 kv_bytes_per_token, first, max_num_seqs, closed)
+                                 kv_bytes_per_token, first, max_num_seqs, closed, record_events=True)
     fast = fast_deployment.simulate()
+    assert fast.events == log.events
     assert plain.handoffs == fast_deployment.handoffs
     return ((requests_frame(log), iterations_frame(log), log.itl_gaps_s),
             (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts)))

@@ -54,8 +54,9 @@ def run_both(policy, specs, cost, num_gpu_blocks, closed=None, block_size=16, ma
     limits = EngineLimits(num_gpu_blocks, block_size, max_model_len, **engine)
     simpy_engine = run_replica(policy, cost, limits, specs, closed=closed)
     log = simpy_engine.log
-    fast_engine = FastEngine(policy, cost, limits, specs, closed=closed)
+    fast_engine = FastEngine(policy, cost, limits, specs, closed=closed, record_events=True)
     fast = fast_engine.simulate()
+    assert fast.events == log.events   # the same request events (arrived ... finished), in the same order
     if limits.enable_prefix_caching:   # the same hits, evictions and per-request cached tokens
         a, b = simpy_engine.prefix_cache, fast_engine.prefix_cache
         assert (a.num_hit_tokens, a.num_evicted_blocks, a.cached_tokens_by_request) == \
