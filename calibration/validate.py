@@ -77,8 +77,8 @@ def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResu
     arrival = cfg.workload.arrival
     closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
 
-    def start_real_clock(env):   # the real clock starts now, not when the environment was built
-        env.real_start = time.monotonic()
+    def start_real_clock(engine):   # the real clock starts now, not when the environment was built
+        engine.env.real_start = time.monotonic()
 
     log = run_replica(cfg.policy, cost_model, limits, gen.specs, closed=closed, env=env, executor=backend,
                       before_run=start_real_clock if backend is not None else None).log

@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
-import simpy
 
 from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import Continuous
@@ -27,6 +26,7 @@ from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
 from simcore.kvcache import num_usable_blocks
+from simcore.replica import run_replica
 from simcore.request import RequestSpec, Status
 
 _GROUP_TOKEN, _UNIQUE_TOKEN = 10**9, 10**6  # token ids: shared prefixes, then per-request positions
@@ -108,7 +108,6 @@ def our_policy(case: Case):
 
 
 def run_ours(case: Case, policy=None) -> list[Step]:
-    env = simpy.Environment()
     limits = EngineLimits(case.num_gpu_blocks, case.block_size, case.max_model_len,
                           enable_prefix_caching=case.enable_prefix_caching)
     feed, steps = _Feed(case.requests), []
@@ -138,9 +137,9 @@ def run_ours(case: Case, policy=None) -> list[Step]:
         state["running"] = {r.request_id for r in engine.running}
         submit(not (engine.waiting or engine.running), engine)
 
-    engine = Engine(env, policy or our_policy(case), ConstantCost(1.0), limits, on_step=on_step)  # clock: steps
-    submit(True, engine)
-    env.run()
+    # The clock counts steps (1 s each); arrivals are fed by step index, from on_step, not by time.
+    engine = run_replica(policy or our_policy(case), ConstantCost(1.0), limits, (), on_step=on_step,
+                         before_run=lambda engine: submit(True, engine))
     unfinished = [r.request_id for r in engine.requests.values() if r.status is not Status.FINISHED]
     if unfinished or feed.pending:
         raise RuntimeError(f"our engine left requests {unfinished} unfinished")
