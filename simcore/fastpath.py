@@ -170,6 +170,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.on_handoff = None            # called with (request, now) for each request handed off
         self.sending: list[FastRequest] = []
         self.receiving: list[FastRequest] = []
+        self.joining: list[FastRequest] = []   # received decodes, lazy from the next decision on
         self.swap_woken = None            # (time, seq) of a wake while sleeping through a swap-out
         self.seq = 0                    # creation order of events, SimPy's tie-break at equal times
         self.rec_f, self.rec_i = array("d"), array("i")   # counts fit in int32: half the memory
@@ -298,6 +299,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         return self.policy.schedule(self._view(now))
 
     def _next(self, now: float) -> None:
+        if self.joining:
+            self._join_decoders()
         while self.waiting or self.running:
             batch = self.decide(now)
             if batch is QUIET and self.running:   # the most common answer (one shared value): a quiet stretch
@@ -356,15 +359,26 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
 
     # ---- disaggregation: hand-off and reception of prefilled requests (simcore/fastdisagg.py) ----
     def received(self, req: FastRequest, now: float) -> None:
-        """The KV of `req` (see `receive`) has arrived: it runs from the next step on, explicit for that step
-        (with a first token still to sample, or simply not yet among the lazy decoders)."""
+        """The KV of `req` (see `receive`) has arrived: it runs from the next step on."""
         self.receiving.remove(req)
         req.status = RUNNING
         self.running.append(req)
         req.order = self.num_admissions   # its place in `running` (finish order within a step)
         self.num_admissions += 1
-        self.pref.add(req)
+        if not req.num_generated_tokens:   # its first token still to sample here: a one-token prefill step
+            self.pref.add(req)
+        elif self.shortcut is not None:    # a decode: it joins the lazy decoders at the next decision
+            self.joining.append(req)
         self._wake_up(now)
+
+    def _join_decoders(self) -> None:
+        """Received decodes become lazy decoders before the next decision (not mid-step: the step in flight
+        is not theirs). After a general step `_complete` has made every running decode lazy already."""
+        if not self.explicit_mode:
+            for req in self.joining:
+                if not req.lazy:
+                    self._lazify(req)
+        self.joining.clear()
 
     def release(self, req: FastRequest, now: float) -> None:
         """The KV of a handed-off request has been copied out: free its blocks here."""
