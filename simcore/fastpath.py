@@ -161,6 +161,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.traffic = traffic if traffic is not None else self
         self.holder = self
         self.one_step = traffic is not None   # in a cluster, every step is an event of its own (see _stretch)
+        self.quiet_step = False   # one_step: the step in flight is quiet and nothing has reached us since
         # Called with (request, now) when a request finishes or is rejected: closed-loop users, or a
         # disaggregated deployment's decode-side hook (simcore/fastdisagg.py).
         self.on_done = self.traffic._on_done if closed else None
@@ -214,6 +215,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     def _submit(self, k: int, spec: RequestSpec, now: float) -> None:
         req = _Request(spec)
         req.k = k
+        self.quiet_step = False
         self.col_arrival[k] = spec.arrival_s
         if self.events is not None:
             self.log.event(now, req, "arrived")
@@ -299,6 +301,10 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         return self.policy.schedule(self._view(now))
 
     def _next(self, now: float) -> None:
+        if self.quiet_step:
+            self.quiet_step = False
+            if self._continue_quiet(now):
+                return
         if self.joining:
             self._join_decoders()
         while self.waiting or self.running:
@@ -363,6 +369,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.receiving.remove(req)
         req.status = RUNNING
         self.running.append(req)
+        self.quiet_step = False
         req.order = self.num_admissions   # its place in `running` (finish order within a step)
         self.num_admissions += 1
         if not req.num_generated_tokens:   # its first token still to sample here: a one-token prefill step
@@ -493,6 +500,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
                 req.status = Status.SENDING
             self.sending.extend(handed_off)
         if done:
+            self.quiet_step = False   # a finish: the policy decides the next step
             if num_lazy and explicit:
                 done.sort(key=BY_ORDER)   # finish order = batch order
             self._finish(done, now)

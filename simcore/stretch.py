@@ -37,6 +37,15 @@ class QuietStretches:
         else:
             rows, ctx = num_dec, 0
             ctx0 = self.base_sum + num_dec * (D + 1)
+        if self.one_step:
+            # In a cluster every step ends as an event of its own: another replica's event may route a
+            # request here or start a think timer between any two steps, and SimPy numbers each step's event
+            # when the one before it ends. The stretch goes on step by step (`quiet_step`, simcore/fastpath.py).
+            if not self._one_quiet_step(now, padded, rows, ctx, ctx0):
+                raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
+                                      f"but the decodes need {self.decode_growth()} blocks and "
+                                      f"{self.total - self.pool.num_used_blocks} are free")
+            return
         max_steps = self.heap[0][0] - D    # the first finish ends the stretch
         used0 = self.pool.num_used_blocks
         free0 = self.total - used0
@@ -45,10 +54,7 @@ class QuietStretches:
         traffic = self.traffic
         if traffic.deferred:
             traffic._flush_timers(now)   # think timers created at this instant come after the first step
-        # In a cluster (`one_step`) every step ends as an event of its own: another replica's event may
-        # route a request here or start a think timer between any two steps, and SimPy numbers each step's
-        # event when the one before it ends.
-        t_ext, e_ext = (-INF, 0) if self.one_step else traffic._next_external()
+        t_ext, e_ext = traffic._next_external()
         ends, durs, useds = [now], [], []
         grown, j, stop = 0, 0, False
         phase = self.phase
@@ -88,6 +94,36 @@ class QuietStretches:
         self.eng_kind, self.eng_t = "complete", ends[m]
         self.eng_e = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
+
+    def _one_quiet_step(self, now: float, padded, rows: int, ctx: int, context_sum: int) -> bool:
+        """One quiet step put in flight alone (a cluster's replica): `rows` decodes (padded rows of context
+        `ctx`, or the lazy decoders: ctx 0), `context_sum` their contexts' sum. False, with nothing changed,
+        when its KV growth does not fit (the policy then decides: a preemption)."""
+        growth = self.phase[(-self.D) % self.bs]
+        used = self.pool.num_used_blocks
+        if growth > self.total - used:
+            return False
+        d = self._decode_pricer(rows, ctx)(context_sum)
+        self.pool.num_used_blocks = used + growth   # allocated at the step's start
+        self.inflight = ([], self.num_lazy, 0, padded, now, d)
+        self.eng_kind, self.eng_t, self.eng_e = "complete", now + d, self.seq
+        self.seq += 1
+        traffic = self.traffic
+        if traffic.deferred:
+            traffic._flush_timers(now)   # think timers created at this instant come after the step
+        self.quiet_step = True
+        return True
+
+    def _continue_quiet(self, now: float) -> bool:
+        """After a quiet step in which nothing finished and nothing reached this replica (`quiet_step`), the
+        policy's quiet answer still holds (simcore.batch.DecodeShortcut's promise): the next step goes in
+        flight without asking it, unless its KV growth does not fit (False: the policy decides)."""
+        padded = self.inflight[3]
+        if padded is not None:   # lock-step rows one token further
+            rows, ctx = len(padded), padded[0][1] + 2
+            return self._one_quiet_step(now, ((1, ctx - 1),) * rows, rows, ctx, rows * ctx)
+        n = self.num_lazy
+        return self._one_quiet_step(now, None, n, 0, self.base_sum + n * (self.D + 1))
 
     def _decode_pricer(self, rows: int, ctx: int):
         """A function from the context sum of a stretch step (`rows` decodes, all sampling) to its time."""
