@@ -3,12 +3,12 @@ prefill/decode disaggregated deployment, the engine alone (`simulate()`), each r
 on one core, fast and SimPy alternating; the results must be identical (checked on the summary here,
 bitwise on every table by tests/test_fastcluster.py and tests/test_fastdisagg.py).
 
-    python -m benchmarks.replicas                       # 20,000 requests, 3 repeats (about 3 minutes idle)
+    python -m benchmarks.replicas                       # 20,000 requests, 3 repeats (about 4 minutes idle)
     python -m benchmarks.replicas --num-requests 5000 --repeats 1
 
 Traffic: benchmarks.speed's (Llama-3-8B on H100 SXM, Azure-conversation-like lengths, the default cost
-model), at 4 x 11 req/s for a 4-replica cluster (least outstanding) and at 2 x 11 req/s for 1 prefill +
-2 decode replicas.
+model), at 11 req/s for one replica (the reference), 4 x 11 req/s for a 4-replica cluster (least
+outstanding) and 2 x 11 req/s for 1 prefill + 2 decode replicas.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import time
 from benchmarks.speed import ROOT, config, peak_rss_mb
 
 DEPLOYMENTS = {
+    "single": ({}, 11.0),   # the reference: one replica, whose fast engine prices quiet stretches in bulk
     "cluster-4": ({"cluster": {"num_replicas": 4, "router": "least_outstanding"}}, 4 * 11.0),
     "disagg-1p2d": ({"disaggregation": {"num_prefill_replicas": 1, "num_decode_replicas": 2}}, 2 * 11.0),
 }
