@@ -18,6 +18,9 @@ Where the first token comes from (`first_token_from`):
     max_tokens=1 and the KV of all but the last prompt token is loaded); TTFT includes the transfer and
     that decode-side step.
 A request with a one-token output finishes on its prefill replica (nothing is handed off), in both modes.
+
+The rules are `HandoffRules`, run here by SimPy processes (`DisaggregatedCluster`) and on the fast path by
+simcore/fastdisagg.py (the same results, bitwise).
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ What the single fast engine does in bulk, a replica here does step by step: ever
 because another replica's event may route a request to it, or end a closed-loop request whose user then
 sends, between any two of its steps, and the router reads its live state (queue, running, KV blocks) then.
 A replica still skips the per-request work of its decoding requests (lazy decoders) and, with a shortcut
-policy, the general `schedule`. Per-request and per-iteration rows go to one set of columns shared by all
+policy, the general `schedule`; while nothing reaches it, its next quiet step goes in flight without asking
+the policy (`quiet_step`, simcore/stretch.py). Per-request and per-iteration rows go to one set of columns shared by all
 replicas, in the order SimPy's shared log would hold them.
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ class FastCluster(FastTraffic):
         """One fast engine per item of `limits`, sharing this traffic, the event counter and the columns."""
         self.specs, self.closed = list(specs), closed
         self.seq, self.holder = 0, self
-        self.events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fastdisagg)
+        self.own_events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fastdisagg)
         # Replica 0 builds the request columns from the specs; every replica then writes into the same ones.
         self.replicas = [FastEngine(policy, cost_model, lim, self.specs if i == 0 else (), closed=closed,
                                     traffic=self, record_events=record_events) for i, lim in enumerate(limits)]
@@ -87,13 +88,13 @@ class FastCluster(FastTraffic):
             replica.eng_kind, replica.eng_t, replica.eng_e = "resume", 0.0, i - n - 1
         self._start_traffic()
         first_arrival = True
-        events = self.events
+        own = self.own_events
         while True:
             t, e, source = self.arr_t, self.arr_e, None
             if self.timers and self.timers[0][:2] < (t, e):
                 (t, e), source = self.timers[0][:2], self.timers
-            if events and events[0][:2] < (t, e):
-                (t, e), source = events[0][:2], events
+            if own and own[0][:2] < (t, e):
+                (t, e), source = own[0][:2], own
             for replica in replicas:
                 if replica.eng_kind is not None and (replica.eng_t < t or (replica.eng_t == t and replica.eng_e < e)):
                     t, e, source = replica.eng_t, replica.eng_e, replica
@@ -104,8 +105,8 @@ class FastCluster(FastTraffic):
                 first_arrival = False
             elif source is self.timers:
                 self._send(heapq.heappop(self.timers)[2], t)
-            elif source is events:
-                _, _, kind, payload = heapq.heappop(events)
+            elif source is own:
+                _, _, kind, payload = heapq.heappop(own)
                 self._driver_event(kind, payload, t)
             else:
                 self._replica_event(source, t)

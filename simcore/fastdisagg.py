@@ -102,7 +102,7 @@ class FastDisagg(HandoffRules, FastCluster):
 
     def _schedule(self, t: float, kind: str, payload) -> None:
         holder = self.holder
-        heapq.heappush(self.events, (t, holder.seq, kind, payload))
+        heapq.heappush(self.own_events, (t, holder.seq, kind, payload))
         holder.seq += 1
 
     def _driver_event(self, kind: str, payload, now: float) -> None:
