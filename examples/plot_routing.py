@@ -61,7 +61,8 @@ def main(argv=None) -> int:
             ax.bar([i + (j - 0.5) * 0.38 for i in x], table[c], width=0.38, label=c.split("_")[-2])
         ax.set_xticks(list(x), table["router"].str.replace(" (", "\n("), fontsize=8)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, 1.18 * float(table[cols].to_numpy().max()))   # room above the bars for the legend
+        ax.legend(fontsize=8, loc="upper left", ncols=2)
     cfg = load_sweep_file(args.sweep)
     fig.suptitle(f"{cfg['cluster']['num_replicas'] if 'cluster' in cfg else '?'} replicas of {cfg['model']} on "
                  f"{cfg['hardware']}, {cfg['workload']['arrival']['rate_per_s']} req/s: 90% chat + 10% long "
