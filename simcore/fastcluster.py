@@ -57,8 +57,8 @@ class FastCluster(FastTraffic):
             replica.replica_id = i
             for name in REQUEST_COLUMNS + LOG_ARRAYS + EVENT_LOG:
                 setattr(replica, name, getattr(first, name))
-        self.col_replica = np.zeros(len(self.specs), dtype=np.int16)   # where each request ran (its row's)
-        self.rec_r = array("h")   # the replica of each iteration row
+        self.col_replica = np.zeros(len(self.specs), dtype=np.int32)   # where each request ran (its row's)
+        self.rec_r = array("i")   # the replica of each iteration row
 
     # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
     def _submit(self, k: int, spec, now: float) -> None:
@@ -147,7 +147,7 @@ class FastCluster(FastTraffic):
         first.specs, self.specs = self.specs, []
         log = first._log()
         log.replica_id = self.col_replica
-        log.iteration_replica_id = np.frombuffer(self.rec_r, dtype=np.int16)
+        log.iteration_replica_id = np.frombuffer(self.rec_r, dtype=np.int32)
         return log
 
     @property
