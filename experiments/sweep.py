@@ -82,7 +82,7 @@ def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float,
                 table_format: str = "parquet") -> None:
     d = out_dir / "points" / point.point_id
     if not result.tables_saved:
-        write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format)
+        write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format, result.replicas)
     (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
     summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
     tmp = d / "summary.json.tmp"

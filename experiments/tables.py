@@ -78,14 +78,18 @@ def itl_frame(itl_gaps_s) -> pd.DataFrame:
 
 
 def write_run_tables(d: Path, requests: pd.DataFrame, iterations: pd.DataFrame | None, itl_gaps_s,
-                     table_format: str = "parquet") -> None:
-    """requests, iterations and itl (weighted ITL samples) into folder `d`, in `table_format`; a table of
-    the other format left there by an earlier run is removed, so a folder never holds two versions.
-    `iterations` None: that table was already streamed there (a TableWriter in the same format)."""
+                     table_format: str = "parquet", replicas: pd.DataFrame | None = None) -> None:
+    """requests, iterations, itl (weighted ITL samples) and, for several replicas (a cluster, a disaggregated
+    deployment), replicas (one row per replica) into folder `d`, in `table_format`; a table of the other
+    format, or a replicas table left there by an earlier run, is removed, so a folder never holds two
+    versions. `iterations` None: that table was already streamed there (a TableWriter in the same format)."""
     d.mkdir(parents=True, exist_ok=True)
-    for name, df in (("requests", requests), ("iterations", iterations), ("itl", itl_frame(itl_gaps_s))):
+    for name, df in (("requests", requests), ("iterations", iterations), ("itl", itl_frame(itl_gaps_s)),
+                     ("replicas", replicas)):
         if df is not None:
             write_table(df, d / name, table_format)
+        elif name == "replicas":
+            (d / f"{name}.{table_format}").unlink(missing_ok=True)
         for other in TABLE_FORMATS:
             if other != table_format:
                 (d / f"{name}.{other}").unlink(missing_ok=True)

@@ -56,3 +56,13 @@ def test_pooled_itl_gaps_are_saved_per_point(tmp_path):
     assert np.percentile(expanded, 99) == pytest.approx(sim.summary["itl_p99_ms"], rel=1e-12)
     assert np.percentile(expanded, 99) == pytest.approx(np.percentile(sim.itl_gaps_s * 1e3, 99), rel=1e-12)
     assert len(sim.itl_end_s) == len(sim.itl_gaps_s) and np.all(np.diff(sim.itl_end_s) >= 0)
+
+
+def test_a_cluster_point_saves_its_replicas_table(tmp_path):
+    cluster = {**SWEEP, "seeds": [0], "grid": {"cluster.num_replicas": [2, 1]}, "cluster": {"num_replicas": 2}}
+    run_sweep(cluster, tmp_path, jobs=1, progress=False)
+    replicas = read_table(tmp_path / "points" / "p000-seed0", "replicas")
+    sim = simulate({k: v for k, v in cluster.items() if k not in ("grid", "seeds")}, 0)
+    pd.testing.assert_frame_equal(replicas, sim.replicas, check_dtype=False)
+    assert replicas["num_requests"].sum() == 12
+    assert not (tmp_path / "points" / "p001-seed0" / "replicas.parquet").exists()   # one replica: none
