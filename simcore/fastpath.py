@@ -130,7 +130,10 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.log = _Events() if record_events else _NoEvents()
         self.events = self.log.events   # None unless recording
-        self.shortcut = getattr(policy, "schedule_decodes", None) if self.prefix_cache is None else None
+        self.shortcut = getattr(policy, "schedule_decodes", None)
+        # Prefix caching: lazy decoders by block phase, in batch order, for the pool's per-step work
+        # (a block allocated when a decode starts one, registered when it fills: simcore/lazy.py)
+        self.members = [[] for _ in range(limits.block_size)] if self.prefix_cache is not None else None
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.vectorised = hasattr(cost_model, "decode_steps_time_s")
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
@@ -290,7 +293,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
         request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
-        if self.shortcut is not None and not self.pref and not self.explicit_mode and self.running:
+        if (self.shortcut is not None and not self.pref and not self.explicit_mode and self.running
+                and (self.members is None or not self.waiting)):   # prefix hits: admission stays general
             view = self.lazy_view   # asked very often: one object (lazy=self), brought up to date
             view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
             view.num_free_blocks, view.policy_state = self.total - self.pool.num_used_blocks, self.policy_state

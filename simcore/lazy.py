@@ -8,9 +8,13 @@ block_size tokens; a request holding KV to its last token never grows), by the t
 from __future__ import annotations
 
 import heapq
+from bisect import insort
+from operator import attrgetter
 
 from simcore.mechanics import SimulationError
 from simcore.request import Request, RequestSpec
+
+BY_ORDER = attrgetter("order")
 
 
 class FastRequest(Request):
@@ -54,6 +58,8 @@ class LazyDecoders:
         else:
             raise SimulationError(f"fast path: request {req.request_id} holds {req.num_blocks} blocks for "
                                   f"{c} tokens, neither tight nor to its end")
+        if self.members is not None:   # every lazy decoder fills blocks, growing or not
+            insort(self.members[bc % bs], req, key=BY_ORDER)
         heapq.heappush(self.heap, (spec.num_output_tokens - req.base_gen, req.order, req))
         lt = req.last_token_s
         self.groups[lt] = self.groups.get(lt, 0) + 1
@@ -78,7 +84,23 @@ class LazyDecoders:
                     self._explicit(req)
             self.heap, self.phase, self.groups = [], [0] * self.bs, {}
             self.base_sum = self.num_lazy = 0
+            if self.members is not None:
+                self.members = [[] for _ in range(self.bs)]
         self.explicit_mode = True
+
+    def cache_steps(self, m: int) -> None:
+        """Prefix caching: the pool's work for the next `m` decode steps of the lazy decoders, done now (at
+        the start of those steps), as the SimPy engine does it step by step (simcore/apply.py): a block for
+        each decode whose token starts one, in batch order (which block each gets decides later
+        evictions; one holding KV to its end needs none), and the registration of each block its token
+        fills (a hash unique to the request, so their order does not matter)."""
+        cache, members, bs, D = self.prefix_cache, self.members, self.bs, self.D
+        for j in range(m):
+            d = D + j
+            for req in members[(-d) % bs]:
+                cache.grow(req, req.base_comp + d + 1)
+            for req in members[(-d - 1) % bs]:
+                cache.cache_full_blocks(req, req.base_comp + d + 1)
 
     def _lazy_step_done(self, now: float) -> list:
         """Every lazy decoder took a token at `now`: log the gaps, return those that finished."""
@@ -97,6 +119,8 @@ class LazyDecoders:
             self.base_sum -= req.base_comp
             if req.phase is not None:
                 self.phase[req.phase] -= 1
+            if self.members is not None:
+                self.members[req.base_comp % self.bs].remove(req)
             done.append(req)
         self.groups = {now: self.num_lazy} if self.num_lazy else {}
         return done

@@ -83,6 +83,8 @@ class QuietStretches:
         if m == 0:   # a quiet answer promises the decodes fit (simcore.batch.DecodeShortcut)
             raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
                                   f"but the decodes need {phase[(-D) % bs]} blocks and {free0} are free")
+        if self.members is not None:   # prefix caching: the blocks of all m steps, allocated at their starts
+            self.cache_steps(m)
         if m > 1:   # steps 0 .. m-2 happen here
             self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
             self.D += m - 1
@@ -104,6 +106,8 @@ class QuietStretches:
         if growth > self.total - used:
             return False
         d = self._decode_pricer(rows, ctx)(context_sum)
+        if self.members is not None:
+            self.cache_steps(1)
         self.pool.num_used_blocks = used + growth   # allocated at the step's start
         self.inflight = ([], self.num_lazy, 0, padded, now, d)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + d, self.seq
