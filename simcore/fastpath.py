@@ -27,7 +27,7 @@ from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.lazy import FastRequest, LazyDecoders
 from simcore.mechanics import reject_reason
-from simcore.request import RequestSpec, Status
+from simcore.request import RequestSpec, RequestSpecs, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
 
@@ -113,7 +113,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
         self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
         self.block_size = self.bs
-        self.specs = list(specs)
+        self.specs = specs if isinstance(specs, RequestSpecs) else list(specs)   # compact columns stay so
         self._init_request_columns()
         self.requests: dict[int, FastRequest] = {}   # live requests only: released when they finish
         self.num_admissions = 0
@@ -145,11 +145,15 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     # ---- per-request rows: compact columns, written when a request leaves (its record is then released) ----
     def _init_request_columns(self) -> None:
         specs, n = self.specs, len(self.specs)
-        self.request_ids = np.fromiter((s.request_id for s in specs), np.int64, n)
-        if len(np.unique(self.request_ids)) < n:   # checked up front: finished requests are not kept
-            ids, counts = np.unique(self.request_ids, return_counts=True)
-            raise SimulationError(f"duplicate request id {int(ids[counts > 1][0])}")
-        self.col_arrival = np.fromiter((s.arrival_s for s in specs), float, n)   # closed loop: send time
+        if isinstance(specs, RequestSpecs):   # ids 0..n-1: unique by construction
+            self.request_ids = specs.column("request_id")
+            self.col_arrival = specs.column("arrival_s").copy()   # closed loop: send time
+        else:
+            self.request_ids = np.fromiter((s.request_id for s in specs), np.int64, n)
+            if len(np.unique(self.request_ids)) < n:   # checked up front: finished requests are not kept
+                ids, counts = np.unique(self.request_ids, return_counts=True)
+                raise SimulationError(f"duplicate request id {int(ids[counts > 1][0])}")
+            self.col_arrival = np.fromiter((s.arrival_s for s in specs), float, n)   # closed loop: send time
         self.col_admitted, self.col_first, self.col_finish = (np.full(n, np.nan) for _ in range(3))
         self.col_preemptions = np.zeros(n, dtype=np.int32)
         self.col_status = np.zeros(n, dtype=np.int8)   # UNFINISHED until it leaves
@@ -500,15 +504,19 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         if self.iteration_sink is not None and len(self.rec_f):
             self._flush_iterations()
         specs, n = self.specs, len(self.specs)
-        self.specs = []   # the run is over: the specs can go with this call (10M requests: about 3 GB)
+        self.specs = []   # the run is over: the specs can go with this call
+        if isinstance(specs, RequestSpecs):
+            prompt, output, priority = (specs.column(c).astype(np.int64)
+                                        for c in ("num_prompt_tokens", "num_output_tokens", "priority"))
+        else:
+            prompt, output, priority = (np.fromiter((getattr(s, c) for s in specs), np.int64, n)
+                                        for c in ("num_prompt_tokens", "num_output_tokens", "priority"))
+        del specs
         return FastLog(
-            self.request_ids, self.col_arrival,
-            np.fromiter((s.num_prompt_tokens for s in specs), np.int64, n),
-            np.fromiter((s.num_output_tokens for s in specs), np.int64, n),
+            self.request_ids, self.col_arrival, prompt, output,
             self.col_admitted, self.col_first, self.col_finish, self.col_preemptions, self.col_status,
             self.reject_reasons,
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
-            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged,
-            np.fromiter((s.priority for s in specs), np.int64, n))
+            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged, priority)
