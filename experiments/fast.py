@@ -17,7 +17,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 from simcore.engine import EngineLimits, SimulationError
 from simcore.fastpath import STATUS_NAMES, FastEngine
 from simcore.log import ITERATION_COLUMNS
-from simcore.metrics import IterationTotals, iteration_totals, requests_frame_from_columns
+from simcore.metrics import IterationTotals, ItlSamples, requests_frame_from_columns
 
 FAST_PATH_MODES = ("auto", "on", "off")
 # Engine settings whose every value the fast path models; any other must keep its default.
@@ -84,9 +84,10 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
     SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
     experiments.tables.TableWriter) the rows are streamed to it in chunks as the run goes and `iterations`
-    is their IterationTotals (what the summary needs) instead. `handed_over`: `specs` is a one-item list
-    holding the specs, which this empties, so that they are freed as soon as the engine is done with them
-    (the caller keeps no other reference: about 300 bytes a request)."""
+    is their IterationTotals (what the summary needs) instead, and the ITL samples are gathered in
+    canonical form as the run goes (simcore.metrics.ItlSamples; no end times: None). `handed_over`:
+    `specs` is a one-item list holding the specs, which this empties, so that they are freed as soon as the
+    engine is done with them (the caller keeps no other reference)."""
     if handed_over:
         specs = specs.pop()
     arrival = cfg.workload.arrival
@@ -98,8 +99,10 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         totals.add(frame)
         iteration_writer.write(frame)
 
+    itl = ItlSamples() if iteration_writer is not None else None   # streamed: canonical ITL as it goes
     engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
-                        iteration_sink=sink if iteration_writer is not None else None)
+                        iteration_sink=sink if iteration_writer is not None else None,
+                        itl_sink=itl.add if itl is not None else None)
     if handed_over:
         del specs   # the engine's own list is then the only one
     log = engine.simulate()
@@ -107,8 +110,12 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     del engine   # its per-request records: only the log is needed from here on
     if log.num_unfinished:
         raise SimulationError(f"{cfg.policy.name}: {log.num_unfinished} requests never finished (fast path)")
-    itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
-           Repeated(log.itl_end_s, log.itl_counts))
+    if itl is not None:   # only the samples matter: the gaps' order and end times are not saved
+        values, counts = itl.finish()
+        itl = (values, counts, Repeated(values, counts), None)
+    else:
+        itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
+               Repeated(log.itl_end_s, log.itl_counts))
     iterations = totals.finish() if totals is not None else iterations_table(log)
     return requests_table(log), iterations, itl, prefix_cache
 

@@ -120,6 +120,33 @@ def read_table(d: Path, name: str, columns: list[str] | None = None) -> pd.DataF
     return pd.read_csv(p, usecols=None if columns is None else (lambda c: c in set(columns)))
 
 
+def table_num_rows(d: Path, name: str) -> int:
+    """Rows of table `name` in folder `d` (Parquet: from its footer, nothing read; CSV: one pass)."""
+    p = table_path(d, name)
+    if p is None:
+        raise FileNotFoundError(2, "no such table (.parquet or .csv)", str(Path(d) / name))
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.ParquetFile(p).metadata.num_rows
+    return sum(len(c) for c in pd.read_csv(p, usecols=[0], chunksize=ROWS_PER_SLICE))
+
+
+def iter_table(d: Path, name: str, columns: list[str]):
+    """Table `name` from folder `d` as frames of at most ROWS_PER_SLICE rows (a table too long to hold
+    whole); `columns`: those of them the table has."""
+    p = table_path(d, name)
+    if p is None:
+        raise FileNotFoundError(2, "no such table (.parquet or .csv)", str(Path(d) / name))
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        f = pq.ParquetFile(p)
+        have = set(f.schema_arrow.names)
+        for batch in f.iter_batches(batch_size=ROWS_PER_SLICE, columns=[c for c in columns if c in have]):
+            yield batch.to_pandas()
+        return
+    yield from pd.read_csv(p, usecols=lambda c: c in set(columns), chunksize=ROWS_PER_SLICE)
+
+
 def read_itl_ms(d: Path) -> tuple[np.ndarray, np.ndarray]:
     """The pooled ITL gaps saved in folder `d` as (distinct gaps in ms, sorted; how many of each); empty
     arrays when none were saved. Reads itl.parquet / itl.csv, or an older itl_gaps_ms.npy."""

@@ -94,7 +94,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
-                 iteration_sink=None):
+                 iteration_sink=None, itl_sink=None):
         if limits.preemption_mode not in ("recompute", "swap") or limits.handoff_after_first_token:
             raise ValueError("the fast path models one replica: recompute or swap preemption, no handoff")
         self.policy, self.cost, self.limits = policy, cost_model, limits
@@ -140,6 +140,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         # Called with (floats, ints) every ITERATION_CHUNK_ROWS iteration rows (experiments/fast.py streams
         # them to a file), so a long run does not hold them all; None keeps them for FastLog.
         self.iteration_sink = iteration_sink
+        # With an iteration sink: called with (gap values, counts) at the same times, so the ITL samples do
+        # not pile up either (their end times are then dropped); FastLog's ITL arrays are then empty.
+        self.itl_sink = itl_sink if iteration_sink is not None else None
         self.pricers: dict = {}          # decode-step pricing functions by batch size
 
     # ---- per-request rows: compact columns, written when a request leaves (its record is then released) ----
@@ -497,11 +500,15 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
         ints = np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS).copy()
         self.rec_f, self.rec_i = array("d"), array("i")
         self.iteration_sink(floats, ints)
+        if self.itl_sink is not None:
+            values, counts = np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64)
+            self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")
+            self.itl_sink(values, counts)
 
     def _log(self) -> FastLog:
         for req in self.requests.values():   # never finished (the caller reports them)
             self._record(req, UNFINISHED)
-        if self.iteration_sink is not None and len(self.rec_f):
+        if self.iteration_sink is not None and (len(self.rec_f) or len(self.itl_v)):
             self._flush_iterations()
         specs, n = self.specs, len(self.specs)
         self.specs = []   # the run is over: the specs can go with this call

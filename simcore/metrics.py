@@ -99,6 +99,34 @@ def itl_samples(itl_gaps_s) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(np.asarray(itl_gaps_s, dtype=float), return_counts=True)
 
 
+class ItlSamples:
+    """Pooled ITL gaps gathered chunk by chunk (a streamed fast-path run hands them over as it goes), kept
+    in `itl_samples`' canonical form: sorted distinct gaps and their counts, 16 bytes per distinct gap
+    instead of 24 per logged sample. Merged like a binary counter (a part is merged into the one before
+    it once that is no more than twice its size), so the total work stays O(n log n)."""
+
+    def __init__(self):
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, values: np.ndarray, counts: np.ndarray) -> None:
+        if len(values):
+            self._parts.append(itl_samples((values, counts)))
+        while len(self._parts) > 1 and len(self._parts[-2][0]) <= 2 * len(self._parts[-1][0]):
+            (v0, c0), (v1, c1) = self._parts.pop(-2), self._parts.pop()
+            self._parts.append(itl_samples((np.concatenate((v0, v1)), np.concatenate((c0, c1)))))
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values, counts) over every chunk, canonical (call once, after the last chunk)."""
+        parts, self._parts = self._parts, []
+        if not parts:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        values, counts = parts.pop()
+        while parts:   # smallest last: each merge is one pass over two sorted runs
+            v, c = parts.pop()
+            values, counts = itl_samples((np.concatenate((v, values)), np.concatenate((c, counts))))
+        return values, counts
+
+
 def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
     if not len(values):
         return _stats_ms(prefix, [])
@@ -112,8 +140,10 @@ def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> d
 class IterationTotals:
     """What `summarize` needs from the iteration rows, gathered chunk by chunk (a streamed run never holds
     the table): exact integer sums and maxima, and the columns its time-weighted means multiply, kept
-    compact (20 bytes an iteration: duration float64, waiting / running / KV blocks int32), because those
-    sums are numpy's pairwise float sums over the whole column, which no running sum reproduces bit for bit."""
+    compact (duration float64; waiting / running / KV blocks each in the smallest type that holds the
+    chunk, usually 2 bytes: about 14 bytes an iteration), because those sums are numpy's pairwise float
+    sums over the whole column, which no running sum reproduces bit for bit (an integer converts to float64
+    exactly whatever its width, so the products and sums are the same)."""
 
     def __init__(self):
         self.num_iterations, self.end_s = 0, 0.0
@@ -131,7 +161,7 @@ class IterationTotals:
         self.num_seqs += int(it["num_seqs"].sum())
         self.max_waiting = max(self.max_waiting, int(it["num_waiting"].max()))
         self.max_kv_blocks = max(self.max_kv_blocks, int(it["kv_blocks_used"].max()))
-        self._parts.append((dur.copy(), *(it[c].to_numpy().astype(np.int32) for c in
+        self._parts.append((dur.copy(), *(_narrow(it[c].to_numpy()) for c in
                                           ("num_waiting", "num_running", "kv_blocks_used"))))
 
     def finish(self) -> IterationTotals:
@@ -140,6 +170,13 @@ class IterationTotals:
         self.duration_s, self.num_waiting, self.num_running, self.kv_blocks_used = (np.concatenate(c) for c in cols)
         self._parts = []
         return self
+
+
+def _narrow(counts: np.ndarray) -> np.ndarray:
+    """Non-negative counts in the smallest unsigned type that holds them (np.concatenate widens parts)."""
+    if not len(counts) or counts.min() < 0:
+        return counts.astype(np.int64)
+    return counts.astype(np.min_scalar_type(int(counts.max())))
 
 
 def iteration_totals(iterations: pd.DataFrame) -> IterationTotals:
@@ -151,7 +188,9 @@ def iteration_totals(iterations: pd.DataFrame) -> IterationTotals:
 def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: int) -> dict:
     """The results row. `iterations`: the iterations frame, or its IterationTotals (a streamed run)."""
     it = iterations if isinstance(iterations, IterationTotals) else iteration_totals(iterations)
-    fin = requests[requests["status"] == "finished"]
+    # only the columns used below (a 10M-row table is not copied whole for the finished rows)
+    fin = requests.loc[requests["status"] == "finished", ["finish_s", "output_tokens", "prompt_tokens", "ttft_s",
+                                                          "tpot_s", "e2e_s", "queue_s"]]
     end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0, it.end_s))
     duration_s = end_s if end_s > 0 else float("nan")
     out_tokens = int(fin["output_tokens"].sum())
