@@ -121,12 +121,13 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
 
 
 def requests_table(log) -> pd.DataFrame:
+    """The requests frame, taking over the log's columns (the log is not read again)."""
     n = len(log.request_id)
     reasons = np.full(n, None, object)
     for k, reason in log.reject_reason.items():
         reasons[k] = reason
     return requests_frame_from_columns({
-        "request_id": log.request_id.astype(np.int64), "replica_id": np.zeros(n, dtype=np.int64),
+        "request_id": np.asarray(log.request_id, dtype=np.int64), "replica_id": np.zeros(n, dtype=np.int64),
         "arrival_s": log.arrival_s, "prompt_tokens": log.prompt_tokens, "output_tokens": log.output_tokens,
         "admitted_s": log.admitted_s, "first_token_s": log.first_token_s, "finish_s": log.finish_s,
         "num_preemptions": log.num_preemptions.astype(np.int64),

@@ -136,15 +136,16 @@ def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
 def _binned_iterations(d: Path) -> dict[str, pd.DataFrame]:
     """Replica 0's engine state in time bins (plots.binned_chunks), reading the table twice: its time span,
     then the bins."""
-    def chunks():   # one replica: all rows (its id is 0)
-        for df in iter_table(d, "iterations", TIMESERIES_COLUMNS):
+    def chunks(columns):   # replica 0's rows (all of them for a single replica)
+        for df in iter_table(d, "iterations", columns):
             yield df[df["replica_id"] == 0] if "replica_id" in df else df
 
     t_min, t_max = np.inf, -np.inf
-    for df in chunks():
+    for df in chunks(["start_s", "replica_id"]):
         if len(df):
             t_min, t_max = min(t_min, df["start_s"].min()), max(t_max, df["start_s"].max())
-    return plots.binned_chunks(chunks(), float(t_min), float(t_max), ["num_waiting", "num_running", "kv_blocks_used"])
+    return plots.binned_chunks(chunks(TIMESERIES_COLUMNS), float(t_min), float(t_max),
+                               ["num_waiting", "num_running", "kv_blocks_used"])
 
 
 def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame | None,
