@@ -78,6 +78,33 @@ class Repeated(NDArrayOperatorsMixin):
         return getattr(ufunc, method)(*inputs, **kwargs)
 
 
+class ColumnSpill:
+    """Iteration columns (duration, queue, running, KV blocks) spilled to an unnamed temporary file as a
+    streamed run goes, read back chunk by chunk once for the summary's exact time-weighted sums
+    (simcore.metrics.IterationTotals): 20 bytes an iteration on disk instead of about 14 in memory."""
+    DTYPE = np.dtype([("duration_s", "f8"), ("num_waiting", "i4"), ("num_running", "i4"), ("kv_blocks_used", "i4")])
+
+    def __init__(self):
+        import tempfile
+        self.file = tempfile.TemporaryFile()   # removed when closed (or at exit)
+        self.rows: list[int] = []
+
+    def write(self, duration_s, num_waiting, num_running, kv_blocks_used) -> None:
+        rec = np.empty(len(duration_s), self.DTYPE)
+        rec["duration_s"], rec["num_waiting"], rec["num_running"] = duration_s, num_waiting, num_running
+        rec["kv_blocks_used"] = kv_blocks_used
+        self.file.write(rec.tobytes())
+        self.rows.append(len(rec))
+
+    def chunks(self):
+        """(duration, queue, running, KV blocks) arrays per chunk written, in order; then the file goes."""
+        self.file.seek(0)
+        for n in self.rows:
+            rec = np.frombuffer(self.file.read(n * self.DTYPE.itemsize), self.DTYPE)
+            yield rec["duration_s"], rec["num_waiting"], rec["num_running"], rec["kv_blocks_used"]
+        self.file.close()
+
+
 def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
     """Simulate `specs` under `cfg` on the fast path: (requests frame, iterations, ITL, prefix-cache pool or
     None) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
@@ -92,7 +119,7 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         specs = specs.pop()
     arrival = cfg.workload.arrival
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
-    totals = IterationTotals() if iteration_writer is not None else None
+    totals = IterationTotals(spill=ColumnSpill()) if iteration_writer is not None else None
 
     def sink(floats: np.ndarray, ints: np.ndarray) -> None:
         frame = iterations_frame(floats, ints)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simcore import pairwise
 from simcore.log import ITERATION_COLUMNS, REQUEST_COLUMNS, EngineLog
 
 PERCENTILES = (50, 90, 95, 99)
@@ -158,15 +159,16 @@ def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> d
 
 class IterationTotals:
     """What `summarize` needs from the iteration rows, gathered chunk by chunk (a streamed run never holds
-    the table): exact integer sums and maxima, and the columns its time-weighted means multiply, kept
-    compact (duration float64; waiting / running / KV blocks each in the smallest type that holds the
-    chunk, usually 2 bytes: about 14 bytes an iteration), because those sums are numpy's pairwise float
-    sums over the whole column, which no running sum reproduces bit for bit (an integer converts to float64
-    exactly whatever its width, so the products and sums are the same)."""
+    the table): exact integer sums and maxima, and the time-weighted sums (duration, and queue, running
+    and KV blocks times duration), which must equal numpy's pairwise float sums over whole columns bit for
+    bit. For those the columns are kept (duration float64; the counts each in the smallest type that holds
+    the chunk: about 14 bytes an iteration) or, with `spill` (experiments/fast.py: a temporary file), handed
+    to it as they come and summed by simcore.pairwise on the way back (nothing kept per iteration)."""
 
-    def __init__(self):
+    def __init__(self, spill=None):
         self.num_iterations, self.end_s = 0, 0.0
         self.num_tokens = self.num_padding_tokens = self.num_seqs = self.max_waiting = self.max_kv_blocks = 0
+        self.spill = spill   # .write(duration, waiting, running, kv_blocks) and .chunks() of those, in order
         self._parts: list[tuple] = []
 
     def add(self, it: pd.DataFrame) -> None:
@@ -180,14 +182,25 @@ class IterationTotals:
         self.num_seqs += int(it["num_seqs"].sum())
         self.max_waiting = max(self.max_waiting, int(it["num_waiting"].max()))
         self.max_kv_blocks = max(self.max_kv_blocks, int(it["kv_blocks_used"].max()))
-        self._parts.append((dur.copy(), *(_narrow(it[c].to_numpy()) for c in
-                                          ("num_waiting", "num_running", "kv_blocks_used"))))
+        counts = [_narrow(it[c].to_numpy()) for c in ("num_waiting", "num_running", "kv_blocks_used")]
+        if self.spill is not None:
+            self.spill.write(dur, *counts)
+        else:
+            self._parts.append((dur.copy(), *counts))
 
     def finish(self) -> IterationTotals:
-        """Join the kept columns (call once, after the last chunk)."""
+        """The time-weighted sums (call once, after the last chunk): `busy_s` (sum of durations),
+        `waiting_s`, `running_s`, `kv_block_s` (each count times duration, summed)."""
+        if self.spill is not None:
+            blocks = (np.column_stack((d, w * d, r * d, k * d)) for d, w, r, k in self.spill.chunks())
+            self.busy_s, self.waiting_s, self.running_s, self.kv_block_s = pairwise.column_sums(
+                blocks, self.num_iterations, 4)
+            return self
         cols = list(zip(*self._parts)) or [[np.zeros(0)], *[[np.zeros(0, np.int32)]] * 3]
-        self.duration_s, self.num_waiting, self.num_running, self.kv_blocks_used = (np.concatenate(c) for c in cols)
+        dur, waiting, running, kv = (np.concatenate(c) for c in cols)
         self._parts = []
+        self.busy_s, self.waiting_s, self.running_s, self.kv_block_s = (
+            float(dur.sum()), float((waiting * dur).sum()), float((running * dur).sum()), float((kv * dur).sum()))
         return self
 
 
@@ -236,20 +249,20 @@ def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: in
 
 def _iteration_keys(it: IterationTotals, duration_s: float, num_gpu_blocks: int) -> dict:
     """Integer sums are exact, so means from them equal pandas' float means of the columns (< 2**53)."""
-    n, dur = it.num_iterations, it.duration_s
+    n = it.num_iterations
     batch_tokens = it.num_tokens + it.num_padding_tokens
     return {
         "num_iterations": n,
         # time-weighted over the whole run (idle stretches count as zero)
-        "mean_waiting": float((it.num_waiting * dur).sum() / duration_s) if n else 0.0,
+        "mean_waiting": float(it.waiting_s / duration_s) if n else 0.0,
         "max_waiting": it.max_waiting,
-        "mean_running": float((it.num_running * dur).sum() / duration_s) if n else 0.0,
+        "mean_running": float(it.running_s / duration_s) if n else 0.0,
         "mean_batch_tokens": float(batch_tokens) / n if n else 0.0,
         "mean_batch_seqs": float(it.num_seqs) / n if n else 0.0,
-        "kv_usage_mean": float((it.kv_blocks_used * dur).sum() / duration_s / num_gpu_blocks) if n else 0.0,
+        "kv_usage_mean": float(it.kv_block_s / duration_s / num_gpu_blocks) if n else 0.0,
         "kv_usage_max": float(np.int64(it.max_kv_blocks) / num_gpu_blocks) if n else 0.0,
         "padding_waste": float(it.num_padding_tokens / max(1, batch_tokens)),
-        "busy_fraction": float(dur.sum() / duration_s) if n else 0.0,
+        "busy_fraction": float(it.busy_s / duration_s) if n else 0.0,
     }
 
 

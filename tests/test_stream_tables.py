@@ -114,3 +114,15 @@ def test_itl_samples_gathered_chunk_by_chunk_equal_all_at_once():
     want = itl_samples((np.concatenate([v for v, _ in chunks]), np.concatenate([c for _, c in chunks])))
     assert got[1].dtype == np.int64 and all(np.array_equal(a, b) for a, b in zip(got, want))
     assert [len(a) for a in ItlSamples().finish()] == [0, 0]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 128, 129, 255, 1000, 4097, 100_003])
+def test_pairwise_column_sums_equal_numpy_whatever_the_chunks(n):
+    """simcore.pairwise: numpy's float64 sum of a column, bit for bit, from chunks of any size (a
+    streamed run's time-weighted means depend on it)."""
+    from simcore.pairwise import column_sums
+    rng = np.random.default_rng(n)
+    x = rng.random((n, 3)) * rng.integers(0, 500, (n, 3))
+    want = [float(x[:, j].copy().sum()) for j in range(3)]
+    for size in (37, 1000, 1 << 18):
+        assert column_sums([x[i:i + size] for i in range(0, n, size)], n, 3) == want
