@@ -495,7 +495,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches):
 
     # ---- results ----
     def _flush_iterations(self) -> None:
-        """Hand the iteration rows logged so far to the sink and start afresh."""
+        """Hand the iteration rows (and, with an ITL sink, the ITL samples) logged so far over; start afresh."""
         floats = np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2).copy()
         ints = np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS).copy()
         self.rec_f, self.rec_i = array("d"), array("i")
