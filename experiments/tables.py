@@ -77,7 +77,8 @@ def itl_frame(itl_gaps_s) -> pd.DataFrame:
     if hasattr(itl_gaps_s, "values") and hasattr(itl_gaps_s, "counts"):
         itl_gaps_s = (itl_gaps_s.values, itl_gaps_s.counts)
     values_s, counts = itl_samples(itl_gaps_s)
-    return pd.DataFrame({"gap_ms": np.asarray(values_s, dtype=float) * 1e3, "count": counts.astype(np.int64)})
+    return pd.DataFrame({"gap_ms": np.asarray(values_s, dtype=float) * 1e3,
+                         "count": counts.astype(np.int64, copy=False)}, copy=False)   # millions of rows: no copies
 
 
 def write_run_tables(d: Path, requests: pd.DataFrame, iterations: pd.DataFrame | None, itl_gaps_s,
