@@ -51,7 +51,8 @@ class FastLog:
     reject_reason: dict            # spec index -> reason, for the rejected requests only
     iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s (rows not handed to a sink)
     iteration_ints: np.ndarray     # (num_iterations, 8) int32, ITERATION_COLUMNS order without replica_id
-    itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
+    itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it (empty when
+                                   # they went to an `itl_sink` as the run went)
     itl_counts: np.ndarray
     itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int

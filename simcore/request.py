@@ -1,4 +1,5 @@
-"""Requests: a frozen spec from the workload and the engine's small mutable progress record.
+"""Requests: a frozen spec from the workload (or a whole workload as compact columns, `RequestSpecs`) and
+the engine's small mutable progress record.
 
 Preemption resets progress (`num_computed_tokens`); it never rewrites the spec (nano-vllm's rule).
 """
