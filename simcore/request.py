@@ -111,10 +111,10 @@ class RequestSpecs(Sequence):
         return len(self.arrival_s)
 
     def __getitem__(self, k):
+        if k == self._last_k:   # first: the engine's arrival loop asks for the same spec again and again
+            return self._last
         if isinstance(k, slice):
             return tuple(self[i] for i in range(*k.indices(len(self))))
-        if k == self._last_k:
-            return self._last
         if k < 0:
             k += len(self)
         arrival_s = self.arrival_s[k]   # IndexError past the end, as a tuple
