@@ -38,13 +38,14 @@ class GridSlice:
                     index, w = index + base, w * (1.0 - t)
             lead.append((index, w))
         self.lead, self.extra = lead, extra
+        self.two_corners = (*lead[0], *lead[1]) if len(lead) == 2 else None
         self.knots, self.slope, self.flat = grid._knots[-1], grid.slopes[-1], grid._flat
         self.knots_array = np.asarray(self.knots)
         self.flat_array = np.asarray(self.flat)
 
     def __call__(self, x_raw: float) -> float:
         k, extra = self.knots, self.extra
-        x = math.log(max(x_raw, 1e-12))
+        x = math.log(x_raw if not x_raw < 1e-12 else 1e-12)   # max(x_raw, 1e-12) without the call
         if x >= k[-1]:
             extra += self.slope * (x - k[-1])
             base, step, t = len(k) - 1, 0, 0.0
@@ -54,13 +55,21 @@ class GridSlice:
             base = bisect_right(k, x) - 1
             step, t = 1, (x - k[base]) / (k[base + 1] - k[base])
         value, flat = 0.0, self.flat
-        if len(self.lead) == 2:   # one leading axis (decode attention's batch): unrolled, the same sums
-            (i0, w0), (i1, w1) = self.lead
+        if self.two_corners:   # one leading axis (decode attention's batch): unrolled, the same sums in the
+            i0, w0, i1, w1 = self.two_corners   # same order (called millions of times: no tuples, no loop)
             f = 1.0 - t
-            for w, index in ((w0 * f, i0 + base), (w1 * f, i1 + base), (w0 * t, i0 + base + step),
-                             (w1 * t, i1 + base + step)):
-                if w:
-                    value += w * flat[index]
+            w = w0 * f
+            if w:
+                value += w * flat[i0 + base]
+            w = w1 * f
+            if w:
+                value += w * flat[i1 + base]
+            w = w0 * t
+            if w:
+                value += w * flat[i0 + base + step]
+            w = w1 * t
+            if w:
+                value += w * flat[i1 + base + step]
             return math.exp(value + extra)
         for f, offset in ((1.0 - t, base), (t, base + step)):   # the last axis is the corners' highest bit
             for index, w_lead in self.lead:

@@ -118,10 +118,18 @@ class LogGrid:
             extra += e1
         f0, f1, flat = 1.0 - t0, 1.0 - t1, self._flat
         value = 0.0
-        for w, index in ((f0 * f1, b0 + b1), (t0 * f1, b0 + s0 + b1), (f0 * t1, b0 + b1 + s1),
-                         (t0 * t1, b0 + s0 + b1 + s1)):
-            if w:
-                value += w * flat[index]
+        w = f0 * f1   # the four corners in the general loop's order, without building tuples
+        if w:
+            value += w * flat[b0 + b1]
+        w = t0 * f1
+        if w:
+            value += w * flat[b0 + s0 + b1]
+        w = f0 * t1
+        if w:
+            value += w * flat[b0 + b1 + s1]
+        w = t0 * t1
+        if w:
+            value += w * flat[b0 + s0 + b1 + s1]
         return math.exp(value + extra)
 
     def _call_any(self, *sizes: float) -> float:

@@ -249,14 +249,51 @@ def binned_series(t, y, num_bins: int = TIMESERIES_BINS, bins=None) -> pd.DataFr
                          "mean": np.add.reduceat(v, starts) / sizes}, index=x)
 
 
+def binned_chunks(chunks, t_min: float, t_max: float, columns: list[str],
+                  num_bins: int = TIMESERIES_BINS) -> dict[str, pd.DataFrame]:
+    """`binned_series` of each of `columns` against `start_s`, from a table read in chunks (an iterable of
+    frames whose `start_s` lies in [t_min, t_max]), so a long run's table is never in memory whole. Min
+    and max are exact; a mean may differ from `binned_series`' in the last bits (sums taken per chunk)."""
+    edges = np.linspace(t_min, t_max, num_bins + 1)
+    lo = {c: np.full(num_bins, np.inf) for c in columns}
+    hi = {c: np.full(num_bins, -np.inf) for c in columns}
+    total = {c: np.zeros(num_bins) for c in columns}
+    count = np.zeros(num_bins, dtype=np.int64)
+    for df in chunks:
+        if not len(df):
+            continue
+        b = np.clip(np.searchsorted(edges, df["start_s"].to_numpy(float), side="right") - 1, 0, num_bins - 1)
+        order = np.argsort(b, kind="stable")
+        b = b[order]
+        starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+        where = b[starts]
+        count[where] += np.diff(np.r_[starts, len(b)])
+        for c in columns:
+            v = df[c].to_numpy(float)[order]
+            lo[c][where] = np.minimum(lo[c][where], np.minimum.reduceat(v, starts))
+            hi[c][where] = np.maximum(hi[c][where], np.maximum.reduceat(v, starts))
+            total[c][where] += np.add.reduceat(v, starts)
+    keep = count > 0
+    return {c: pd.DataFrame({"min": lo[c][keep], "max": hi[c][keep], "mean": total[c][keep] / count[keep]},
+                            index=edges[:-1][keep]) for c in columns}
+
+
 def engine_timeseries(runs: dict[str, tuple[pd.DataFrame, int]], path: Path, subtitle: str) -> Path:
     """`runs`: label -> (iterations table, number of KV blocks). Queue, running sequences, KV use over time.
     A run of more than 2 x TIMESERIES_BINS iterations is drawn per time bin: a band from the bin's minimum
-    to its maximum (what its every step would fill at this width) and a line at its mean."""
+    to its maximum (what its every step would fill at this width) and a line at its mean. The table may
+    also come already binned: `binned_chunks`' frames for num_waiting, num_running and kv_blocks_used."""
     fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     binned = False
     for i, (label, (it, num_blocks)) in enumerate(runs.items()):
         c = _color(label, i)
+        if isinstance(it, dict):   # binned while read (experiments.report)
+            binned = True
+            for ax, col, pct in zip(axes, ("num_waiting", "num_running", "kv_blocks_used"), (False, False, True)):
+                b = 100 * it[col] / max(1, num_blocks) if pct else it[col]
+                ax.fill_between(b.index, b["min"], b["max"], step="post", color=c, alpha=0.45, lw=0)
+                ax.step(b.index, b["mean"], where="post", color=c, lw=0.8, label=label)
+            continue
         series = (it["num_waiting"], it["num_running"], 100 * it["kv_blocks_used"] / max(1, num_blocks))
         bins = None
         for ax, y in zip(axes, series):

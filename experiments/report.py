@@ -17,7 +17,7 @@ from experiments.capacity import CapacitySpec, replicas_curve
 from experiments.config import set_dotted
 from experiments.search import pretty_metric
 from experiments.search_run import SearchResult, comparison_load, gantt_load
-from experiments.tables import read_itl_ms, read_table
+from experiments.tables import iter_table, read_itl_ms, read_table, table_num_rows
 
 LOAD_SUFFIXES = ("arrival.concurrency", "arrival.rate_per_s")
 
@@ -118,14 +118,34 @@ def _gantt(panels: dict[str, Path], out: Path, subtitle: str) -> Path | None:
                             out / "plots" / "slot_gantt.png", subtitle)
 
 
+TIMESERIES_COLUMNS = ["start_s", "num_waiting", "num_running", "kv_blocks_used", "replica_id"]
+
+
 def _timeseries(runs: dict[str, Path], out: Path, subtitle: str) -> Path:
     import json
     data = {}
     for label, d in runs.items():
         blocks = json.loads((d / "summary.json").read_text()).get("num_gpu_blocks", 1)
-        it = read_table(d, "iterations", ["start_s", "num_waiting", "num_running", "kv_blocks_used", "replica_id"])
-        data[label] = (_replica0(it), blocks)
+        if table_num_rows(d, "iterations") <= 2 * plots.TIMESERIES_BINS:
+            data[label] = (_replica0(read_table(d, "iterations", TIMESERIES_COLUMNS)), blocks)
+        else:   # binned as it is read, a slice at a time: a long run's table never whole in memory
+            data[label] = (_binned_iterations(d), blocks)
     return plots.engine_timeseries(data, out / "plots" / "engine_timeseries.png", subtitle)
+
+
+def _binned_iterations(d: Path) -> dict[str, pd.DataFrame]:
+    """Replica 0's engine state in time bins (plots.binned_chunks), reading the table twice: its time span,
+    then the bins."""
+    def chunks(columns):   # replica 0's rows (all of them for a single replica)
+        for df in iter_table(d, "iterations", columns):
+            yield df[df["replica_id"] == 0] if "replica_id" in df else df
+
+    t_min, t_max = np.inf, -np.inf
+    for df in chunks(["start_s", "replica_id"]):
+        if len(df):
+            t_min, t_max = min(t_min, df["start_s"].min()), max(t_max, df["start_s"].max())
+    return plots.binned_chunks(chunks(TIMESERIES_COLUMNS), float(t_min), float(t_max),
+                               ["num_waiting", "num_running", "kv_blocks_used"])
 
 
 def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame | None,

@@ -25,6 +25,7 @@ from simcore.cluster import Cluster
 from simcore.engine import EngineLimits
 from simcore.fastpath import INF, UNFINISHED, WAIT_ENDS, FastEngine, FastLog
 from simcore.fasttraffic import FastTraffic
+from simcore.request import RequestSpecs
 
 # The fast engine's per-request columns (indexed by the spec's place in the workload): one set for all replicas.
 REQUEST_COLUMNS = ("request_ids", "col_arrival", "col_admitted", "col_first", "col_finish", "col_preemptions",
@@ -45,7 +46,8 @@ class FastCluster(FastTraffic):
     def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed,
                         record_events: bool) -> None:
         """One fast engine per item of `limits`, sharing this traffic, the event counter and the columns."""
-        self.specs, self.closed = list(specs), closed
+        self.specs = specs if isinstance(specs, RequestSpecs) else list(specs)   # compact columns stay so
+        self.closed = closed
         self.seq, self.holder = 0, self
         self.own_events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fastdisagg)
         # Replica 0 builds the request columns from the specs; every replica then writes into the same ones.

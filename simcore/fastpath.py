@@ -30,7 +30,7 @@ from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.lazy import FastRequest, LazyDecoders
 from simcore.mechanics import reject_reason
 from simcore.log import RequestEvent
-from simcore.request import RequestSpec, Status
+from simcore.request import RequestSpec, RequestSpecs, Status
 from simcore.stretch import NUM_INT_COLUMNS, QuietStretches
 from simcore.view import EngineView
 
@@ -55,7 +55,8 @@ class FastLog:
     reject_reason: dict            # spec index -> reason, for the rejected requests only
     iteration_floats: np.ndarray   # (num_iterations, 2): start_s, duration_s (rows not handed to a sink)
     iteration_ints: np.ndarray     # (num_iterations, 8) int32, ITERATION_COLUMNS order without replica_id
-    itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it
+    itl_values_s: np.ndarray       # weighted ITL samples: gap, and how many sequences had it (empty when
+                                   # they went to an `itl_sink` as the run went)
     itl_counts: np.ndarray
     itl_end_s: np.ndarray          # when each sample's gaps ended (nondecreasing)
     num_unfinished: int
@@ -116,7 +117,8 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     made explicit again (`materialize`), as that walks them one by one anyway."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
-                 iteration_sink=None, traffic: FastTraffic | None = None, record_events: bool = False):
+                 iteration_sink=None, itl_sink=None, traffic: FastTraffic | None = None,
+                 record_events: bool = False):
         if limits.preemption_mode not in ("recompute", "swap"):
             raise ValueError("the fast path models recompute or swap preemption")
         self.policy, self.cost, self.limits = policy, cost_model, limits
@@ -139,7 +141,7 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.by_sums = hasattr(cost_model, "step_time_sums_s")
         self.bs, self.total, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
         self.block_size = self.bs
-        self.specs = list(specs)
+        self.specs = specs if isinstance(specs, RequestSpecs) else list(specs)   # compact columns stay so
         self._init_request_columns()
         self.requests: dict[int, FastRequest] = {}   # live requests only: released when they finish
         self.num_admissions = 0
@@ -183,6 +185,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         # Called with (floats, ints) every ITERATION_CHUNK_ROWS iteration rows (experiments/fast.py streams
         # them to a file), so a long run does not hold them all; None keeps them for FastLog.
         self.iteration_sink = iteration_sink
+        # With an iteration sink: called with (gap values, counts) at the same times, so the ITL samples do
+        # not pile up either (their end times are then dropped); FastLog's ITL arrays are then empty.
+        self.itl_sink = itl_sink if iteration_sink is not None else None
         self.pricers: dict = {}          # decode-step pricing functions by batch size
 
     @property
@@ -193,11 +198,15 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
     # ---- per-request rows: compact columns, written when a request leaves (its record is then released) ----
     def _init_request_columns(self) -> None:
         specs, n = self.specs, len(self.specs)
-        self.request_ids = np.fromiter((s.request_id for s in specs), np.int64, n)
-        if len(np.unique(self.request_ids)) < n:   # checked up front: finished requests are not kept
-            ids, counts = np.unique(self.request_ids, return_counts=True)
-            raise SimulationError(f"duplicate request id {int(ids[counts > 1][0])}")
-        self.col_arrival = np.fromiter((s.arrival_s for s in specs), float, n)   # closed loop: send time
+        if isinstance(specs, RequestSpecs):   # ids 0..n-1: unique by construction
+            self.request_ids = specs.column("request_id")
+            self.col_arrival = specs.column("arrival_s").copy()   # closed loop: send time
+        else:
+            self.request_ids = np.fromiter((s.request_id for s in specs), np.int64, n)
+            if len(np.unique(self.request_ids)) < n:   # checked up front: finished requests are not kept
+                ids, counts = np.unique(self.request_ids, return_counts=True)
+                raise SimulationError(f"duplicate request id {int(ids[counts > 1][0])}")
+            self.col_arrival = np.fromiter((s.arrival_s for s in specs), float, n)   # closed loop: send time
         self.col_admitted, self.col_first, self.col_finish = (np.full(n, np.nan) for _ in range(3))
         self.col_preemptions = np.zeros(n, dtype=np.int32)
         self.col_status = np.zeros(n, dtype=np.int8)   # UNFINISHED until it leaves
@@ -580,27 +589,35 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
 
     # ---- results ----
     def _flush_iterations(self) -> None:
-        """Hand the iteration rows logged so far to the sink and start afresh."""
+        """Hand the iteration rows (and, with an ITL sink, the ITL samples) logged so far over; start afresh."""
         floats = np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2).copy()
         ints = np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS).copy()
         self.rec_f, self.rec_i = array("d"), array("i")
         self.iteration_sink(floats, ints)
+        if self.itl_sink is not None:
+            values, counts = np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64)
+            self.itl_v, self.itl_c, self.itl_e = array("d"), array("q"), array("d")
+            self.itl_sink(values, counts)
 
     def _log(self) -> FastLog:
         for req in self.requests.values():   # never finished (the caller reports them)
             self._record(req, UNFINISHED)
-        if self.iteration_sink is not None and len(self.rec_f):
+        if self.iteration_sink is not None and (len(self.rec_f) or len(self.itl_v)):
             self._flush_iterations()
         specs, n = self.specs, len(self.specs)
-        self.specs = []   # the run is over: the specs can go with this call (10M requests: about 3 GB)
+        self.specs = []   # the run is over: the specs can go with this call
+        if isinstance(specs, RequestSpecs):
+            prompt, output, priority = (specs.column(c).astype(np.int64)
+                                        for c in ("num_prompt_tokens", "num_output_tokens", "priority"))
+        else:
+            prompt, output, priority = (np.fromiter((getattr(s, c) for s in specs), np.int64, n)
+                                        for c in ("num_prompt_tokens", "num_output_tokens", "priority"))
+        del specs
         return FastLog(
-            self.request_ids, self.col_arrival,
-            np.fromiter((s.num_prompt_tokens for s in specs), np.int64, n),
-            np.fromiter((s.num_output_tokens for s in specs), np.int64, n),
+            self.request_ids, self.col_arrival, prompt, output,
             self.col_admitted, self.col_first, self.col_finish, self.col_preemptions, self.col_status,
             self.reject_reasons,
             np.frombuffer(self.rec_f, dtype=float).reshape(-1, 2),
             np.frombuffer(self.rec_i, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS),
             np.frombuffer(self.itl_v, dtype=float), np.frombuffer(self.itl_c, dtype=np.int64),
-            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged,
-            np.fromiter((s.priority for s in specs), np.int64, n), events=self.events)
+            np.frombuffer(self.itl_e, dtype=float), n - self.num_logged, priority, events=self.events)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simcore import pairwise
 from simcore.log import ITERATION_COLUMNS, REQUEST_COLUMNS, EngineLog
 
 PERCENTILES = (50, 90, 95, 99)
@@ -25,8 +26,10 @@ def requests_frame(log: EngineLog) -> pd.DataFrame:
 
 
 def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
-    """The same table from per-request columns (REQUEST_COLUMNS keys), as the fast path logs them."""
-    return _with_latencies(pd.DataFrame({k: columns[k] for k in REQUEST_COLUMNS}))
+    """The same table from per-request columns (REQUEST_COLUMNS keys), as the fast path logs them. The
+    arrays become the frame's columns as they are (not copied: a 10M-request table is 1.4 GB): the caller
+    hands them over."""
+    return _with_latencies(pd.DataFrame({k: columns[k] for k in REQUEST_COLUMNS}, copy=False))
 
 
 def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
@@ -90,13 +93,58 @@ def itl_samples(itl_gaps_s) -> tuple[np.ndarray, np.ndarray]:
     where every sequence of a decode batch shares one gap); equal multisets give identical arrays."""
     if isinstance(itl_gaps_s, tuple):
         values, counts = (np.asarray(a) for a in itl_gaps_s)
-        order = np.argsort(values, kind="stable")
-        values, counts = values[order], counts[order]
-        keep = np.ones(len(values), dtype=bool)
-        keep[1:] = values[1:] != values[:-1]
-        starts = np.flatnonzero(keep)
-        return values[starts], np.add.reduceat(counts.astype(np.int64), starts) if len(starts) else counts
+        if counts.dtype == np.int64 and len(values) and (values[1:] > values[:-1]).all():
+            return values, counts   # canonical already (ItlSamples'): no sorted copies of millions
+        return _canonical(values, counts, kind="stable")
     return np.unique(np.asarray(itl_gaps_s, dtype=float), return_counts=True)
+
+
+def _canonical(values: np.ndarray, counts: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct values, each with its total count (int64). Any sort `kind` gives the same arrays:
+    equal values are merged and integer sums do not depend on the order ("stable" is fastest on a few
+    sorted runs, the default quicksort, SIMD-accelerated, on anything else)."""
+    order = np.argsort(values, kind=kind)
+    values, counts = values[order], counts[order]
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    starts = np.flatnonzero(keep)
+    return values[starts], np.add.reduceat(counts.astype(np.int64), starts) if len(starts) else counts
+
+
+class ItlSamples:
+    """Pooled ITL gaps gathered chunk by chunk (a streamed fast-path run hands them over as it goes): each
+    chunk's gaps are merged (sorted, equal gaps' counts summed) and kept in 12 bytes a distinct gap (count
+    int32: a chunk's counts sum to less than 2**31), against 24 bytes a logged sample with its end time;
+    `finish` merges the chunks into `itl_samples`' canonical form."""
+
+    def __init__(self):
+        self._values: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
+
+    def add(self, values: np.ndarray, counts: np.ndarray) -> None:
+        if len(values):
+            v, c = _canonical(np.asarray(values, dtype=float), np.asarray(counts), kind="quicksort")
+            self._values.append(v)
+            self._counts.append(c.astype(np.int32))
+
+    def finish(self, num_slices: int = 16) -> tuple[np.ndarray, np.ndarray]:
+        """(values, counts int64) over every chunk, canonical (call once, after the last chunk). Merged a
+        range of values at a time (`num_slices` ranges cut at quantiles of the largest chunk), so the merge
+        adds about 1/num_slices of the samples' size, not twice it."""
+        values, counts = self._values, self._counts
+        self._values, self._counts = [], []
+        if not values:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        largest = max(values, key=len)
+        cuts = np.r_[-np.inf, np.unique(largest[(np.arange(1, num_slices) * len(largest)) // num_slices]), np.inf]
+        out_v, out_c = [], []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):   # [lo, hi): equal gaps of every chunk fall in one range
+            parts = [(np.searchsorted(v, lo), np.searchsorted(v, hi)) for v in values]
+            v, c = _canonical(np.concatenate([v[i:j] for v, (i, j) in zip(values, parts)]),
+                              np.concatenate([c[i:j] for c, (i, j) in zip(counts, parts)]), kind="quicksort")
+            out_v.append(v)
+            out_c.append(c)
+        return np.concatenate(out_v), np.concatenate(out_c)
 
 
 def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
@@ -111,13 +159,16 @@ def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> d
 
 class IterationTotals:
     """What `summarize` needs from the iteration rows, gathered chunk by chunk (a streamed run never holds
-    the table): exact integer sums and maxima, and the columns its time-weighted means multiply, kept
-    compact (20 bytes an iteration: duration float64, waiting / running / KV blocks int32), because those
-    sums are numpy's pairwise float sums over the whole column, which no running sum reproduces bit for bit."""
+    the table): exact integer sums and maxima, and the time-weighted sums (duration, and queue, running
+    and KV blocks times duration), which must equal numpy's pairwise float sums over whole columns bit for
+    bit. For those the columns are kept (duration float64; the counts each in the smallest type that holds
+    the chunk: about 14 bytes an iteration) or, with `spill` (experiments/fast.py: a temporary file), handed
+    to it as they come and summed by simcore.pairwise on the way back (nothing kept per iteration)."""
 
-    def __init__(self):
+    def __init__(self, spill=None):
         self.num_iterations, self.end_s = 0, 0.0
         self.num_tokens = self.num_padding_tokens = self.num_seqs = self.max_waiting = self.max_kv_blocks = 0
+        self.spill = spill   # .write(duration, waiting, running, kv_blocks) and .chunks() of those, in order
         self._parts: list[tuple] = []
 
     def add(self, it: pd.DataFrame) -> None:
@@ -131,15 +182,33 @@ class IterationTotals:
         self.num_seqs += int(it["num_seqs"].sum())
         self.max_waiting = max(self.max_waiting, int(it["num_waiting"].max()))
         self.max_kv_blocks = max(self.max_kv_blocks, int(it["kv_blocks_used"].max()))
-        self._parts.append((dur.copy(), *(it[c].to_numpy().astype(np.int32) for c in
-                                          ("num_waiting", "num_running", "kv_blocks_used"))))
+        counts = [_narrow(it[c].to_numpy()) for c in ("num_waiting", "num_running", "kv_blocks_used")]
+        if self.spill is not None:
+            self.spill.write(dur, *counts)
+        else:
+            self._parts.append((dur.copy(), *counts))
 
     def finish(self) -> IterationTotals:
-        """Join the kept columns (call once, after the last chunk)."""
+        """The time-weighted sums (call once, after the last chunk): `busy_s` (sum of durations),
+        `waiting_s`, `running_s`, `kv_block_s` (each count times duration, summed)."""
+        if self.spill is not None:
+            blocks = (np.column_stack((d, w * d, r * d, k * d)) for d, w, r, k in self.spill.chunks())
+            self.busy_s, self.waiting_s, self.running_s, self.kv_block_s = pairwise.column_sums(
+                blocks, self.num_iterations, 4)
+            return self
         cols = list(zip(*self._parts)) or [[np.zeros(0)], *[[np.zeros(0, np.int32)]] * 3]
-        self.duration_s, self.num_waiting, self.num_running, self.kv_blocks_used = (np.concatenate(c) for c in cols)
+        dur, waiting, running, kv = (np.concatenate(c) for c in cols)
         self._parts = []
+        self.busy_s, self.waiting_s, self.running_s, self.kv_block_s = (
+            float(dur.sum()), float((waiting * dur).sum()), float((running * dur).sum()), float((kv * dur).sum()))
         return self
+
+
+def _narrow(counts: np.ndarray) -> np.ndarray:
+    """Non-negative counts in the smallest unsigned type that holds them (np.concatenate widens parts)."""
+    if not len(counts) or counts.min() < 0:
+        return counts.astype(np.int64)
+    return counts.astype(np.min_scalar_type(int(counts.max())))
 
 
 def iteration_totals(iterations: pd.DataFrame) -> IterationTotals:
@@ -151,7 +220,9 @@ def iteration_totals(iterations: pd.DataFrame) -> IterationTotals:
 def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: int) -> dict:
     """The results row. `iterations`: the iterations frame, or its IterationTotals (a streamed run)."""
     it = iterations if isinstance(iterations, IterationTotals) else iteration_totals(iterations)
-    fin = requests[requests["status"] == "finished"]
+    # only the columns used below (a 10M-row table is not copied whole for the finished rows)
+    fin = requests.loc[requests["status"] == "finished", ["finish_s", "output_tokens", "prompt_tokens", "ttft_s",
+                                                          "tpot_s", "e2e_s", "queue_s"]]
     end_s = float(max(fin["finish_s"].max() if len(fin) else 0.0, it.end_s))
     duration_s = end_s if end_s > 0 else float("nan")
     out_tokens = int(fin["output_tokens"].sum())
@@ -178,20 +249,20 @@ def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: in
 
 def _iteration_keys(it: IterationTotals, duration_s: float, num_gpu_blocks: int) -> dict:
     """Integer sums are exact, so means from them equal pandas' float means of the columns (< 2**53)."""
-    n, dur = it.num_iterations, it.duration_s
+    n = it.num_iterations
     batch_tokens = it.num_tokens + it.num_padding_tokens
     return {
         "num_iterations": n,
         # time-weighted over the whole run (idle stretches count as zero)
-        "mean_waiting": float((it.num_waiting * dur).sum() / duration_s) if n else 0.0,
+        "mean_waiting": float(it.waiting_s / duration_s) if n else 0.0,
         "max_waiting": it.max_waiting,
-        "mean_running": float((it.num_running * dur).sum() / duration_s) if n else 0.0,
+        "mean_running": float(it.running_s / duration_s) if n else 0.0,
         "mean_batch_tokens": float(batch_tokens) / n if n else 0.0,
         "mean_batch_seqs": float(it.num_seqs) / n if n else 0.0,
-        "kv_usage_mean": float((it.kv_blocks_used * dur).sum() / duration_s / num_gpu_blocks) if n else 0.0,
+        "kv_usage_mean": float(it.kv_block_s / duration_s / num_gpu_blocks) if n else 0.0,
         "kv_usage_max": float(np.int64(it.max_kv_blocks) / num_gpu_blocks) if n else 0.0,
         "padding_waste": float(it.num_padding_tokens / max(1, batch_tokens)),
-        "busy_fraction": float(dur.sum() / duration_s) if n else 0.0,
+        "busy_fraction": float(it.busy_s / duration_s) if n else 0.0,
     }
 
 

@@ -1,11 +1,16 @@
-"""Requests: a frozen spec from the workload and the engine's small mutable progress record.
+"""Requests: a frozen spec from the workload (or a whole workload as compact columns, `RequestSpecs`) and
+the engine's small mutable progress record.
 
 Preemption resets progress (`num_computed_tokens`); it never rewrites the spec (nano-vllm's rule).
 """
 from __future__ import annotations
 
 import enum
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +77,87 @@ class Request:
     @property
     def is_prefilling(self) -> bool:
         return self.num_uncomputed_tokens > 1 or self.num_generated_tokens == 0
+
+
+class RequestSpecs(Sequence):
+    """A workload's specs as compact columns (about 21 bytes a request instead of about 250 for a tuple of
+    RequestSpec objects), read as a sequence of RequestSpec: `specs[k]` builds the spec on access (the
+    engine keeps it while the request lives, then drops it). The last one built is cached, since an
+    arrival process reads the same next spec several times. Ids are 0..n-1 (arrival order); user ids
+    None. `prefix_block_ids` stays a list of tuples (None when no request has any)."""
+
+    def __init__(self, arrival_s, num_prompt_tokens, num_output_tokens, max_new_tokens=None,
+                 priority=None, prefix_block_ids=None):
+        n = len(arrival_s)
+        self.arrival_s = _column("d", np.asarray(arrival_s, dtype=np.float64))
+        self.num_prompt_tokens = _column("i", _int32("num_prompt_tokens", num_prompt_tokens))
+        self.num_output_tokens = _column("i", _int32("num_output_tokens", num_output_tokens))
+        # max_new_tokens: int32 where given, None where absent (a mask, only when some are absent)
+        self.max_new_tokens = self.max_new_absent = None
+        if max_new_tokens is not None:
+            m = np.ma.getdata(max_new_tokens)
+            absent = np.ma.getmaskarray(max_new_tokens)
+            self.max_new_tokens = _column("i", _int32("max_new_tokens", np.where(absent, 0, m)))
+            if absent.any():
+                self.max_new_absent = _column("b", absent.astype(np.int8))
+        self.priority = None if priority is None or not np.any(priority) else _column("q", np.asarray(priority, np.int64))
+        self.prefix_block_ids = prefix_block_ids
+        if any(len(c) != n for c in (self.num_prompt_tokens, self.num_output_tokens)) or (
+                prefix_block_ids is not None and len(prefix_block_ids) != n):
+            raise ValueError("RequestSpecs: columns of different lengths")
+        self._last_k, self._last = None, None
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def __getitem__(self, k):
+        if k == self._last_k:   # first: the engine's arrival loop asks for the same spec again and again
+            return self._last
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(*k.indices(len(self))))
+        if k < 0:
+            k += len(self)
+        arrival_s = self.arrival_s[k]   # IndexError past the end, as a tuple
+        m = self.max_new_tokens
+        if m is not None:
+            m = None if self.max_new_absent is not None and self.max_new_absent[k] else m[k]
+        spec = RequestSpec(k, arrival_s, self.num_prompt_tokens[k], self.num_output_tokens[k], m,
+                           None if self.prefix_block_ids is None else self.prefix_block_ids[k],
+                           0 if self.priority is None else self.priority[k])
+        self._last_k, self._last = k, spec
+        return spec
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __add__(self, other) -> tuple:   # as a tuple of specs would (tests append a hand-made request)
+        return tuple(self) + tuple(other)
+
+    def __radd__(self, other) -> tuple:
+        return tuple(other) + tuple(self)
+
+    def column(self, name: str) -> np.ndarray:
+        """One field for every request as a numpy array (no copy): request_id, arrival_s,
+        num_prompt_tokens, num_output_tokens, priority."""
+        if name == "request_id":
+            return np.arange(len(self), dtype=np.int64)
+        if name == "priority" and self.priority is None:
+            return np.zeros(len(self), dtype=np.int64)
+        col = getattr(self, name)
+        return np.frombuffer(col, dtype={"d": np.float64, "i": np.int32, "q": np.int64}[col.typecode])
+
+
+def _column(typecode: str, values: np.ndarray) -> array:
+    """A compact column whose items read back as plain Python floats and ints (numpy's would be scalars)."""
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values).tobytes())
+    return out
+
+
+def _int32(name: str, values) -> np.ndarray:
+    v = np.asarray(values)
+    if len(v) and (v.min() < -2**31 or v.max() >= 2**31):
+        raise ValueError(f"RequestSpecs: {name} does not fit 32 bits")
+    return v.astype(np.int32)

@@ -100,3 +100,29 @@ def test_duplicate_ids_are_still_refused():
     specs = [RequestSpec(1, 0.0, 20, 5), RequestSpec(1, 0.5, 20, 5)]
     with pytest.raises(SimulationError, match="duplicate request id 1"):
         FastEngine(Continuous(), ConstantCost(0.01, 0.0), EngineLimits(100, 16, 512), specs)
+
+
+def test_itl_samples_gathered_chunk_by_chunk_equal_all_at_once():
+    from simcore.metrics import ItlSamples, itl_samples
+    rng = np.random.default_rng(0)
+    pool = rng.random(500)   # gaps repeat within and across chunks
+    chunks = [(pool[rng.integers(0, 500, 300)], rng.integers(1, 50, 300)) for _ in range(7)]
+    acc = ItlSamples()
+    for values, counts in chunks + [(np.zeros(0), np.zeros(0, dtype=np.int64))]:
+        acc.add(values, counts)
+    got = acc.finish()
+    want = itl_samples((np.concatenate([v for v, _ in chunks]), np.concatenate([c for _, c in chunks])))
+    assert got[1].dtype == np.int64 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert [len(a) for a in ItlSamples().finish()] == [0, 0]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 128, 129, 255, 1000, 4097, 100_003])
+def test_pairwise_column_sums_equal_numpy_whatever_the_chunks(n):
+    """simcore.pairwise: numpy's float64 sum of a column, bit for bit, from chunks of any size (a
+    streamed run's time-weighted means depend on it)."""
+    from simcore.pairwise import column_sums
+    rng = np.random.default_rng(n)
+    x = rng.random((n, 3)) * rng.integers(0, 500, (n, 3))
+    want = [float(x[:, j].copy().sum()) for j in range(3)]
+    for size in (37, 1000, 1 << 18):
+        assert column_sums([x[i:i + size] for i in range(0, n, size)], n, 3) == want

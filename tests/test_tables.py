@@ -103,3 +103,25 @@ def test_command_line_tables_csv(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "experiments.run", str(sweep), "--tables", "xlsx"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: argument --tables")
+
+
+def test_binned_chunks_equal_binned_series(tmp_path, monkeypatch):
+    """The engine-state plot of a long run bins its table slice by slice (never whole in memory): the same
+    bins, extremes and (up to rounding) means as binning the whole table."""
+    from experiments.plots import binned_chunks
+    from experiments.tables import iter_table, table_num_rows, write_table
+    monkeypatch.setattr(tables, "ROWS_PER_SLICE", 1000)
+    rng = np.random.default_rng(0)
+    n = 10_000
+    df = pd.DataFrame({"start_s": np.sort(rng.uniform(0, 50, n)), "num_waiting": rng.integers(0, 9, n),
+                       "num_running": rng.integers(0, 300, n), "kv_blocks_used": rng.integers(0, 5000, n),
+                       "replica_id": np.zeros(n, dtype=np.int64)})
+    for fmt in ("parquet", "csv"):
+        (tmp_path / fmt).mkdir()
+        write_table(df, tmp_path / fmt / "iterations", fmt)
+        assert table_num_rows(tmp_path / fmt, "iterations") == n
+        chunks = [c for c in iter_table(tmp_path / fmt, "iterations", ["start_s", "num_running"])]
+        assert len(chunks) > 1 and sum(map(len, chunks)) == n
+        got = binned_chunks(chunks, df["start_s"].min(), df["start_s"].max(), ["num_running"], num_bins=300)
+        want = binned_series(df["start_s"], df["num_running"], num_bins=300)
+        pd.testing.assert_frame_equal(got["num_running"], want, check_exact=False, rtol=1e-12)

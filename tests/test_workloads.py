@@ -71,3 +71,24 @@ def test_workload_modules_import_one_way():
     for name in ("Arrival", "GeneratedRequests", "clip_to_model", "parse_long_prompts"):
         assert getattr(synthetic, name) is getattr(shared, name)  # old import paths keep working
     assert traces.Arrival is shared.Arrival
+
+
+def test_compact_specs_read_back_as_the_request_specs():
+    """generate's compact columns (simcore.request.RequestSpecs) give, spec by spec, what the RequestSpec
+    objects would hold: plain Python ints and floats, None for an absent max_new_tokens."""
+    from simcore.request import RequestSpec, RequestSpecs
+    specs = RequestSpecs(np.array([0.5, 1.25, 2.0]), np.array([10, 20, 30]), np.array([3, 1, 7]),
+                         np.ma.masked_array([5, 0, 9], mask=[False, True, False]), np.array([0, 2, 1]))
+    expected = (RequestSpec(0, 0.5, 10, 3, 5, None, 0), RequestSpec(1, 1.25, 20, 1, None, None, 2),
+                RequestSpec(2, 2.0, 30, 7, 9, None, 1))
+    assert tuple(specs) == expected and specs == expected and len(specs) == 3
+    assert specs[-1] == expected[-1] and specs[1:] == expected[1:] and specs + expected[:1] == expected + expected[:1]
+    assert all(type(getattr(specs[1], f)) is type(getattr(expected[1], f))
+               for f in ("request_id", "arrival_s", "num_prompt_tokens", "max_new_tokens", "priority"))
+    with pytest.raises(IndexError):
+        specs[3]
+    assert specs.column("num_output_tokens").tolist() == [3, 1, 7] and specs.column("request_id").tolist() == [0, 1, 2]
+    g = generate(wl(priority={"classes": [0, 1], "weights": [0.5, 0.5]}, long_prompts="clip"), 0, 2048).specs
+    assert isinstance(g, RequestSpecs)
+    assert all(s.max_new_tokens == max(s.num_output_tokens, min(1536, max(1, 2048 - s.num_prompt_tokens)))
+               and s.request_id == k for k, s in enumerate(g))

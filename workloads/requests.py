@@ -3,6 +3,7 @@ dependency goes one way): the arrival description, the generated request list, a
 the model's context limit."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,8 @@ class Arrival:
 
 @dataclass(frozen=True)
 class GeneratedRequests:
-    specs: tuple[RequestSpec, ...]   # arrival_s is 0 for closed-loop traffic (set when a user sends it)
+    specs: Sequence[RequestSpec]     # a tuple, or compact columns (simcore.request.RequestSpecs); arrival_s
+                                     # is 0 for closed-loop traffic (set when a user sends it)
     num_clipped_prompts: int         # prompts cut to max_model_len - 1 (only with long_prompts: clip)
     num_clipped_outputs: int         # outputs cut so prompt + output <= max_model_len
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.request import RequestSpec
+from simcore.request import RequestSpecs
 from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError, check_keys, finite_number
 from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
@@ -184,17 +184,17 @@ def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
     priorities = (priority_rng.choice(np.asarray(mix.classes), size=n, p=np.asarray(mix.weights))
                   if mix is not None else np.zeros(n, dtype=np.int64))
     order = np.argsort(times, kind="stable")  # sessions interleave; ids follow arrival order
-    specs = []
-    for i, j in enumerate(order):
-        p, o, m = int(prompts[j]), int(outputs[j]), int(max_new[j])
-        ids = None
-        if sp is not None or sess is not None:
-            ids = prefix_block_ids(p, block_size, None if groups is None else int(groups[j]),
-                                   sp.prefix_tokens if sp is not None else 0,
-                                   None if session is None else int(session[j]))
-        specs.append(RequestSpec(i, float(times[j]), p, o, None if m < 0 else max(o, min(m, max(1, max_model_len - p))),
-                                 prefix_block_ids=ids, priority=int(priorities[j])))
-    return GeneratedRequests(tuple(specs), int(clipped_p.sum()), int(clipped_o.sum()))
+    prompts, outputs, max_new = prompts[order], outputs[order], max_new[order]
+    ids = None
+    if sp is not None or sess is not None:
+        ids = [prefix_block_ids(int(p), block_size, None if groups is None else int(groups[j]),
+                                sp.prefix_tokens if sp is not None else 0, None if session is None else int(session[j]))
+               for p, j in zip(prompts.tolist(), order.tolist())]
+    # max_new_tokens: the client's limit, fitted to the context (never below the output); absent where < 0
+    fitted = np.maximum(outputs, np.minimum(max_new, np.maximum(1, max_model_len - prompts)))
+    specs = RequestSpecs(times[order], prompts, outputs, np.ma.masked_array(fitted, mask=max_new < 0),
+                         priorities[order], ids)
+    return GeneratedRequests(specs, int(clipped_p.sum()), int(clipped_o.sum()))
 
 
 def describe_workload(w: Workload | TraceWorkload) -> dict:
