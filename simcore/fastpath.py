@@ -263,21 +263,25 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         self.eng_kind, self.eng_t, self.eng_e = "resume", 0.0, -2   # the engine process starts first
         self._start_traffic()
         first_arrival = True
-        while True:
+        timers = self.timers
+        while True:   # the earliest of the engine's event, the next arrival and the first timer: (time, seq)
             t, e, kind = self.eng_t, self.eng_e, self.eng_kind
             if kind is None:
                 t = INF
-            if (self.arr_t, self.arr_e) < (t, e):
-                t, e, kind = self.arr_t, self.arr_e, "arrival"
-            if self.timers and self.timers[0][:2] < (t, e):
-                t, e, kind = *self.timers[0][:2], "timer"
+            at = self.arr_t
+            if at < t or (at == t and self.arr_e < e):
+                t, e, kind = at, self.arr_e, "arrival"
+            if timers:
+                tt, te, _ = timers[0]
+                if tt < t or (tt == t and te < e):
+                    t, e, kind = tt, te, "timer"
             if t == INF:
                 break
             if kind == "arrival":
                 self._arrivals(t, first_arrival)
                 first_arrival = False
             elif kind == "timer":
-                self._send(heapq.heappop(self.timers)[2], t)
+                self._send(heapq.heappop(timers)[2], t)
             elif kind in WAIT_ENDS:   # the engine resumes one event later (simcore/fasttraffic.py)
                 self.eng_kind, self.eng_e = "resume", self.seq
                 self.seq += 1
