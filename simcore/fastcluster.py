@@ -36,7 +36,7 @@ EVENT_LOG = ("log", "events")   # the request events, when recorded
 
 class FastCluster(FastTraffic):
     """`num_replicas` identical fast engines behind `router`; open loop (`specs` sorted by arrival) or
-    closed loop (`closed = (concurrency, think_time_s)`), as simcore/replica.py wires the SimPy cluster."""
+    closed loop (`closed = (concurrency, think_time_s)`), as experiments/simulate.py wires the SimPy cluster."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
                  closed: tuple[int, float] | None = None, record_events: bool = False):
