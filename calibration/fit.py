@@ -81,10 +81,8 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = 
     attn = frame[(frame["num_heads"] == heads) & (frame["num_kv_heads"] == kv_heads) & (frame["head_dim"] == head_dim)]
     p = attn[attn["family"] == "prefill_attn"]
     if len(p):
-        pts = [prefill_coords(np.full(b, n, float), np.full(b, c, float))
-               for b, n, c in p[["batch_size", "new_tokens", "cached_tokens"]].to_numpy(int)]
         out["prefill_attn"] = Family(
-            ("sequences", "length"), np.array(pts), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
+            ("sequences", "length"), _prefill_points(p), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
             SMOOTHING["prefill_attn"],
             lambda x: (2 * head_dim * heads * x[:, 0] * x[:, 1] * (x[:, 1] + 1),
                        e * head_dim * x[:, 0] * x[:, 1] * (2 * heads + 2 * kv_heads)))
@@ -103,6 +101,13 @@ def family_points(frame: pd.DataFrame, model: ModelShape, tp: int, dtype: str = 
     if len(s):
         out["sampling"] = _memory_bound(s)
     return out
+
+
+def _prefill_points(rows: pd.DataFrame) -> np.ndarray:
+    """The (sequences, length) grid coordinates of measured prefill batches: `batch_size` sequences of
+    `new_tokens` each after `cached_tokens`."""
+    return np.array([prefill_coords(np.full(b, n, float), np.full(b, c, float))
+                     for b, n, c in rows[["batch_size", "new_tokens", "cached_tokens"]].to_numpy(int)])
 
 
 def _model_families(frame: pd.DataFrame, model: ModelShape, tp: int, e: int) -> dict[str, Family]:
@@ -125,10 +130,8 @@ def _model_families(frame: pd.DataFrame, model: ModelShape, tp: int, e: int) -> 
         mla = frame[(frame["num_heads"] == heads) & (frame["head_dim"] == r)]
         p = mla[mla["family"] == "mla_prefill"]
         if len(p):
-            pts = [prefill_coords(np.full(b, n, float), np.full(b, c, float))
-                   for b, n, c in p[["batch_size", "new_tokens", "cached_tokens"]].to_numpy(int)]
             out["mla_prefill"] = Family(
-                ("sequences", "length"), np.array(pts), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
+                ("sequences", "length"), _prefill_points(p), p["latency_s"].to_numpy(), SLOPES["prefill_attn"],
                 SMOOTHING["prefill_attn"],
                 lambda x: (heads * (nope + rope + v) * x[:, 0] * x[:, 1] * (x[:, 1] + 1)
                            + 2 * x[:, 0] * x[:, 1] * r * heads * (nope + v),

@@ -82,11 +82,9 @@ class FastDisagg(HandoffRules, FastCluster):
     def _flush_timers(self, now: float) -> None:
         """The urgent events created by the engine event just processed, in creation order: think timers of
         closed-loop users (ints) and copies' processes starting (lists)."""
-        holder = self.holder
         for item in self.deferred:
             if isinstance(item, int):
-                heapq.heappush(self.timers, (now + self.closed[1], holder.seq, item))
-                holder.seq += 1
+                self._think(item, now)
             else:   # the copy asks its link (its allocation time is now)
                 item[5] = now
                 link = self.links[self._index[id(item[0])]]

@@ -18,7 +18,6 @@ import heapq
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from simcore.fasttraffic import FastTraffic
 from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.engine import EngineLimits, SimulationError
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
-from simcore.lazy import FastRequest, LazyDecoders
+from simcore.lazy import BY_ORDER, FastRequest, LazyDecoders
 from simcore.mechanics import reject_reason
 from simcore.log import RequestEvent
 from simcore.request import RequestSpec, RequestSpecs, Status
@@ -37,7 +36,6 @@ from simcore.view import EngineView
 INF = float("inf")
 WAIT_ENDS = ("timed", "woken")   # a timed wait's timeout fired, or its wake event was processed
 RUNNING = Status.RUNNING
-BY_ORDER = attrgetter("order")
 
 
 @dataclass
@@ -341,7 +339,6 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
                 return
             if batch.preempt:   # vLLM's empty step (simcore/engine.py): no forward pass, decide again
                 swap_out_s = self._preempt(batch.preempt, now)
-                self.pref.difference_update(self.requests[rid] for rid in batch.preempt)
                 if swap_out_s:   # the engine process sleeps through the copy (a plain timeout)
                     self.eng_kind, self.eng_t, self.eng_e = "resume", now + swap_out_s, self.seq
                     self.seq += 1
@@ -356,11 +353,16 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
             return
         self.eng_kind = None
 
+    def _preempt(self, victims, now_s: float) -> float:
+        """simcore.apply's preemption; the victims also leave `pref` (back in the queue, never lazy)."""
+        transfer_s = super()._preempt(victims, now_s)
+        self.pref.difference_update(self.requests[rid] for rid in victims)
+        return transfer_s
+
     def _wait_for_transfers(self, preempt, now: float) -> None:
         """simcore.engine.Engine's wait while KV transfers hold blocks (disaggregation): apply the policy's
         preemptions, sleep through any swap-out, then wait for a transfer to end (`_wake_up`)."""
         swap_out_s = self._preempt(preempt, now) if preempt else 0.0
-        self.pref.difference_update(self.requests[rid] for rid in preempt)
         if swap_out_s:
             self.eng_kind, self.eng_t, self.eng_e = "swapwait", now + swap_out_s, self.seq
             self.seq += 1
@@ -432,8 +434,6 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
         """Apply a decision (simcore/apply.py: preempt, admit, allocate), price it, put its step in flight."""
         transfer_s = self._preempt(preempt, now) if preempt and not preempt_at else 0.0
         swap_s, admitted = self._admit_and_allocate(scheduled, preempt, preempt_at, now)
-        if preempt:
-            self.pref.difference_update(self.requests[rid] for rid in preempt)
         if admitted:
             k = self.num_admissions
             for req in admitted:

@@ -41,9 +41,13 @@ class FastTraffic:
         elif self.deferring:  # the engine acts first at this instant (see _flush_timers)
             self.deferred.append(user)
         else:
-            holder = self.holder
-            heapq.heappush(self.timers, (now + think, holder.seq, user))
-            holder.seq += 1
+            self._think(user, now)
+
+    def _think(self, user: int, now: float) -> None:
+        """The user's think timer (ClosedLoopUsers._after_think's timeout), numbered now."""
+        holder = self.holder
+        heapq.heappush(self.timers, (now + self.closed[1], holder.seq, user))
+        holder.seq += 1
 
     def _send(self, user: int, now: float) -> None:
         k = self.next_spec
@@ -55,10 +59,8 @@ class FastTraffic:
         """Think timers of requests that ended in the engine event just processed: SimPy starts each user's
         think process with an urgent event after the engine has scheduled its next step, so their timers
         come after that step in creation order."""
-        holder = self.holder
         for user in self.deferred:
-            heapq.heappush(self.timers, (now + self.closed[1], holder.seq, user))
-            holder.seq += 1
+            self._think(user, now)
         self.deferred.clear()
 
     def _next_external(self) -> tuple[float, int]:

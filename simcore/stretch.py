@@ -13,7 +13,6 @@ import numpy as np
 from simcore.engine import SimulationError
 
 NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
-INF = float("inf")
 SCALAR_STEPS = 8     # a stretch prices this many steps one by one before switching to vectorised chunks
 
 
@@ -83,14 +82,15 @@ class QuietStretches:
         if m == 0:   # a quiet answer promises the decodes fit (simcore.batch.DecodeShortcut)
             raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
                                   f"but the decodes need {phase[(-D) % bs]} blocks and {free0} are free")
-        if self.members is not None:   # prefix caching: the blocks of all m steps, allocated at their starts
+        if self.members is not None:   # prefix caching: the pool allocates all m steps' blocks at their starts
             self.cache_steps(m)
+        else:   # every step's blocks, the last one's included, are allocated by its start
+            self.pool.num_used_blocks = useds[m - 1]
         if m > 1:   # steps 0 .. m-2 happen here
             self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
             self.D += m - 1
             self.t_last_d = ends[m - 1]
             self.groups = {ends[m - 1]: num_dec}
-        self.pool.num_used_blocks = useds[m - 1]   # the last step's blocks are allocated at its start
         last = ((1, ctx + m - 2),) * rows if padded is not None else None
         self.inflight = ([], num_dec, 0, last, ends[m - 1], durs[m - 1])
         self.eng_kind, self.eng_t = "complete", ends[m]
@@ -106,9 +106,10 @@ class QuietStretches:
         if growth > self.total - used:
             return False
         d = self._decode_pricer(rows, ctx)(context_sum)
-        if self.members is not None:
+        if self.members is not None:   # prefix caching: the pool allocates (and counts) the blocks itself
             self.cache_steps(1)
-        self.pool.num_used_blocks = used + growth   # allocated at the step's start
+        else:
+            self.pool.num_used_blocks = used + growth   # allocated at the step's start
         self.inflight = ([], self.num_lazy, 0, padded, now, d)
         self.eng_kind, self.eng_t, self.eng_e = "complete", now + d, self.seq
         self.seq += 1
