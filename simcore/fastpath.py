@@ -534,9 +534,9 @@ class FastEngine(ReplicaMechanics, LazyDecoders, QuietStretches, FastTraffic):
                 for req in new_decoders:
                     self._lazify(req)
         num_padding = padded_tokens(padded) - (num_prefill + num_decode) if padded else 0
-        self.rec_f.extend((start_s, duration_s))
-        self.rec_i.extend((num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
-                           len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks))
+        self.rec_f.fromlist([start_s, duration_s])   # (twice as fast as extend with a tuple)
+        self.rec_i.fromlist([num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
+                             len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks])
         if self.on_done is not None:
             on_done = self.on_done
             for req in done:

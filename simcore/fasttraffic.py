@@ -10,6 +10,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import replace
 
+from simcore.request import RequestSpecs
+
 INF = float("inf")
 
 
@@ -30,6 +32,8 @@ class FastTraffic:
                 self._send(user, 0.0)
         else:
             self.arr_t, self.arr_e = 0.0, -1   # the arrival process starts after the engines
+            specs = self.specs   # arrival times as plain floats, read without building the specs
+            self.arr_times = specs.arrival_s if isinstance(specs, RequestSpecs) else [s.arrival_s for s in specs]
         self.deferring = False
 
     def _on_done(self, req, now: float) -> None:
@@ -72,16 +76,17 @@ class FastTraffic:
 
     def _arrivals(self, now: float, first: bool) -> None:
         """simcore.arrivals.open_loop: submit the due arrival(s), then sleep until the next one."""
-        k, specs = self.arr_k, self.specs
+        k, specs, times = self.arr_k, self.specs, self.arr_times
+        n = len(times)
         if not first:
             self._submit(k, specs[k], now)
             k += 1
-        while k < len(specs) and specs[k].arrival_s <= now:
+        while k < n and times[k] <= now:
             self._submit(k, specs[k], now)
             k += 1
         self.arr_k = k
-        if k < len(specs):
-            self.arr_t, self.arr_e = now + (specs[k].arrival_s - now), self.seq
+        if k < n:
+            self.arr_t, self.arr_e = now + (times[k] - now), self.seq
             self.seq += 1
         else:
             self.arr_t = INF

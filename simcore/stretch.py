@@ -204,9 +204,9 @@ class QuietStretches:
                 itl_v.append(ends[j + 1] - ends[j])
                 itl_c.append(num_dec)
                 itl_e.append(ends[j + 1])
-            for j in range(k):
-                rec_f.extend((ends[j], durs[j]))
-                rec_i.extend((*consts, useds[j]))
+            for j in range(k):   # (array.fromlist: twice as fast as extend with a tuple)
+                rec_f.fromlist([ends[j], durs[j]])
+                rec_i.fromlist([*consts, useds[j]])
             return
         e = np.asarray(ends[1:k + 1])
         itl_v.frombytes((e[1:] - e[:-1]).tobytes())
