@@ -42,41 +42,68 @@ class GridSlice:
         self.knots, self.slope, self.flat = grid._knots[-1], grid.slopes[-1], grid._flat
         self.knots_array = np.asarray(self.knots)
         self.flat_array = np.asarray(self.flat)
+        self.scalar = self._scalar_fn()   # self(x), the closure callers in hot loops hold
 
     def __call__(self, x_raw: float) -> float:
-        k, extra = self.knots, self.extra
-        x = math.log(x_raw if not x_raw < 1e-12 else 1e-12)   # max(x_raw, 1e-12) without the call
-        if x >= k[-1]:
-            extra += self.slope * (x - k[-1])
-            base, step, t = len(k) - 1, 0, 0.0
-        elif x <= k[0]:
-            base, step, t = 0, 0, 0.0
-        else:
+        return self.scalar(x_raw)
+
+    def _scalar_fn(self):
+        """`self(x)` as a closure over the slice's constants (called millions of times by the fast engine's
+        stretches: no attribute lookups, no tuples, and with one leading axis no loop)."""
+        k, extra0, slope, flat, lead = self.knots, self.extra, self.slope, self.flat, self.lead
+        k0, k_last, last = k[0], k[-1], len(k) - 1
+        log, exp = math.log, math.exp
+
+        def cell(x_raw):   # LogGrid._cell on the last axis: (base, step, t, extra)
+            x = log(x_raw if not x_raw < 1e-12 else 1e-12)   # max(x_raw, 1e-12) without the call
+            if x >= k_last:
+                return last, 0, 0.0, extra0 + slope * (x - k_last)
+            if x <= k0:
+                return 0, 0, 0.0, extra0
             base = bisect_right(k, x) - 1
-            step, t = 1, (x - k[base]) / (k[base + 1] - k[base])
-        value, flat = 0.0, self.flat
+            return base, 1, (x - k[base]) / (k[base + 1] - k[base]), extra0
+
         if self.two_corners:   # one leading axis (decode attention's batch): unrolled, the same sums in the
-            i0, w0, i1, w1 = self.two_corners   # same order (called millions of times: no tuples, no loop)
-            f = 1.0 - t
-            w = w0 * f
-            if w:
-                value += w * flat[i0 + base]
-            w = w1 * f
-            if w:
-                value += w * flat[i1 + base]
-            w = w0 * t
-            if w:
-                value += w * flat[i0 + base + step]
-            w = w1 * t
-            if w:
-                value += w * flat[i1 + base + step]
-            return math.exp(value + extra)
-        for f, offset in ((1.0 - t, base), (t, base + step)):   # the last axis is the corners' highest bit
-            for index, w_lead in self.lead:
-                w = w_lead * f
+            i0, w0, i1, w1 = self.two_corners   # same order as the loop below
+
+            def value_two(x_raw: float) -> float:
+                x = log(x_raw if not x_raw < 1e-12 else 1e-12)
+                extra = extra0
+                if x >= k_last:
+                    extra += slope * (x - k_last)
+                    base, step, t = last, 0, 0.0
+                elif x <= k0:
+                    base, step, t = 0, 0, 0.0
+                else:
+                    base = bisect_right(k, x) - 1
+                    step, t = 1, (x - k[base]) / (k[base + 1] - k[base])
+                value = 0.0
+                f = 1.0 - t
+                w = w0 * f
                 if w:
-                    value += w * flat[index + offset]
-        return math.exp(value + extra)
+                    value += w * flat[i0 + base]
+                w = w1 * f
+                if w:
+                    value += w * flat[i1 + base]
+                w = w0 * t
+                if w:
+                    value += w * flat[i0 + base + step]
+                w = w1 * t
+                if w:
+                    value += w * flat[i1 + base + step]
+                return exp(value + extra)
+            return value_two
+
+        def value_any(x_raw: float) -> float:
+            base, step, t, extra = cell(x_raw)
+            value = 0.0
+            for f, offset in ((1.0 - t, base), (t, base + step)):   # the last axis is the corners' highest bit
+                for index, w_lead in lead:
+                    w = w_lead * f
+                    if w:
+                        value += w * flat[index + offset]
+            return exp(value + extra)
+        return value_any
 
     def many(self, x_raw) -> np.ndarray:
         """`[self(x) for x in x_raw]` as an array, elementwise the same operations."""

@@ -266,7 +266,7 @@ class ProfileCostModel:
         if new:
             layer += self.prefill_attn(*prefill_coords(new, [c for _, c in prefill]))
         if num_decode:
-            layer += self._decode_slice(num_decode)(decode_context_sum / num_decode)  # decode_coords
+            layer += self._decode_slice(num_decode).scalar(decode_context_sum / num_decode)  # decode_coords
         o = self.overheads
         return (self.model.num_layers * layer + self._step_terms_s(num_tokens, num_logits) + o.per_step_s
                 + o.per_request_s * num_seqs)
@@ -305,7 +305,7 @@ class ProfileCostModel:
         num_logits = num_seqs if num_logits is None else num_logits
         dense, step = self.dense_layer_s(num_seqs), self._step_terms_s(num_seqs, num_logits)
         per_step_s, per_seqs_s = self.overheads.per_step_s, self.overheads.per_request_s * num_seqs
-        decode_attn, num_layers = self._decode_slice(num_seqs), self.model.num_layers
+        decode_attn, num_layers = self._decode_slice(num_seqs).scalar, self.model.num_layers
 
         def step_time_s(context_sum) -> float:
             layer = dense + decode_attn(context_sum / num_seqs)
