@@ -15,8 +15,8 @@ from simcore.engine import SimulationError
 NUM_INT_COLUMNS = 8  # prefill, decode, padding, seqs, preempted, waiting, running, kv blocks
 # A stretch prices this many steps one by one before switching to vectorised chunks. Most stretches are
 # cut by an arrival or a finish within a few steps (benchmarks.speed traffic: median 3, p99 18), and a
-# numpy chunk costs tens of microseconds however few steps it prices: with 8 here, 27% of the engine's
-# time went to chunks of a handful of steps (1M requests end to end: 79 s with 8, 60 s with 64).
+# numpy chunk costs tens of microseconds however few steps it prices (1M requests end to end, timed in
+# one process: 79 s with 8 here, 60 s with 64).
 SCALAR_STEPS = 64
 
 
