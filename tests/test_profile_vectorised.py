@@ -56,6 +56,16 @@ def test_profile_prices_many_decode_steps_as_step_time_bitwise(profile):
         assert [fn(v) for v in sums.tolist()] == one
 
 
+def test_profile_prices_prefill_attention_from_its_slices_bitwise(profile):
+    """Prefill steps look attention up in a slice per sequence count: the full grid's value, bit for bit,
+    inside, below and beyond its knots on both axes."""
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        b = float(rng.integers(1, 300)) if rng.random() < 0.9 else float(rng.integers(1, 3))
+        length = float(np.exp(rng.uniform(-1.0, 12.0)))
+        assert profile._prefill_slice(b).scalar(length) == profile.prefill_attn(b, length)
+
+
 def test_profile_speed_is_close_to_the_roofline():
     """The measured profile's engine is within 1.5x of the roofline's on the same small run (the benchmark
     checks 1.2x at 100k requests; the bound here is loose for a shared machine)."""
