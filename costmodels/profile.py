@@ -46,6 +46,9 @@ def attention_heads(model: ModelShape, tp: int = 1) -> tuple[int, int, int]:
 def prefill_coords(new_tokens: Sequence[float], cached_tokens: Sequence[float]) -> tuple[float, float]:
     """A varlen prefill batch as (number of sequences, equivalent length L): B sequences of L new tokens
     without cache do the same causal attention work sum(new * (cached + (new + 1) / 2))."""
+    if len(new_tokens) == 1:   # one sequence, most prefill steps: the same operations without the generator
+        n, c = new_tokens[0], cached_tokens[0]
+        return 1.0, (math.sqrt(1.0 + 8.0 * (n * (c + (n + 1) / 2.0)) / 1.0) - 1.0) / 2.0
     work = sum(n * (c + (n + 1) / 2.0) for n, c in zip(new_tokens, cached_tokens))
     b = float(len(new_tokens))
     return b, (math.sqrt(1.0 + 8.0 * work / b) - 1.0) / 2.0

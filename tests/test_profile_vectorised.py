@@ -66,6 +66,16 @@ def test_profile_prices_prefill_attention_from_its_slices_bitwise(profile):
         assert profile._prefill_slice(b).scalar(length) == profile.prefill_attn(b, length)
 
 
+def test_prefill_coords_of_one_sequence_equal_the_general_sum_bitwise():
+    import math
+
+    from costmodels.profile import prefill_coords
+    rng = np.random.default_rng(6)
+    for n, c in zip(rng.integers(1, 20000, 5000).tolist(), rng.integers(0, 30000, 5000).tolist()):
+        work = sum(x * (y + (x + 1) / 2.0) for x, y in zip([n], [c]))   # the general path's operations
+        assert prefill_coords([n], [c]) == (1.0, (math.sqrt(1.0 + 8.0 * work / 1.0) - 1.0) / 2.0)
+
+
 def test_profile_speed_is_close_to_the_roofline():
     """The measured profile's engine is within 1.5x of the roofline's on the same small run (the benchmark
     checks 1.2x at 100k requests; the bound here is loose for a shared machine)."""
