@@ -19,7 +19,7 @@ from simcore.view import EngineView
 from policies.static import StaticBatchState
 from policies.sglang import SglangState
 from policies.tgi import TgiState
-from tests.test_fastpath import OTHER_POLICIES, POLICIES
+from tests.test_fastpath import OTHER_POLICIES, POLICIES, policy_id, policy_key
 
 BS, MML = 4, 512
 SCRAMBLED = -10**6
@@ -130,9 +130,9 @@ def decode_step(running, free: int) -> int | None:
     return free if growth(running) <= free else None
 
 
-@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=policy_id)
 def test_both_engines_decide_the_same_on_random_states(policy):
-    rng = np.random.default_rng(hash(policy) % 2**32)
+    rng = np.random.default_rng(policy_key(policy))
     num_shortcuts = num_quiet = 0
     for _ in range(NUM_STATES.get(policy.name, 300)):
         waiting, running, draining = random_records(policy, rng)

@@ -19,8 +19,8 @@ from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
 from simcore.replica import on_done_of, start_arrivals
 from simcore.request import RequestSpec
-from tests.test_fastpath import (OTHER_POLICIES, POLICIES, ROOFLINE, assert_identical, with_priorities,
-                                 with_shared_prefixes)
+from tests.test_fastpath import (OTHER_POLICIES, POLICIES, ROOFLINE, assert_identical, policy_id,
+                                 with_priorities, with_shared_prefixes)
 from tests.test_properties import random_specs
 
 CONSTANT = ConstantCost(0.01, 1e-4)
@@ -49,7 +49,7 @@ def run_both(policy, router, specs, cost, num_replicas, num_gpu_blocks=40, close
 
 @pytest.mark.parametrize("router", ROUTERS.values(), ids=lambda r: r.name)
 @pytest.mark.parametrize("policy", [POLICIES[2], POLICIES[4], OTHER_POLICIES[0], OTHER_POLICIES[5]],
-                         ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+                         ids=policy_id)
 @pytest.mark.parametrize("closed", [None, (6, 0.0), (6, 0.05)], ids=["open", "closed", "think"])
 def test_fast_cluster_matches_the_simpy_cluster(router, policy, closed):
     for seed in range(3):
@@ -60,7 +60,7 @@ def test_fast_cluster_matches_the_simpy_cluster(router, policy, closed):
             assert plain[0].replica_id.nunique() > 1 or router is LengthSplit
 
 
-@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=policy_id)
 def test_fast_cluster_breaks_ties_as_simpy_does(policy):
     # Equal-time events of different replicas everywhere: identical requests and one-second steps keep the
     # replicas in lock step, arrivals land on step ends, and closed-loop users send when requests end.

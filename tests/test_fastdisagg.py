@@ -21,7 +21,7 @@ from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
 from simcore.replica import start_arrivals
 from simcore.request import RequestSpec
-from tests.test_fastpath import POLICIES, ROOFLINE, assert_identical
+from tests.test_fastpath import POLICIES, ROOFLINE, assert_identical, policy_id
 from tests.test_properties import random_specs
 
 DISAGG_POLICIES = [p for p in POLICIES if p.name in ("continuous", "chunked_prefill")]
@@ -50,7 +50,7 @@ def run_both(policy, specs, cost, num_prefill, num_decode, num_gpu_blocks=40, cl
             (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts)))
 
 
-@pytest.mark.parametrize("policy", DISAGG_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", DISAGG_POLICIES, ids=policy_id)
 @pytest.mark.parametrize("first", ["prefill", "decode"])
 @pytest.mark.parametrize("closed", [None, (6, 0.0), (6, 0.05)], ids=["open", "closed", "think"])
 def test_fast_disaggregation_matches_the_simpy_deployment(policy, first, closed):
@@ -64,7 +64,7 @@ def test_fast_disaggregation_matches_the_simpy_deployment(policy, first, closed)
     assert num_handoffs > 0
 
 
-@pytest.mark.parametrize("policy", DISAGG_POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", DISAGG_POLICIES[::2], ids=policy_id)
 def test_fast_disaggregation_breaks_ties_as_simpy_does(policy):
     # Integral step and copy times: copies end on step ends, arrivals on both, identical requests in lock step.
     rng = np.random.default_rng(7)
@@ -78,7 +78,7 @@ def test_fast_disaggregation_breaks_ties_as_simpy_does(policy):
             assert_identical(plain, fast, 4 * 30)
 
 
-@pytest.mark.parametrize("policy", DISAGG_POLICIES[2:4], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", DISAGG_POLICIES[2:4], ids=policy_id)
 def test_fast_disaggregation_with_swap_and_a_tight_decode_pool(policy):
     for seed in range(3):
         plain, fast = run_both(policy, random_specs(seed), CONSTANT, 2, 2, preemption_mode="swap",

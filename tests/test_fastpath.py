@@ -1,6 +1,8 @@
 """The fast path (simcore/fastpath.py) against the SimPy engine: identical per-request rows, iteration rows,
 ITL samples and summaries on random small workloads, for every supported policy and knob combination."""
 
+import zlib
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,6 +43,16 @@ OTHER_POLICIES = [
     ChunkedPrefill(max_num_seqs=16, max_num_batched_tokens=128, long_prefill_token_threshold=32,
                    scheduling_policy="priority"),
 ]
+
+
+def policy_key(policy) -> int:
+    """A number of a policy's settings that is the same in every process (hash() of its string fields is
+    not, under hash randomisation): test ids and random seeds come from it."""
+    return zlib.crc32(repr(policy).encode())
+
+
+def policy_id(policy) -> str:
+    return f"{policy.name}-{policy_key(policy) % 1000}"
 ROOFLINE = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"))
 
 
@@ -76,7 +88,7 @@ def assert_identical(plain, fast, num_gpu_blocks):
         assert sa[k] == sb[k] or (sa[k] != sa[k] and sb[k] != sb[k]), k
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES, ids=policy_id)
 @pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
 def test_fast_path_matches_the_simpy_engine_on_random_workloads(policy, cost):
     num_preemptions = 0
@@ -90,7 +102,7 @@ def test_fast_path_matches_the_simpy_engine_on_random_workloads(policy, cost):
         assert num_preemptions > 0
 
 
-@pytest.mark.parametrize("policy", OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", OTHER_POLICIES, ids=policy_id)
 @pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
 def test_every_other_policy_matches_on_the_fast_path(policy, cost):
     num_preemptions = 0
@@ -103,7 +115,7 @@ def test_every_other_policy_matches_on_the_fast_path(policy, cost):
         assert num_preemptions > 0   # priority preemption (of a request anywhere in running) is exercised
 
 
-@pytest.mark.parametrize("policy", POLICIES[2:], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES[2:], ids=policy_id)
 def test_swap_preemption_matches_on_the_fast_path(policy):
     # a small host swap space: some victims are swapped (with copy times), the rest recomputed
     for seed in range(4):
@@ -125,7 +137,7 @@ def with_shared_prefixes(specs, seed, block_size=16):
 
 
 @pytest.mark.parametrize("policy", [POLICIES[2], POLICIES[4], POLICIES[6], POLICIES[8], OTHER_POLICIES[-1]],
-                         ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+                         ids=policy_id)
 def test_prefix_caching_matches_on_the_fast_path(policy):
     hits = 0
     for seed in range(4):
@@ -137,7 +149,7 @@ def test_prefix_caching_matches_on_the_fast_path(policy):
     assert hits > 0   # cached prefixes were skipped
 
 
-@pytest.mark.parametrize("policy", POLICIES[::2] + OTHER_POLICIES[::2], ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES[::2] + OTHER_POLICIES[::2], ids=policy_id)
 @pytest.mark.parametrize("think_time_s", [0.0, 0.03])
 def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
     for seed in range(3):
@@ -147,7 +159,7 @@ def test_fast_path_matches_with_closed_loop_users(policy, think_time_s):
         assert_identical(plain, fast, 60)
 
 
-@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES + OTHER_POLICIES, ids=policy_id)
 def test_fast_path_breaks_ties_as_simpy_does(policy):
     # Arrivals land exactly on iteration ends (1 s steps, arrivals on a 0.5 s grid): SimPy's order of
     # equal-time events (creation order) decides whether a step sees them.
@@ -331,7 +343,7 @@ SHORTCUT_POLICIES = [
 ]
 
 
-@pytest.mark.parametrize("policy", SHORTCUT_POLICIES, ids=lambda p: f"{p.name}-{hash(p) % 1000}")
+@pytest.mark.parametrize("policy", SHORTCUT_POLICIES, ids=policy_id)
 @pytest.mark.parametrize("cost", [ConstantCost(0.01, 1e-4), ROOFLINE], ids=["constant", "roofline"])
 def test_tgi_trtllm_sglang_shortcuts_match_and_are_taken(policy, cost, monkeypatch):
     answers = {"quiet": 0, "admit": 0}
