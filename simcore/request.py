@@ -111,7 +111,7 @@ class RequestSpecs(Sequence):
         return len(self.arrival_s)
 
     def __getitem__(self, k):
-        if k == self._last_k:   # first: the engine's arrival loop asks for the same spec again and again
+        if k == self._last_k:   # the same spec asked again at once (a caller reading it field by field)
             return self._last
         if isinstance(k, slice):
             return tuple(self[i] for i in range(*k.indices(len(self))))
