@@ -1,6 +1,8 @@
 """Small builders shared by the tests: hand-made requests and views, and a bare engine run."""
 from __future__ import annotations
 
+import zlib
+
 from simcore.costmodel import ConstantCost
 from simcore.engine import EngineLimits
 from simcore.metrics import requests_frame
@@ -33,3 +35,13 @@ def run_engine(policy, specs, *, cost=None, num_gpu_blocks=1000, block_size=16, 
                           kv_bytes_per_token=1000, host_link_bytes_per_s=1e9, num_swap_blocks=num_swap_blocks)
     engine = run_replica(policy, cost or ConstantCost(1.0), limits, sorted(specs, key=lambda s: s.arrival_s))
     return requests_frame(engine.log), engine.log, engine
+
+
+def policy_key(policy) -> int:
+    """A number of a policy's settings that is the same in every process (hash() of its string fields is
+    not, under hash randomisation): test ids and random seeds come from it."""
+    return zlib.crc32(repr(policy).encode())
+
+
+def policy_id(policy) -> str:
+    return f"{policy.name}-{policy_key(policy) % 1000}"

@@ -19,7 +19,8 @@ from simcore.view import EngineView
 from policies.static import StaticBatchState
 from policies.sglang import SglangState
 from policies.tgi import TgiState
-from tests.test_fastpath import OTHER_POLICIES, POLICIES, policy_id, policy_key
+from tests.helpers import policy_id, policy_key
+from tests.test_fastpath import OTHER_POLICIES, POLICIES
 
 BS, MML = 4, 512
 SCRAMBLED = -10**6

@@ -19,8 +19,9 @@ from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
 from simcore.replica import on_done_of, start_arrivals
 from simcore.request import RequestSpec
-from tests.test_fastpath import (OTHER_POLICIES, POLICIES, ROOFLINE, assert_identical, policy_id,
-                                 with_priorities, with_shared_prefixes)
+from tests.test_fastpath import (OTHER_POLICIES, POLICIES, ROOFLINE, assert_identical, with_priorities,
+                                 with_shared_prefixes)
+from tests.helpers import policy_id
 from tests.test_properties import random_specs
 
 CONSTANT = ConstantCost(0.01, 1e-4)

@@ -21,7 +21,8 @@ from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
 from simcore.replica import start_arrivals
 from simcore.request import RequestSpec
-from tests.test_fastpath import POLICIES, ROOFLINE, assert_identical, policy_id
+from tests.helpers import policy_id
+from tests.test_fastpath import POLICIES, ROOFLINE, assert_identical
 from tests.test_properties import random_specs
 
 DISAGG_POLICIES = [p for p in POLICIES if p.name in ("continuous", "chunked_prefill")]

@@ -1,8 +1,6 @@
 """The fast path (simcore/fastpath.py) against the SimPy engine: identical per-request rows, iteration rows,
 ITL samples and summaries on random small workloads, for every supported policy and knob combination."""
 
-import zlib
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,6 +20,7 @@ from simcore.fastpath import FastEngine
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
 from simcore.replica import run_replica
 from simcore.request import RequestSpec
+from tests.helpers import policy_id
 from tests.test_properties import POLICIES as PROPERTY_POLICIES
 from tests.test_properties import random_specs
 
@@ -43,16 +42,6 @@ OTHER_POLICIES = [
     ChunkedPrefill(max_num_seqs=16, max_num_batched_tokens=128, long_prefill_token_threshold=32,
                    scheduling_policy="priority"),
 ]
-
-
-def policy_key(policy) -> int:
-    """A number of a policy's settings that is the same in every process (hash() of its string fields is
-    not, under hash randomisation): test ids and random seeds come from it."""
-    return zlib.crc32(repr(policy).encode())
-
-
-def policy_id(policy) -> str:
-    return f"{policy.name}-{policy_key(policy) % 1000}"
 ROOFLINE = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"))
 
 

@@ -1,7 +1,5 @@
 """Property tests over random small workloads and every policy: the engine's invariants hold (it checks
 them every iteration), every request ends, output counts are exact, and runs are reproducible."""
-import zlib
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +7,7 @@ import pytest
 from policies import ChunkedPrefill, Continuous, Static
 from simcore.costmodel import ConstantCost
 from simcore.request import RequestSpec, Status
-from tests.helpers import run_engine
+from tests.helpers import policy_id, run_engine
 from workloads.synthetic import Arrival, Workload, generate
 from workloads.distributions import parse_length_dist
 
@@ -34,7 +32,7 @@ def random_specs(seed):
     return specs + (RequestSpec(len(specs), specs[-1].arrival_s / 2, 500, 100),)
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.name}-{zlib.crc32(repr(p).encode()) % 1000}")
+@pytest.mark.parametrize("policy", POLICIES, ids=policy_id)
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_every_request_ends_exactly_and_kv_stays_in_bounds(policy, mode):
     for seed in range(6):
