@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import LogFormatter, MaxNLocator  # noqa: E402
 
 from experiments.search import pretty_metric  # noqa: E402
 
@@ -28,6 +28,24 @@ def _color(label: str, i: int):
         if label.startswith(name):
             return c
     return f"C{i + 3}"
+
+
+class PlainLogFormatter(LogFormatter):
+    """Log-axis tick labels as plain numbers (0.5, 1, 10, 1,000) instead of matplotlib's default powers of
+    ten: read directly as milliseconds or users, and drawn without the mathtext parser (which the default's
+    `$10^{2}$` labels start up, about 0.05 s of every run's report). Which ticks carry a label is
+    LogFormatter's rule, as for the default."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return f"{x:,.0f}" if x >= 1 and x == round(x) else f"{x:g}"
+
+
+def _log_scale(ax, which: str) -> None:
+    """`ax.set_xscale("log")` (which="x") or set_yscale, labelled by PlainLogFormatter."""
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_formatter(PlainLogFormatter())
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
 
 
 def _title(title: str) -> str:
@@ -61,7 +79,7 @@ def _load_axis(ax, curves: dict[str, pd.DataFrame], load_col: str) -> None:
     """Log x when the loads span a wide range (bracketing doubles), so low and high loads both show."""
     loads = pd.concat([df[load_col] for df in curves.values()]) if curves else pd.Series(dtype=float)
     if len(loads) and loads.min() > 0 and loads.max() / loads.min() >= 50:
-        ax.set_xscale("log")
+        _log_scale(ax, "x")
     ax.set_xlabel(_load_label(load_col) + (", log scale" if ax.get_xscale() == "log" else ""))
 
 
@@ -86,7 +104,7 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
                     label=f"{label} max: {best:,.4g}")
     if slo_ms is not None:
         ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {pretty_metric(metric)} = {slo_ms:g} ms")
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     _load_axis(ax, curves, load_col)
     ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
     ax.grid(True, which="both", alpha=0.3)
@@ -122,7 +140,7 @@ def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: lis
             ax.plot(x.values, y.values, "o-", ms=3.5, color=_color(label, i), label=label)
         if slo_ms is not None:
             ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {slo_ms:g} ms")
-        ax.set_yscale("log")
+        _log_scale(ax, "y")
         ax.set_xlabel("output throughput (tokens/s)")
         ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
         ax.grid(True, which="both", alpha=0.3)
@@ -166,7 +184,7 @@ def latency_cdfs(runs: dict[str, tuple[np.ndarray, object]], path: Path, subtitl
             if x.size:
                 ax.plot(x, y, color=_color(label, i), label=label)
     for ax, what in zip(axes, ("TTFT (ms, log scale)", "inter-token latency (ms, log scale)")):
-        ax.set_xscale("log")
+        _log_scale(ax, "x")
         ax.set_xlabel(what)
         ax.set_ylabel("fraction of samples at or below")
         ax.axhline(0.99, color="grey", ls=":", lw=1)
@@ -362,7 +380,7 @@ def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str,
         axes[0, 1].set_ylim(bottom=0)
     for a in axes[0]:
         if numeric and table[x_col].min() > 0 and table[x_col].max() / table[x_col].min() >= 20:
-            a.set_xscale("log")
+            _log_scale(a, "x")
             a.set_xticks(sorted(table[x_col].unique()), [f"{v:g}" for v in sorted(table[x_col].unique())])
         a.set_xlabel(x_col.split(".", 1)[-1] + (" (log scale)" if a.get_xscale() == "log" else ""))
         a.grid(True, alpha=0.3)
