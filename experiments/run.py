@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: finished points are saved; rerun the same command to resume", file=sys.stderr)
         return 130
-    print(text)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:   # the reader stopped early (`| head`): the results are on disk, nothing failed
+        pass
     return 0
 
 
@@ -148,6 +151,7 @@ if __name__ == "__main__":
     # Every file is written and closed, the workers and any Dask client are gone (main's `with` blocks saw
     # to that; on Ctrl-C, what finished is on disk): skip the interpreter's teardown, which frees every
     # imported module one by one (0.3-0.45 s a run, measured; after an interrupt under load, seconds).
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(rc)

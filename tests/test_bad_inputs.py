@@ -260,3 +260,17 @@ def test_cli_subprocess_one_line(bad_files):
     argv, _ = run_case({"workload.arrival.rate_per_s": NAN}, bad_files)
     p = subprocess.run([sys.executable, "-m", "experiments.run", *argv], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "workload.arrival.rate_per_s" in p.stderr
+
+
+def test_cli_reader_gone_is_not_a_traceback(tmp_path):
+    """`python -m experiments.run SWEEP | head`: a reader that stops early gets what it read; the command
+    writes its results, says nothing on stderr and exits 0 (before: a BrokenPipeError traceback)."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({**BASE, "name": "pipe", "seeds": [0, 1, 2, 3]}))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "experiments.run", str(sweep), "--out", str(out), "--no-plots", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()   # the reader is gone before anything is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == ""
+    assert len((out / "results.csv").read_text().splitlines()) == 5
