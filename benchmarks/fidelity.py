@@ -1,13 +1,13 @@
-"""Fidelity benchmark (issue 5): run calibration.validate on the small CPU model and check its targets.
+"""Fidelity benchmark (issue 5): run fidelity.validate on the small CPU model and check its targets.
 
     python benchmarks/fidelity.py [--out results/fidelity-bench] [--profile stepfit|calibrate] [--repeats 5]
                                   [--clock cpu] [--raw] [-- extra validate options]
 
-calibration.validate first fits the whole-step model on its calibration runs (calibrate_stepfit: per
+fidelity.validate first fits the whole-step model on its calibration runs (calibrate_stepfit: per
 policy a saturated run and closed-loop runs with 1, 2 and 4 users, on other seeds), the same runs and fit that
-`calibration.run --device cpu --steps` does, then checks it on new runs of the same model: Poisson
+`calibration.capture --device cpu --steps` does, then checks it on new runs of the same model: Poisson
 arrivals at 50% and 80% of the measured capacity and saturated runs, each repeated --repeats times round
-robin. `--profile calibrate` runs `calibration.run --steps` in a separate process first and validates its
+robin. `--profile calibrate` runs `calibration.capture --steps` in a separate process first and validates its
 stepfit.json instead: on a shared VM drift between the two processes can add a few % to the error.
 
 Targets: per-step median |error| <= 5% and p90 <= 15% for static, continuous and chunked prefill;
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibration.validate_report import RANGE_METRICS
+from fidelity.validate_report import RANGE_METRICS
 
 STEP_MEDIAN_PCT, STEP_P90_PCT, THROUGHPUT_PCT = 5.0, 15.0, 5.0
 
@@ -77,14 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/fidelity-bench"))
     ap.add_argument("--profile", default="stepfit", help="stepfit (default): validate calibrates the whole-step "
                     "model first, in its own process, on other seeds and arrivals (OUT/stepfit.json); calibrate: "
-                    "first run `calibration.run --device cpu --steps` into OUT/calibration, a separate process, "
-                    "and validate its stepfit.json; or any calibration.validate --profile value")
+                    "first run `calibration.capture --device cpu --steps` into OUT/calibration, a separate process, "
+                    "and validate its stepfit.json; or any fidelity.validate --profile value")
     ap.add_argument("--repeats", type=int, default=5, help="real runs per policy and load (at least 3)")
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--num-requests", type=int, default=48)
     ap.add_argument("--raw", action="store_true", help="no --speed-normalise: judge raw step times")
     ap.add_argument("--check-only", action="store_true", help="only check an existing --out folder")
-    ap.add_argument("extra", nargs="*", help="more calibration.validate options (after --)")
+    ap.add_argument("extra", nargs="*", help="more fidelity.validate options (after --)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats: the real runs' range needs at least 3")
@@ -92,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         profile = args.profile
         if profile == "calibrate":
             calib = args.out / "calibration"
-            cmd = [sys.executable, "-m", "calibration.run", "--model", "tiny", "--device", "cpu", "--steps",
+            cmd = [sys.executable, "-m", "calibration.capture", "--model", "tiny", "--device", "cpu", "--steps",
                    "--steps-requests", str(args.num_requests), "--out", str(calib)]
             print(" ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, check=True)
             profile = str(calib / "stepfit.json")
-        cmd = [sys.executable, "-m", "calibration.validate", "--model", "tiny", "--device", "cpu",
+        cmd = [sys.executable, "-m", "fidelity.validate", "--model", "tiny", "--device", "cpu",
                "--profile", profile, "--clock", args.clock, "--num-requests", str(args.num_requests),
                "--loads", "0.5,0.8", "--repeats", str(args.repeats), "--out", str(args.out),
                *([] if args.raw else ["--speed-normalise"]), *args.extra]

@@ -2,7 +2,7 @@
 
     python -m benchmarks.scheduler_equivalence --num-workloads 1000
 
-Each workload (calibration.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random:
+Each workload (fidelity.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random:
 tight KV, prompts beyond the token budget, long_prefill_token_threshold, binding max_num_seqs, shared
 prefixes with prefix caching, priority scheduling, async scheduling, chunked prefill off) runs through
 vLLM's Scheduler and through our engine (chunked_prefill, or continuous with chunked prefill off); every
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from calibration.vllm_scheduler import FEATURES, compare, latency_effect, random_case, run_ours, run_vllm
+from fidelity.vllm_scheduler import FEATURES, compare, latency_effect, random_case, run_ours, run_vllm
 from costmodels import cost_model
 from policies import Continuous
 

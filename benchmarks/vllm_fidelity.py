@@ -6,8 +6,8 @@ the simulator on runs the fit never saw (other loads, other lengths, other seeds
 Per model shape (`tiny`: 4 layers, hidden 256, the shape this work was developed on; `wide8`: 8 layers,
 hidden 512, not tuned on; `tiny-moe`: `tiny` with a Qwen3-MoE MLP of 8 experts, top-2; `tiny-mla`: a
 DeepSeek-V2 layout, MLA attention and MoE, in bf16):
-1. calibration: `calibration.vllm_run` of a saturated run and closed loops of 1, 2 and 4 users (seed 100,
-   calibration lengths, `--calib-repeats` round robin), then `calibration.fit_engine` on them -> profile.json (with its own
+1. calibration: `fidelity.vllm_run` of a saturated run and closed loops of 1, 2 and 4 users (seed 100,
+   calibration lengths, `--calib-repeats` round robin), then `fidelity.fit_engine` on them -> profile.json (with its own
    leave-one-point-out report);
 2. capacity: `--repeats` saturated runs (everything sent at t = 0; seed 0, validation lengths);
 3. below saturation: Poisson arrivals at 50% and 80% of the measured capacity, `--repeats` runs each,
@@ -107,21 +107,21 @@ def one_shape(name: str, model, out: Path, args) -> dict:
     calib = sweep(d / "calib.yaml", n, 100, CALIB_LENGTHS,
                   [{"process": "poisson", "rate_per_s": float("inf")}] +
                   [{"process": "closed", "concurrency": c} for c in (1, 2, 4)], dtype)
-    run("calibration.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"),
+    run("fidelity.vllm_run", *common, "--config", str(calib), "--out", str(d / "calib"),
         "--repeats", str(args.calib_repeats))
     profile = d / "profile.json"
     for stale in (profile, d / "profile.refused.json"):  # a rerun refits: never judge an older fit
         stale.unlink(missing_ok=True)
-    run("calibration.fit_engine", str(d / "calib"), "--out", str(profile))
+    run("fidelity.fit_engine", str(d / "calib"), "--out", str(profile))
     if not profile.exists():
         profile = d / "profile.refused.json"
     sat = sweep(d / "sat.yaml", n, 0, VALID_LENGTHS, [{"process": "poisson", "rate_per_s": float("inf")}], dtype)
-    run("calibration.vllm_run", *common, "--config", str(sat), "--out", str(d / "sat"), "--repeats", str(args.repeats))
+    run("fidelity.vllm_run", *common, "--config", str(sat), "--out", str(d / "sat"), "--repeats", str(args.repeats))
     capacity = float(pd.read_csv(d / "sat" / "results.csv")["throughput_rps"].median())
     say(f"{name}: measured capacity {capacity:.2f} req/s")
     val = sweep(d / "val.yaml", n, 0, VALID_LENGTHS,
                 [{"process": "poisson", "rate_per_s": round(f * capacity, 3)} for f in (0.5, 0.8)], dtype)
-    run("calibration.vllm_run", *common, "--config", str(val), "--out", str(d / "val"), "--repeats", str(args.repeats))
+    run("fidelity.vllm_run", *common, "--config", str(val), "--out", str(d / "val"), "--repeats", str(args.repeats))
     run("calibration.compare", str(d / "sat"), str(d / "val"), "--profile", str(profile), "--out", str(d / "compare"))
     return judge(name, d, profile, capacity)
 

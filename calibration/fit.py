@@ -6,7 +6,7 @@ points; the other 20% are held out and their median / p90 absolute percentage er
 Writes PROFILE.json (the profile the simulator loads, with provenance and held-out errors), and next to
 it fit_report.json and fit.png (measured vs predicted, held-out points marked). A family whose held-out
 median error exceeds --max-holdout-error-pct (default 25%) is reported loudly and PROFILE.json is not
-written (exit 3) unless --keep-bad-fit (calibration.fit_quality). Families the measurements
+written (exit 3) unless --keep-bad-fit (calibration.holdout). Families the measurements
 lack (the published tables have no elementwise or sampling timings) come from the roofline prior and the
 profile says so per family. MoE models get the `moe` family (tokens, top-k, imbalance), MLA models their
 MLA attention (in place of prefill_attn / decode_attn) and projection curves, fp8-capable GPUs `gemm_fp8_*`
@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from calibration import measurements
-from calibration.fit_quality import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
-from calibration.fitting import choose_knots, errors, fit_loggrid, monotone, split_interior
+from calibration.holdout import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
+from calibration.loggrid_fit import choose_knots, errors, fit_loggrid, monotone, split_interior
 from calibration.overheads import fit_overheads, prior_family
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,

@@ -48,7 +48,7 @@ SMALL = {  # sizes 2x apart: a CPU's kinks are sharp, and a fifth of each family
     "sampling_m": sorted({round(2 ** (i / 2)) for i in range(21)}),   # 1 ... 1024: 20 points, 4 held out
     "steps": [([], [64] * 4), ([(64, 0)], [32] * 2), ([(32, 16)], [])],
     "moe_max_pairs": 4096,
-    "warmup": 3, "repeats": 15, "rounds": 3,   # a CPU shared with other load: see calibration.run.capture
+    "warmup": 3, "repeats": 15, "rounds": 3,   # a CPU shared with other load: see calibration.capture.capture
 }
 
 

@@ -1,4 +1,4 @@
-"""The measurement format shared by capture (calibration.run), the importer of published tables
+"""The measurement format shared by capture (calibration.capture), the importer of published tables
 (calibration.import_aic) and the fit: one CSV row per timed kernel shape, plus a metadata JSON.
 
 Families and the columns that describe their shape (unused columns stay empty):
@@ -65,7 +65,7 @@ def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
     table, meta_path = in_dir / TABLE, in_dir / META
     for path in (table, meta_path):
         if not path.exists():
-            raise MeasurementError(f"{path}: missing (expected a folder written by calibration.run or "
+            raise MeasurementError(f"{path}: missing (expected a folder written by calibration.capture or "
                                    f"calibration.import_aic)")
     try:
         frame = pd.read_csv(table, keep_default_na=True, dtype={"op": str, "batch": str, "status": str})

@@ -77,7 +77,7 @@ def fit_overheads(profile: dict, frame: pd.DataFrame, model: ModelShape) -> tupl
     report["iteration_with_overheads_error_pct"] = _errors(kernels + per_step_s + per_request_s * num_seqs, meas)
     return ({"per_step_s": float(per_step_s), "per_request_s": float(per_request_s), "per_layer_s": per_layer_s,
              "source": f"fitted to {len(layers)} whole-layer and {len(steps)} whole-iteration timings "
-                       f"(eager torch in calibration.run; refit against engine traces)"}, report)
+                       f"(eager torch in calibration.capture; refit against engine traces)"}, report)
 
 
 def _errors(pred: np.ndarray, meas: np.ndarray) -> list[float]:

@@ -62,7 +62,7 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
 
 
 def _stepfit_or_none(path: Path, model: ModelShape, dtype: str):
-    """A whole-step model (calibration.run --steps, calibration.validate, calibration.fit_engine) saved at
+    """A whole-step model (calibration.capture --steps, fidelity.validate, fidelity.fit_engine) saved at
     `path`, checked against the simulated model and dtype; None when the file is another kind of profile."""
     import json
     try:

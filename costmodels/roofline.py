@@ -48,7 +48,7 @@ class Efficiencies:
     # not to TPOT or ITL (experiments.simulate applies it as `request_latency_s`). 2.3 ms: measured on real
     # vLLM 0.32 through AsyncLLM on this project's CPU machine (README, Fidelity against real vLLM); an
     # HTTP server in front (`vllm serve`) adds its own time, not measured here. Fit yours with
-    # calibration.fit_engine.
+    # fidelity.fit_engine.
     request_latency_s: float = 2.3e-3
 
 

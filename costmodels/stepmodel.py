@@ -1,5 +1,5 @@
 """Whole-step cost model: seconds per engine step as a non-negative sum of physical terms, fitted to a real
-engine's own iterations (calibration.stepfit on our torch backend, calibration.fit_engine on real vLLM runs).
+engine's own iterations (fidelity.stepfit on our torch backend, fidelity.fit_engine on real vLLM runs).
 
 A step model is a small value: its coefficients, where they were fitted (`source`, `provenance`), their error
 on steps left out of the fit (`held_out`), and a fixed per-request latency (`request_latency_s`: what a
@@ -77,7 +77,7 @@ class StepFitCostModel:
     `held_out` its error on steps left out of the fit; `dtype` the dtype the real model ran in."""
     coefficients: tuple[float, ...]
     source: str = "?"
-    reference_step_s: float | None = None  # the speed probe (calibration.backend) when fitted
+    reference_step_s: float | None = None  # the speed probe (fidelity.torch_backend) when fitted
     held_out: dict | None = None           # {"steps", "median_ape_pct", "p90_ape_pct"}
     dtype: str | None = None
     request_latency_s: float = 0.0         # fixed per request, outside the engine steps (added to TTFT/E2E)

@@ -142,7 +142,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     """Run one simulation. `config` is a resolved PointConfig or a sweep-style mapping without `grid`.
     `specs` (RequestSpecs sorted by arrival) replays exactly those requests instead of drawing the
     workload's, and `cost_model` (a cost-model value) replaces the configured one: calibration.compare and
-    calibration.fit_engine replay a real run's requests this way. `tables_dir`: a fast-path run writes its
+    fidelity.fit_engine replay a real run's requests this way. `tables_dir`: a fast-path run writes its
     tables there (iteration rows streamed as the run goes, experiments/tables.py) and returns a SimResult
     without them (`tables_saved`); the SimPy engine ignores it (the caller saves its tables)."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)

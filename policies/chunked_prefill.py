@@ -3,7 +3,7 @@ all under one token budget per step (docs/engines.md sections 1.2 and 6).
 
 Checked step by step against vLLM 0.32's own Scheduler (vllm/v1/core/sched/scheduler.py) on random
 workloads: same tokens per request, admissions, preemptions, finishes and KV blocks in every step
-(calibration/vllm_scheduler.py, tests/test_vllm_scheduler.py, benchmarks/scheduler_equivalence.py).
+(fidelity/vllm_scheduler.py, tests/test_vllm_scheduler.py, benchmarks/scheduler_equivalence.py).
 
 `scheduling_policy: priority` (vLLM's `--scheduling-policy priority`) orders waiting requests by
 (priority, arrival, id), lower value first, and preempts the running request with the largest (priority,

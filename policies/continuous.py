@@ -8,7 +8,7 @@ Simplifications: no `delay_factor`, one sequence per request (no beam search).
 Against vLLM V1 with chunked prefill off (`enable_chunked_prefill=False`: prompts scheduled whole), the
 closest V1 setting: V1 runs every step as running requests first, then new whole prompts, with no
 watermark by default, i.e. `continuous` with `mix_prefill_decode: true, watermark: 0`, which makes the same
-decisions as vLLM 0.32's Scheduler step by step (calibration/vllm_scheduler.py). At its defaults
+decisions as vLLM 0.32's Scheduler step by step (fidelity/vllm_scheduler.py). At its defaults
 (`mix_prefill_decode: false`, `watermark: 0.01`) it is vLLM V0: a step that admits a prompt runs no
 decodes, and 1% of the blocks stay free at admission; V1 has neither.
 """

@@ -80,8 +80,8 @@ class Engine(ReplicaMechanics):
         self.requests: dict[int, Request] = {}
         self.log = log if log is not None else EngineLog()
         self.on_done = on_done  # called when a request finishes or is rejected (closed-loop users)
-        self.on_step = on_step  # called after each applied iteration (calibration.vllm_scheduler records)
-        # Real-execution seam (calibration.backend.RealBackend): when set, each batch is run on real
+        self.on_step = on_step  # called after each applied iteration (fidelity.vllm_scheduler records)
+        # Real-execution seam (fidelity.torch_backend.RealBackend): when set, each batch is run on real
         # hardware by `executor.execute(engine, batch, shape, cost_args)`, which returns its measured
         # seconds; the cost model is then not consulted. Everything else (policy, KV pool) is unchanged.
         self.executor = executor

@@ -1,6 +1,6 @@
 """Wiring and running one engine replica on the SimPy engine: the one place that connects arrivals (open
 loop or closed-loop users) to an engine and runs the clock; used by experiments.simulate,
-calibration.validate, calibration.vllm_scheduler and the tests. (The fast engines, simcore/fastpath.py, have
+fidelity.validate, fidelity.vllm_scheduler and the tests. (The fast engines, simcore/fastpath.py, have
 their own event loop and traffic, simcore/fasttraffic.py.)"""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def run_replica(policy, cost_model, limits: EngineLimits, specs, *, closed: tupl
                 on_step=None, before_run: Callable[[Engine], None] | None = None) -> Engine:
     """Run `specs` through one SimPy engine replica to the end; the engine (its `log`, its records).
     `before_run(engine)` is called once everything is wired, before the clock starts (a real clock's start;
-    calibration.vllm_scheduler's first submissions, whose later ones come from `on_step`)."""
+    fidelity.vllm_scheduler's first submissions, whose later ones come from `on_step`)."""
     env = env if env is not None else simpy.Environment()
     engine = Engine(env, policy, cost_model, limits, log if log is not None else EngineLog(), executor=executor,
                     on_step=on_step)

@@ -1,6 +1,6 @@
 """Real-run fixtures made by a known engine: our own simulator with a known step model and timing noise,
-written in calibration.vllm_run's folder format (or as vllm bench serve JSON / a per-request CSV), so
-the readers, calibration.fit_engine and calibration.compare are tested against an answer known exactly."""
+written in fidelity.vllm_run's folder format (or as vllm bench serve JSON / a per-request CSV), so
+the readers, fidelity.fit_engine and calibration.compare are tested against an answer known exactly."""
 from __future__ import annotations
 
 import json
@@ -53,7 +53,7 @@ def point(arrival: dict, n: int = 40) -> dict:
 
 
 def make_run(out: Path, label: str, raw: dict, seed: int = 0, noise: float = 0.03, repeat: int = 0) -> Path:
-    """One run folder as calibration.vllm_run writes it; client times include the fixed latencies."""
+    """One run folder as fidelity.vllm_run writes it; client times include the fixed latencies."""
     rec = _Recorder(true_model(), noise, seed + 1000 * repeat)
     res = simulate(raw, seed, cost_model=rec)
     d = out / "runs" / f"{label}-r{repeat}"

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 import simpy  # noqa: E402
 
-from calibration.backend import BackendError, RealBackend  # noqa: E402
-from calibration.model import (Decoder, PagedKVCache, SeqGroup, StepInput, random_weights,  # noqa: E402
+from fidelity.torch_backend import BackendError, RealBackend  # noqa: E402
+from fidelity.torch_llama import (Decoder, PagedKVCache, SeqGroup, StepInput, random_weights,  # noqa: E402
                                reference_logits)
 from costmodels.catalog import get_model  # noqa: E402
 from policies import POLICIES, ChunkedPrefill, Continuous, Static  # noqa: E402

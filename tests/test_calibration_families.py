@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibration import allreduce, family_kernels, fit, grid, measurements, run  # noqa: E402
+from calibration import allreduce, capture as run, family_kernels, fit, grid, measurements  # noqa: E402
 from costmodels import get_gpu, get_model, load_cost_model  # noqa: E402
 from costmodels.catalog import CatalogError  # noqa: E402
 from costmodels.deployment import Deployment  # noqa: E402
@@ -94,7 +94,7 @@ def test_the_calibrated_mla_moe_profile_drives_a_simulation(mla_moe_run, tmp_pat
 
 
 def test_the_held_out_bar_takes_the_new_families():
-    from calibration.fit_quality import bad_fits, holdout_limits
+    from calibration.holdout import bad_fits, holdout_limits
     limits = holdout_limits(["moe=5", "allreduce=40"])
     report = {"moe": {"held_out_median_ape": 6.0, "held_out_p90_ape": 9.0, "num_held_out": 20},
               "allreduce_tp2": {"held_out_median_ape": 30.0, "held_out_p90_ape": 50.0, "num_held_out": 3},

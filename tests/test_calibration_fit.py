@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from calibration import fit, measurements
-from calibration.fit_quality import bad_fits, holdout_limits
-from calibration.fitting import choose_knots, fit_loggrid, monotone, split, split_interior
+from calibration.holdout import bad_fits, holdout_limits
+from calibration.loggrid_fit import choose_knots, fit_loggrid, monotone, split, split_interior
 from calibration.overheads import fit_overheads
 from costmodels import get_gpu, get_model, load_cost_model
 from costmodels.profile import attention_heads, gemm_shapes, profile_cost_model
@@ -37,7 +37,7 @@ def elementwise_s(m):
 
 
 def synthetic_rows():
-    """A grid like calibration.run's, timed by the formulas above (tiny model shapes, tp=1)."""
+    """A grid like calibration.capture's, timed by the formulas above (tiny model shapes, tp=1)."""
     rows = []
     for op, (n, k) in gemm_shapes(TINY).items():
         for m in [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]:

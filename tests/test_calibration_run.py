@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibration import grid, measurements, run  # noqa: E402
+from calibration import capture as run, grid, measurements  # noqa: E402
+from fidelity.step_calibration import calibrate_steps  # noqa: E402
 from costmodels import get_model  # noqa: E402
 from experiments.simulate import simulate  # noqa: E402
 
@@ -42,7 +43,7 @@ def test_cpu_run_times_every_family_and_records_metadata(cpu_run):
 
 def test_cpu_profile_drives_a_simulation(cpu_run):
     profile = json.loads((cpu_run / "profile.json").read_text())
-    assert profile["provenance"]["source"] == "calibration.run"
+    assert profile["provenance"]["source"] == "calibration.capture"
     assert profile["fit_quality"]["max_holdout_error_pct"] == {"*": 25.0}
     assert profile["overheads"]["source"].startswith("fitted to")
     assert set(profile["fit_report"]) >= {"gemm", "prefill_attn", "decode_attn", "sampling"}
@@ -93,12 +94,12 @@ def test_cuda_small_grid_runs(tmp_path):
 
 
 def test_step_calibration_writes_a_held_out_step_model(tmp_path):
-    from calibration.stepfit import TERMS, read_stepfit
-    from calibration.validate import main as validate_main
+    from fidelity.stepfit import TERMS, read_stepfit
+    from fidelity.validate import main as validate_main
     small = ["--num-requests", "6", "--prompt-median", "16", "--prompt-max", "32", "--output-median", "4",
              "--output-max", "8", "--kv-tokens", "2048", "--max-num-seqs", "4", "--chunk-tokens", "32",
              "--reference-every-s", "0.05", "--step-repeats", "2"]
-    path = run.calibrate_steps("tiny", "cpu", tmp_path, quiet=True, extra=small)
+    path = calibrate_steps("tiny", "cpu", tmp_path, quiet=True, extra=small)
     model = read_stepfit(path)
     assert len(model.coefficients) == len(TERMS) and all(c >= 0 for c in model.coefficients)
     assert model.held_out["steps"] > 0 and model.held_out["median_ape_pct"] >= 0
@@ -115,7 +116,7 @@ def test_step_calibration_writes_a_held_out_step_model(tmp_path):
     held = steps[steps["held_out"]]
     assert np.median(np.abs(held["sim_s"] / held["normalised_s"] - 1)) * 100 == pytest.approx(
         model.held_out["median_ape_pct"], abs=0.01)
-    # the saved model is a profile calibration.validate accepts (its dtype is taken from the file)
+    # the saved model is a profile fidelity.validate accepts (its dtype is taken from the file)
     out = tmp_path / "fid"
     assert validate_main(["--model", "tiny", "--profile", str(path), "--policies", "continuous", "--repeats", "1",
                           "--loads", "0.5", "--out", str(out), "--clock", "cpu", "--speed-normalise", "--no-reexec",

@@ -1,4 +1,4 @@
-"""calibration.fit_engine and calibration.compare against runs made by a known engine (tests/fake_runs.py)."""
+"""fidelity.fit_engine and calibration.compare against runs made by a known engine (tests/fake_runs.py)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration import compare, fit_engine
-from calibration.realruns import RealRunError, read_runs, replay, replay_config
+from fidelity import compare, fit_engine
+from fidelity.realruns import RealRunError, read_runs, replay, replay_config
 from costmodels.stepmodel import TERMS, read_stepfit
 from experiments.simulate import simulate
 from tests.fake_runs import (LATENCY_IN_S, LATENCY_OUT_S, TINY_POINT, TRUE, as_vllm_bench_json,

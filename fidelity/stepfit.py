@@ -1,8 +1,8 @@
 """Whole-step cost model fitted to real engine iterations, and the overhead refit of a kernel profile.
 
 `StepFitCostModel` prices a step as a non-negative sum of physical terms fitted by relative-error least
-squares on measured iterations (calibration.backend records): it is the fallback when no kernel profile
-(calibration.run) exists for a machine, and validate fits it on a separate calibration run so the
+squares on measured iterations (fidelity.torch_backend records): it is the fallback when no kernel profile
+(calibration.capture) exists for a machine, and validate fits it on a separate calibration run so the
 validation itself stays held out. Ignores: anything its terms cannot express (cache effects of
 very long contexts, kernel-selection jumps), which shows up as its error in the fidelity report.
 Profiles saved before a term existed load with that term at 0.

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from calibration.model import Decoder, PagedKVCache, SeqGroup, StepInput, random_weights
+from fidelity.torch_llama import Decoder, PagedKVCache, SeqGroup, StepInput, random_weights
 from costmodels.catalog import ModelShape
 from policies import ChunkedPrefill
 from simcore.costmodel import ConstantCost

@@ -12,9 +12,9 @@
 #   python -c "import shutil; from costmodels.hfconfig import packaged_config as p; [shutil.copy(p(m), '.configs/')
 #              for m in ('Qwen/Qwen3-30B-A3B', 'deepseek-ai/DeepSeek-V3')]"
 #
-#   OUT=/some/dir bash calibration/h200_session.sh                 # device machine, repo root
+#   OUT=/some/dir bash benchmarks/h200_calibration.sh                 # device machine, repo root
 #   OUT=/tmp/dry DEVICE=cpu MODEL=tiny REFERENCE=roofline MOE_MODEL=tiny_moe.json MLA_MODEL=tiny_mla.json \
-#     MLA_TP=1 bash calibration/h200_session.sh                    # CPU dry run (tiny configs: tests/test_model_families.py)
+#     MLA_TP=1 bash benchmarks/h200_calibration.sh                    # CPU dry run (tiny configs: tests/test_model_families.py)
 # MOE_MODEL=none or MLA_MODEL=none leaves that calibration out.
 #
 # Writes (8 files at most, the device tool's limit): $OUT/nvidia-smi.txt, $OUT/run.log (every capture and
@@ -50,7 +50,7 @@ calibrate() {   # name, model, extra options
     return 0
   fi
   echo "=== $name: $model $*" | tee -a "$OUT/run.log"
-  time $PY -m calibration.run --model "$model" --device "$DEVICE" --out "$OUT/$name" --quiet --keep-bad-fit "$@" \
+  time $PY -m calibration.capture --model "$model" --device "$DEVICE" --out "$OUT/$name" --quiet --keep-bad-fit "$@" \
     2>&1 | tee -a "$OUT/run.log"
 }
 calibrate calib "$MODEL"

@@ -1,4 +1,4 @@
-"""The fidelity report of calibration.validate: per-step error of the cost model on the batches that really
+"""The fidelity report of fidelity.validate: per-step error of the cost model on the batches that really
 ran (raw and normalised by the machine's speed index), and per policy and load the real runs' range of
 each latency/throughput metric against the simulated value. Pure tables in, files out."""
 from __future__ import annotations

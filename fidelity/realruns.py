@@ -3,7 +3,7 @@
 A real run is what a benchmark client saw (per request: send time, lengths, token times) and, where the
 engine was instrumented, what each engine step did and how long it took. Formats read:
 
-- `calibration.vllm_run` output: a run folder (runs/<point>-r<k>/) or the whole output folder (every run in
+- `fidelity.vllm_run` output: a run folder (runs/<point>-r<k>/) or the whole output folder (every run in
   it); steps, engine-side times and the point's configuration come with it;
 - `vllm bench serve --save-result --save-detailed` JSON (input_lens, output_lens, start_times, ttfts, itls);
 - GuideLLM benchmarks JSON (`guidellm benchmark --output-path x.json`): one run per benchmark (rate), from
@@ -99,7 +99,7 @@ def read_runs(path: str | Path) -> list[RealRun]:
             return [_read_vllm_run(p)]
         dirs = sorted(d for d in (p / "runs").glob("*") if (d / "summary.json").exists()) if (p / "runs").is_dir() else []
         if not dirs:
-            raise RealRunError(f"{p}: not a calibration.vllm_run folder (no runs/*/summary.json or requests.csv)")
+            raise RealRunError(f"{p}: not a fidelity.vllm_run folder (no runs/*/summary.json or requests.csv)")
         return [_read_vllm_run(d) for d in dirs]
     suffix = p.suffix.lower()
     if suffix == ".json":
@@ -115,7 +115,7 @@ def read_runs(path: str | Path) -> list[RealRun]:
                            f"'ttfts'/'itls', or GuideLLM JSON with 'benchmarks')")
     if suffix == ".csv":
         return [_read_csv(p)]
-    raise RealRunError(f"{p}: unknown run format (a calibration.vllm_run folder, a .json from vllm bench serve "
+    raise RealRunError(f"{p}: unknown run format (a fidelity.vllm_run folder, a .json from vllm bench serve "
                        f"or GuideLLM, or a per-request .csv)")
 
 
@@ -125,7 +125,7 @@ def _read_vllm_run(d: Path) -> RealRun:
         summary = json.loads((d / "summary.json").read_text())
         config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else None
     except (OSError, ValueError, yaml.YAMLError) as e:
-        raise RealRunError(f"{d}: unreadable calibration.vllm_run run ({e.__class__.__name__})") from None
+        raise RealRunError(f"{d}: unreadable fidelity.vllm_run run ({e.__class__.__name__})") from None
     if isinstance(config, dict) and isinstance(config.get("model"), str) and not Path(config["model"]).exists():
         moved = d.parent.parent / "model" / "config.json"  # the output folder was moved: its own copy
         if moved.exists():
@@ -134,7 +134,7 @@ def _read_vllm_run(d: Path) -> RealRun:
     if not need <= set(requests.columns):
         raise RealRunError(f"{table_path(d, 'requests')}: lacks {', '.join(sorted(need - set(requests.columns)))}")
     gaps = None
-    if (d / "itl_gaps_ms.npy").exists():   # calibration.vllm_run's every gap, in order
+    if (d / "itl_gaps_ms.npy").exists():   # fidelity.vllm_run's every gap, in order
         gaps = np.load(d / "itl_gaps_ms.npy").astype(float) / 1e3
     elif has_table(d, "itl"):              # a simulated run saved by experiments.run: (gap, count) samples
         gaps = np.repeat(*read_itl_ms(d)) / 1e3

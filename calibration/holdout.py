@@ -71,7 +71,7 @@ def bad_fit_lines(bad: dict[str, dict], kept: bool, folder: Path, out: Path) -> 
 
 
 def add_quality_options(ap: argparse.ArgumentParser) -> None:
-    """The held-out quality bar, shared with calibration.run."""
+    """The held-out quality bar, shared with calibration.capture."""
     ap.add_argument("--max-holdout-error-pct", action="append", metavar="N|FAMILY=N",
                     help=f"refuse a fit whose held-out median error exceeds N%% in any family (default "
                     f"{MAX_HOLDOUT_ERROR_PCT:g}); FAMILY=N sets one family (repeatable)")
