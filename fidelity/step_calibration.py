@@ -24,7 +24,8 @@ def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False
     `extra`: more fidelity.validate options (workload size, policies)."""
     argv = ["--model", model_name, "--device", device, "--no-reexec", "--out", str(out),
             *(["--quiet"] if quiet else []), *extra]
-    return calibrate(validate.parse_args(_with_cpu_clock(argv), prog=PROG), argv)
+    argv = _with_cpu_clock(argv)
+    return calibrate(validate.parse_args(argv, prog=PROG), argv)
 
 
 def _with_cpu_clock(argv: list[str]) -> list[str]:
@@ -49,14 +50,15 @@ def calibrate(vargs, argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from_cli = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    argv = _with_cpu_clock(given)
     try:
-        vargs = validate.parse_args(_with_cpu_clock(argv), prog=PROG, description=__doc__.splitlines()[0])
+        vargs = validate.parse_args(argv, prog=PROG, description=__doc__.splitlines()[0])
     except validate.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if vargs.device == "cpu" and from_cli and not vargs.no_reexec:
-        validate.reexec_with_tunables("fidelity.step_calibration", argv)
+        validate.reexec_with_tunables("fidelity.step_calibration", given)
     try:
         calibrate(vargs, argv)
     except validate.ConfigError as e:
