@@ -1,4 +1,4 @@
-"""Fidelity benchmark (issue 5): run fidelity.validate on the small CPU model and check its targets.
+"""Fidelity benchmark: run fidelity.validate on the small CPU model and check its targets.
 
     python benchmarks/fidelity.py [--out results/fidelity-bench] [--profile stepfit|calibrate] [--repeats 5]
                                   [--clock cpu] [--raw] [-- extra validate options]

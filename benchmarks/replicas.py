@@ -1,4 +1,4 @@
-"""Several replicas on the fast path against the SimPy engine (issue 15): a cluster behind a router and a
+"""Several replicas on the fast path against the SimPy engine: a cluster behind a router and a
 prefill/decode disaggregated deployment, the engine alone (`simulate()`), each run in a fresh child process
 on one core, fast and SimPy alternating; the results must be identical (checked on the summary here,
 bitwise on every table by tests/test_fastcluster.py and tests/test_fastdisagg.py).

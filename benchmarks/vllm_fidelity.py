@@ -13,7 +13,7 @@ DeepSeek-V2 layout, MLA attention and MoE, in bf16):
 3. below saturation: Poisson arrivals at 50% and 80% of the measured capacity, `--repeats` runs each,
    round robin (seed 0, validation lengths: longer prompts and outputs than the calibration's);
 4. `calibration.compare` of 2 and 3 with the profile.
-Targets (issue 13): per-step time median <= 5%, p90 <= 15%; saturated throughput within 5%; below
+Targets: per-step time median <= 5%, p90 <= 15%; saturated throughput within 5%; below
 saturation every simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range and within 5% of their
 median. Writes report.md and the folders of every step under --out; prints progress.
 """
@@ -41,7 +41,7 @@ SHAPES = {
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
               "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"},
     # `tiny`'s attention with a Qwen3-MoE MLP in every layer: 8 experts, top-2, each expert as wide as
-    # `tiny`'s MLP (issue 14; vLLM's CPU build runs it through its fused-MoE CPU kernel)
+    # `tiny`'s MLP (vLLM's CPU build runs it through its fused-MoE CPU kernel)
     "tiny-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
                  "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,

@@ -30,8 +30,8 @@ def imports_frozen():
 
 
 # The simulator's numpy work is small arrays in one thread per process (--jobs runs processes): OpenBLAS's
-# own threads, one per core, would only spin idle once started (about 0.1 s of CPU in every process,
-# measured with perf). Read when numpy loads, so set before the imports below; a user's own setting wins.
+# own threads, one per core, would only spin idle once started, costing CPU in every process and worker.
+# Read when numpy loads, so set before the imports below; a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 with imports_frozen():
@@ -151,7 +151,7 @@ if __name__ == "__main__":
     rc = main()
     # Every file is written and closed, the workers and any Dask client are gone (main's `with` blocks saw
     # to that; on Ctrl-C, what finished is on disk): skip the interpreter's teardown, which frees every
-    # imported module one by one (0.3-0.45 s a run, measured; after an interrupt under load, seconds).
+    # imported module one by one, work nobody waits for.
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
         sys.stderr.flush()

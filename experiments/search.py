@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.config import ConfigError, check_keys, number
+from simcore.metrics import stats_ms
 
 OVER_KEYS = ("workload.arrival.concurrency", "workload.arrival.rate_per_s")
 SLO_METRICS = tuple(f"{m}_p{p}_ms" for m in ("ttft", "itl", "tpot", "e2e") for p in (50, 90, 95, 99))
@@ -208,15 +209,6 @@ def bracket_then_bisect(spec: SearchSpec) -> Generator[float, bool, Outcome]:
 
 # ---- what one simulation says about the SLO ----
 
-def _pcts_ms(prefix: str, values_s) -> dict:
-    v = np.asarray(values_s, dtype=float)
-    v = v[~np.isnan(v)]
-    q = np.percentile(v, (50, 90, 95, 99)) * 1e3 if v.size else [math.nan] * 4
-    out = {f"{prefix}_p{p}_ms": float(x) for p, x in zip((50, 90, 95, 99), q)}
-    out[f"{prefix}_mean_ms"] = float(v.mean() * 1e3) if v.size else math.nan
-    return out
-
-
 def steady_state_metrics(requests: pd.DataFrame, itl_gaps_s, itl_end_s, concurrency: int | None,
                          warmup: str = "auto") -> dict:
     """Latency percentiles and throughput over the measured requests.
@@ -246,8 +238,8 @@ def steady_state_metrics(requests: pd.DataFrame, itl_gaps_s, itl_end_s, concurre
            "throughput_rps": float(requests["finish_s"].between(t0, t1, inclusive="right").sum() / span_s)
            if span_s > 0 else math.nan,
            "output_tok_per_s": float((in_win.sum() + firsts) / span_s) if span_s > 0 else math.nan}
-    out.update(_pcts_ms("ttft", fin["ttft_s"]))
-    out.update(_pcts_ms("itl", gaps[in_win]))
-    out.update(_pcts_ms("tpot", fin["tpot_s"]))
-    out.update(_pcts_ms("e2e", fin["e2e_s"]))
+    out.update(stats_ms("ttft", fin["ttft_s"]))
+    out.update(stats_ms("itl", gaps[in_win]))
+    out.update(stats_ms("tpot", fin["tpot_s"]))
+    out.update(stats_ms("e2e", fin["e2e_s"]))
     return out

@@ -12,7 +12,6 @@ driver alone writes files, so Dask workers need no shared disk.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from commandline.files import content_hash, write_json_atomic
 from experiments.executors import open_executor
 from experiments.config import ConfigError, Point, expand, set_dotted
 from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
@@ -81,9 +81,7 @@ def run_detail(raw: dict, spec: SearchSpec, value: float, seed: int) -> SimResul
 
 
 def _hash(raw: dict, spec: SearchSpec, seed: int, kind: str) -> str:
-    blob = json.dumps({"raw": raw, "seed": seed, "kind": kind, "warmup": spec.warmup, "metrics": METRICS_VERSION},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return content_hash({"raw": raw, "seed": seed, "kind": kind, "warmup": spec.warmup, "metrics": METRICS_VERSION})
 
 
 def _label(spec: SearchSpec, value: float) -> str:
@@ -310,9 +308,7 @@ def _read_json(f: Path | None) -> dict | None:
 
 def _write_json(f: Path, data: dict) -> None:
     f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str, indent=1))
-    tmp.replace(f)  # atomic: an evaluation is either saved or absent
+    write_json_atomic(f, data)   # an evaluation is either saved or absent
 
 
 def _bar(total: int, enabled: bool):

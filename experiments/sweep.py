@@ -14,7 +14,6 @@ interrupted sweep loses nothing.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -24,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from commandline.files import content_hash, write_csv_atomic, write_json_atomic
 from experiments.executors import open_executor
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
@@ -46,9 +46,7 @@ RESULTS_VERSION = 2  # bump when a point's results change meaning (2: long promp
 
 
 def point_hash(point: Point) -> str:
-    blob = json.dumps({"raw": point.raw, "seed": point.seed, "version": RESULTS_VERSION}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return content_hash({"raw": point.raw, "seed": point.seed, "version": RESULTS_VERSION})
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -85,9 +83,7 @@ def _save_point(out_dir: Path, point: Point, result: SimResult, wall_s: float,
         write_run_tables(d, result.requests, result.iterations, result.itl_gaps_s, table_format, result.replicas)
     (d / "config.yaml").write_text(yaml.safe_dump(result.resolved, sort_keys=False))
     summary = {**_row(point, result.summary), "wall_s": round(wall_s, 3), "config_hash": point_hash(point)}
-    tmp = d / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, default=str, indent=1))
-    tmp.replace(d / "summary.json")  # atomic: a point is either finished or absent
+    write_json_atomic(d / "summary.json", summary)   # a point is either finished or absent
 
 
 def _load_finished(out_dir: Path, point: Point) -> dict | None:
@@ -185,9 +181,7 @@ def _frame(points: list[Point], rows: dict[str, dict]) -> pd.DataFrame:
 
 def _write_results(out: Path, points: list[Point], rows: dict[str, dict]) -> None:
     df = _frame(points, rows).drop(columns=["config_hash"], errors="ignore")
-    tmp = out / "results.csv.tmp"
-    df.to_csv(tmp, index=False)
-    tmp.replace(out / "results.csv")
+    write_csv_atomic(out / "results.csv", df)
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):

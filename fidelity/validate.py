@@ -36,17 +36,16 @@ from costmodels import load_cost_model
 from costmodels.catalog import CatalogError, get_gpu
 from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
 from experiments.simulate import memory_plan
-from policies import POLICIES as ALL_POLICIES
+from policies import POLICIES
 from simcore.engine import EngineLimits, SimulationError
 from simcore.metrics import iterations_frame, requests_frame, summarize
 from simcore.replica import run_replica
 from workloads.synthetic import generate
 
-POLICIES = ("static", "continuous", "chunked_prefill")  # the default set; any registered policy may be named
+DEFAULT_POLICIES = ("static", "continuous", "chunked_prefill")  # any registered policy may be named
 # the stepfit calibration runs per policy: (seed offset, arrival), None = all queued at t = 0. Closed loops
-# of 1, 2 and 4 users cover the small batches that dominate below saturation: without 2 users, decodes of
-# two sequences were only interpolated and came out 5-7% high. (A loop of 8 users made it worse: the
-# linear terms then traded 3% at 2-4 sequences for 8-16; docs/fidelity/README.md)
+# of 1, 2 and 4 users cover the small batches that dominate below saturation, so that the fit sees them
+# instead of interpolating between a single sequence and the saturated run (docs/fidelity/README.md).
 CALIBRATION_RUNS = ((1000, None), (2000, {"process": "closed", "concurrency": 1}),
                     (4000, {"process": "closed", "concurrency": 2}),
                     (3000, {"process": "closed", "concurrency": 4}))
@@ -114,7 +113,7 @@ def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = No
     engine.setdefault("max_model_len", args.prompt_max + args.output_max if not args.config else None)
     if engine["max_model_len"] is None:
         del engine["max_model_len"]
-    if "max_num_seqs" in ALL_POLICIES[policy].__dataclass_fields__:  # another policy's knob is an error
+    if "max_num_seqs" in POLICIES[policy].__dataclass_fields__:  # another policy's knob is an error
         engine.setdefault("max_num_seqs", args.max_num_seqs)
     if policy == "chunked_prefill":
         engine.setdefault("max_num_batched_tokens", args.chunk_tokens)
@@ -366,8 +365,8 @@ def parse_args(argv, prog: str = "python -m fidelity.validate", description: str
     args.policies = list(dict.fromkeys(p.strip() for p in (args.policies or _yaml_policies(args.config)).split(",")
                                        if p.strip()))
     for p in args.policies:
-        if p not in ALL_POLICIES:
-            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(ALL_POLICIES)}")
+        if p not in POLICIES:
+            ap.error(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
     try:
         args.loads = list(dict.fromkeys(float(x) for x in args.loads.split(",") if x.strip()))
     except ValueError:
@@ -389,14 +388,14 @@ def parse_args(argv, prog: str = "python -m fidelity.validate", description: str
 def _yaml_policies(path: str | None) -> str:
     """The policies a sweep YAML grids over (its only grid key validate accepts), else all three."""
     if not path:
-        return ",".join(POLICIES)
+        return ",".join(DEFAULT_POLICIES)
     grid = load_sweep_file(path).get("grid") or {}
     for key in grid:
         if key != "engine.policy":
             raise ConfigError(f"{path}: grid.{key}: validate runs one point per policy; only engine.policy "
                               "may be gridded (loads and repeats are validate's own options)")
     policies = grid.get("engine.policy")
-    return ",".join(policies) if policies else ",".join(POLICIES)
+    return ",".join(policies) if policies else ",".join(DEFAULT_POLICIES)
 
 
 def _profile_dtype(profile: str) -> str | None:

@@ -11,7 +11,7 @@ import pandas as pd
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
            "e2e_p50_ms", "e2e_p99_ms", "throughput_rps", "output_tok_per_s")
 COMPOSITIONS = ("prefill_only", "decode_only", "mixed")
-# the metrics whose simulated value should fall inside the real runs' range below saturation (issue 5)
+# the metrics whose simulated value should fall inside the real runs' range below saturation
 RANGE_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from commandline.files import write_csv_atomic, write_json_atomic
 from costmodels.catalog import MODELS, CatalogError, get_model
 from experiments.config import ConfigError, Point, PointConfig, expand, load_sweep_file
 from experiments.simulate import memory_plan
@@ -386,9 +387,7 @@ def _save(d: Path, point: Point, rep: int, requests, iterations, gaps_s, summary
     (d / "config.yaml").write_text(yaml.safe_dump(point.raw, sort_keys=False))
     row = {"point": point.point_id, "repeat": rep, "seed": point.seed, "policy": point.config.policy.name,
            **flatten(point.grid_values), **summary, "engine": "vllm", **meta}
-    tmp = d / "summary.json.tmp"
-    tmp.write_text(json.dumps(row, default=str, indent=1))
-    tmp.replace(d / "summary.json")  # atomic: a run is either finished or absent
+    write_json_atomic(d / "summary.json", row)   # a run is either finished or absent
     return row
 
 
@@ -472,9 +471,7 @@ async def _warm_up(engine, cfg: PointConfig, vocab: int, n: int) -> None:
 
 def _write_results(out: Path, rows: list[dict]) -> None:
     df = pd.DataFrame(rows).sort_values(["point", "repeat"], kind="stable")
-    tmp = out / "results.csv.tmp"
-    df.to_csv(tmp, index=False)
-    tmp.replace(out / "results.csv")
+    write_csv_atomic(out / "results.csv", df)
 
 
 def _say(msg: str) -> None:

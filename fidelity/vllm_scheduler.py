@@ -1,4 +1,4 @@
-"""Our schedulers against vLLM's own V1 `Scheduler`, step by step, with no model (issue 13).
+"""Our schedulers against vLLM's own V1 `Scheduler`, step by step, with no model.
 
 vLLM's scheduler (vllm/v1/core/sched/scheduler.py, its KV cache manager vllm/v1/core/kv_cache_manager.py)
 runs on synthetic model outputs: one sampled token per request whose scheduled tokens reach the end of its

@@ -61,7 +61,7 @@ def iterations_frame(log: EngineLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
 
 
-def _stats_ms(prefix: str, values_s) -> dict:
+def stats_ms(prefix: str, values_s) -> dict:
     v = np.asarray(values_s, dtype=float)
     v = v[~np.isnan(v)]
     out = {f"{prefix}_mean_ms": float(v.mean() * 1e3) if v.size else float("nan")}
@@ -149,7 +149,7 @@ class ItlSamples:
 
 def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
     if not len(values):
-        return _stats_ms(prefix, [])
+        return stats_ms(prefix, [])
     # numpy's own sum, not np.dot: OpenBLAS would split this one dot product of ~600k values (100k requests)
     # over every core, its threads then spinning idle for about 0.1 s of CPU (measured with perf), and its
     # last bits would depend on how many cores the machine has
@@ -239,11 +239,11 @@ def summarize(requests: pd.DataFrame, iterations, itl_gaps_s, num_gpu_blocks: in
         "output_tok_per_s": out_tokens / duration_s,
         "total_tok_per_s": (in_tokens + out_tokens) / duration_s,
     }
-    s.update(_stats_ms("ttft", fin["ttft_s"]))
+    s.update(stats_ms("ttft", fin["ttft_s"]))
     s.update(_weighted_stats_ms("itl", *itl_samples(itl_gaps_s)))
-    s.update(_stats_ms("tpot", fin["tpot_s"]))
-    s.update(_stats_ms("e2e", fin["e2e_s"]))
-    s.update(_stats_ms("queue", fin["queue_s"]))
+    s.update(stats_ms("tpot", fin["tpot_s"]))
+    s.update(stats_ms("e2e", fin["e2e_s"]))
+    s.update(stats_ms("queue", fin["queue_s"]))
     s["num_preemptions"] = int(requests["num_preemptions"].sum())
     s.update(_iteration_keys(it, duration_s, num_gpu_blocks))
     s.update(per_priority_stats(requests))
@@ -291,8 +291,8 @@ def replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame, num_gpu_blo
                "kv_usage_mean": float((it["kv_blocks_used"] * dur).sum() / duration_s / num_gpu_blocks) if len(it) else 0.0,
                "kv_usage_max": float(it["kv_blocks_used"].max() / num_gpu_blocks) if len(it) else 0.0,
                "num_preemptions": int(req["num_preemptions"].sum())}
-        row.update(_stats_ms("ttft", fin["ttft_s"]))
-        row.update(_stats_ms("tpot", fin["tpot_s"]))
+        row.update(stats_ms("ttft", fin["ttft_s"]))
+        row.update(stats_ms("tpot", fin["tpot_s"]))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -321,7 +321,7 @@ def per_priority_stats(requests: pd.DataFrame) -> dict:
         stats = {"num_requests": len(group), "num_finished": len(fin),
                  "num_preemptions": int(group["num_preemptions"].sum())}
         for metric in ("ttft", "tpot", "e2e", "queue"):
-            stats.update(_stats_ms(metric, fin[f"{metric}_s"]))
+            stats.update(stats_ms(metric, fin[f"{metric}_s"]))
         out.update({f"{k}_prio{int(prio)}": v for k, v in stats.items()})
     return out
 

@@ -117,8 +117,8 @@ def parse_workload(spec, key: str = "workload") -> Workload | TraceWorkload:
                     sessions, parse_mix(spec["mix"], f"{key}.mix") if "mix" in spec else None, long_prompts)
 
 
-# Peak memory per simulated request, measured on the fast path (benchmarks.speed: 1.77 GB for 1M requests)
-# and rounded up; the SimPy engine needs more, so this bound only refuses runs that cannot fit at all.
+# Peak memory per simulated request on the fast path, rounded up (benchmarks.speed section 3 measures it;
+# docs/speed.md); the SimPy engine needs more, so this bound only refuses runs that cannot fit at all.
 BYTES_PER_REQUEST = 2048
 
 
