@@ -67,3 +67,15 @@ def cost_model_basis(cost_model) -> str:
     """`basis_line` of a cost-model object."""
     describe = getattr(cost_model, "describe", None)
     return basis_line(describe()) if describe is not None else f"cost model {type(cost_model).__name__}"
+
+
+def rests_on(bases) -> str:
+    """The cost models behind a set of answers, in words: one line when they share one, else each with the
+    answers' labels (`bases`: label -> costmodels.basis line)."""
+    distinct = list(dict.fromkeys(b for b in bases.values() if isinstance(b, str) and b))
+    if not distinct:
+        return "cost model not recorded"
+    if len(distinct) == 1:
+        return f"cost model: {distinct[0]}"
+    return "cost models: " + "; ".join(
+        f"{', '.join(k for k, b in bases.items() if b == d)}: {d}" for d in distinct)

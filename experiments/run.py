@@ -35,6 +35,7 @@ def imports_frozen():
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 with imports_frozen():
+    from costmodels.basis import rests_on
     from costmodels.catalog import CatalogError
     from experiments.config import ConfigError, expand, load_sweep_file
     from experiments.simulate import check_runnable
@@ -79,7 +80,7 @@ def validate(sweep: dict) -> None:
     """Resolve the whole sweep file (points, and the search and capacity blocks) and check each point's
     memory plan and cost model, without running anything."""
     if "search" in sweep:
-        from experiments.capacity import parse_capacity
+        from experiments.capacity_plan import parse_capacity
         from experiments.search import parse_search
         from experiments.search_run import grid_points
         points = grid_points(sweep, parse_search(sweep.get("search")))[0]
@@ -89,6 +90,13 @@ def validate(sweep: dict) -> None:
         points = expand(sweep)
     for cfg in {id(p.config): p.config for p in points}.values():
         check_runnable(cfg)
+
+
+def point_bases(results) -> dict:
+    """point -> the cost-model line its results rest on (results.csv's cost_model_basis)."""
+    if "cost_model_basis" not in results:
+        return {}
+    return dict(zip(results["point"], results["cost_model_basis"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(out)
         if "search" in sweep:
             with imports_frozen():
-                from experiments.plan import run_and_report
+                from experiments.search_and_plan import run_and_report
             text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots, args.tables)
         else:
             if "capacity" in sweep:
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                                table_format=args.tables)
             skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
-                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
+                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv"
+                    + f"\nrests on the {rests_on(point_bases(result.results))}")
             if not args.no_plots:
                 with imports_frozen():
                     from experiments.report_sweep import sweep_report

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from experiments.capacity import CapacitySpec, parse_capacity, plan, replicas_needed
+from experiments.capacity_plan import CapacitySpec, parse_capacity, plan, replicas_needed
 from experiments.config import ConfigError
 
 
