@@ -17,7 +17,7 @@ from experiments.search import parse_search
 from experiments.search_run import SearchResult, evaluate_load, evaluation_key, read_saved, run_search, save_evaluation
 
 
-def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool = True,
+def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool | str = True,
                    dask_address: str | None = None, make_plots: bool = True, table_format: str = "parquet") -> str:
     parse_search(sweep.get("search"))  # fail on a bad block before any work
     cap_spec = parse_capacity(sweep["capacity"]) if "capacity" in sweep else None

@@ -110,7 +110,7 @@ def grid_points(sweep: dict, spec: SearchSpec) -> tuple[list[Point], list[int]]:
     return [p for p in expanded if p.seed == seeds[0]], seeds
 
 
-def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool = True,
+def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool | str = True,
                dask_address: str | None = None, table_format: str = "parquet") -> SearchResult:
     """Search every grid point of `sweep` (which has a `search:` block); see the module docstring.
     `table_format`: how the detail runs' tables are saved ('parquet' or 'csv')."""
@@ -349,8 +349,7 @@ def save_evaluation(f: Path, data: dict) -> None:
     write_json_atomic(f, data)   # an evaluation is either saved or absent
 
 
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, unit="search", desc="search", dynamic_ncols=True)
+def _bar(total: int, progress):
+    """`progress`: a commandline.progress mode (auto, bar, plain, none) or True/False (auto/none)."""
+    from commandline.progress import progress_bar
+    return progress_bar(progress, total, "search", "searches")
