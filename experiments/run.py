@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                                table_format=args.tables)
             skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
-                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv"
-                    + f"\nrests on the {rests_on(point_bases(result.results))}")
+                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
             if not args.no_plots:
                 with imports_frozen():
                     from experiments.report_sweep import sweep_report
                 sweep_report(sweep, out, result.results)
                 text += f"; plots and summary.md in {out}"
+            text += f"\nrests on the {rests_on(point_bases(result.results))}"
             notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
             if notes:
                 text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "
