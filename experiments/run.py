@@ -17,7 +17,7 @@ def imports_frozen():
     moved out of the collector's sight (`gc.freeze`). pandas, pyarrow and matplotlib create some 150,000
     objects that live as long as the process; the collector, triggered every 700 allocations, would walk
     them again and again, and once more all at once when re-enabled (0.3 s of CPU at 100k requests, 0.13 s
-    at 2,000, measured side by side; see the README's speed section). Reference counting still frees what
+    at 2,000, measured side by side; see docs/speed.md). Reference counting still frees what
     is dropped."""
     was_enabled = gc.isenabled()
     gc.disable()
