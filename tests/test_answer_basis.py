@@ -78,3 +78,26 @@ def test_silent_corners_warn_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warning: data_parallel_size: 2 ranks, but one engine is simulated (no cluster:)" in err
     assert "warning: profile: measured on h100-sxm, simulating hardware h200-sxm" in err
+
+
+def test_the_search_cdf_counts_the_requests_the_search_measured(tmp_path):
+    """Closed loop: each user's first request (the t = 0 burst) and the last ones are not in the CDF at the
+    answer, as they are not in the search's p99."""
+    import json
+
+    import numpy as np
+
+    from experiments.report import _requests_cdf_input
+    from experiments.search import parse_search
+    from experiments.tables import write_run_tables
+    users, n = 4, 20
+    ttft = np.where(np.arange(n) < users, 9.0, 0.1)     # the burst: 9 s
+    ttft[-users:] = 5.0                                  # the tail: 5 s
+    req = pd.DataFrame({"request_id": np.arange(n), "status": "finished", "ttft_s": ttft})
+    write_run_tables(tmp_path, req, None, ([], []), "csv")
+    (tmp_path / "summary.json").write_text(json.dumps({"value": users}))
+    spec = parse_search({"over": "workload.arrival.concurrency", "slo": {"ttft_p99_ms": 200}, "range": [1, 8]})
+    measured, _ = _requests_cdf_input(tmp_path, spec)
+    assert sorted(measured) == [100.0] * (n - 2 * users)
+    everything, _ = _requests_cdf_input(tmp_path)          # a plain sweep's CDF keeps every request
+    assert len(everything) == n
