@@ -248,6 +248,7 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?"),
                     "cost_model_basis": cost_model_basis(cost_model)})
+    summary["input_tok_per_s"] = summary["total_tok_per_s"] - summary["output_tok_per_s"]   # the prompts' side
     summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
     summary["rejected_reasons"] = rejected_reasons(requests)
     add_goodput(cfg, requests, summary)

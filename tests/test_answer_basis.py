@@ -67,7 +67,10 @@ def test_a_plain_sweep_names_its_cost_model_in_results_console_summary_and_plots
     assert "rests on the cost model: roofline prior of batchsim" in out
     res = pd.read_csv(tmp_path / "out" / "results.csv")
     assert res["cost_model_basis"].str.startswith("roofline prior").all()
-    assert "**Rests on** the cost model: roofline prior" in (tmp_path / "out" / "summary.md").read_text()
+    assert list(res["input_tok_per_s"] + res["output_tok_per_s"]) == pytest.approx(list(res["total_tok_per_s"]))
+    assert (res["input_tok_per_s"] > 10 * res["output_tok_per_s"]).all()   # 1,500-token prompts, 50-token answers
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "**Rests on** the cost model: roofline prior" in md and "| input_tok_per_s |" in md
     assert titles and all("cost model: roofline prior" in t for t in titles)
 
 
