@@ -51,7 +51,8 @@ def basis_line(described: dict) -> str:
             line += f", measured on {described['measured_on']}, simulating {described['gpu']}"
         return line
     if kind == "aic":
-        return f"NVIDIA kernel tables: {described.get('source', '?')}; {_aic_error(described.get('held_out_error') or {})}"
+        error = _aic_error(described.get("held_out_error") or {})
+        return f"NVIDIA kernel tables: {described.get('source', '?')}; {error}"
     if kind == "roofline":
         return f"roofline prior of batchsim {batchsim_version()} (datasheet peaks x efficiencies, not measured)"
     if kind == "stepfit":

@@ -187,7 +187,8 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
             at_answer[f"{labels[f'g{gi:03d}']} at {v:g}"] = res.details[(gi, v)]
     if at_answer:
         made.append(plots.latency_cdfs({k: _requests_cdf_input(d, spec) for k, d in at_answer.items()},
-                                       out / "plots" / "latency_cdf.png", f"each at its SLO maximum, {window}; {setup}"))
+                                       out / "plots" / "latency_cdf.png",
+                                       f"each at its SLO maximum, {window}; {setup}"))
     v = comparison_load(spec, res.outcomes, {p.index: p for p in res.grid_points})
     same_load = {labels[f"g{gi:03d}"]: d for (gi, val), d in sorted(res.details.items()) if val == v}
     if same_load:
@@ -273,8 +274,9 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
              f"**Rests on** the {rests_on(search_bases(res, labels))}.", "",
              f"Searched `{spec.over}` over [{spec.lo:g}, {spec.hi:g}] for the largest load meeting "
              f"{spec.slo_text}; {spec.rule_text} (seeds: {res.searches['seeds'].iloc[0]}). Tolerance: "
-             f"{'one user between the answer and the first failing load' if spec.is_integer and spec.tolerance <= 1 else f'{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative'}"
-             "; that is the search's step, not the answer's precision: each answer says how far the seeds "
+             + ("one user between the answer and the first failing load" if spec.is_integer and spec.tolerance <= 1
+                else f"{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative")
+             + "; that is the search's step, not the answer's precision: each answer says how far the seeds "
              "alone would go, and the p99 at one load varies from seed to seed.",
              ""]
     if spec.is_integer and spec.warmup == "auto":

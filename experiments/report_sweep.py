@@ -96,7 +96,8 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
                               for _, r in ratio.iterrows())
             lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
     cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "offered_rate_per_s",
-            "throughput_rps", "input_tok_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms",
+            "throughput_rps", "input_tok_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms",
+            "tpot_p99_ms",
             "mean_running", "kv_usage_max", "num_preemptions", "num_rejected", "unstable"]
     lines += trust_section(results, [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)])
     lines += ["## Results", "", md_table(results[[c for c in cols if c in results.columns]]), "",

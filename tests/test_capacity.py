@@ -67,7 +67,8 @@ def test_plan_prices_both_sides_of_the_work():
                CapacitySpec(target_rps=50, gpu_price_per_hour=2.5, headroom=0.2), [])
     ok = cap.iloc[0]
     per_hour = ok["cost_per_hour"]
-    assert ok["input_tokens_per_request"] == pytest.approx(1500) and ok["output_tokens_per_request"] == pytest.approx(200)
+    assert ok["input_tokens_per_request"] == pytest.approx(1500)
+    assert ok["output_tokens_per_request"] == pytest.approx(200)
     assert ok["input_tok_per_s"] == pytest.approx(50 * 1500)
     assert ok["cost_per_million_input_tokens"] == pytest.approx(per_hour / (50 * 1500 * 3600) * 1e6)
     assert ok["cost_per_million_total_tokens"] == pytest.approx(per_hour / (50 * 1700 * 3600) * 1e6)
