@@ -37,10 +37,12 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
     lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]
     lines.append(f"rests on the {rests_on(search_bases(res, labels))}")
     if cap is not None:
-        show = [c for c in ("grid_point", "policy", "capacity_rps_per_replica", "replicas", "gpus",
+        show = [c for c in ("configuration", "capacity_rps_per_replica", "replicas", "gpus",
                             "cost_per_hour", "cost_per_million_input_tokens", "cost_per_million_output_tokens",
-                            "cost_per_million_total_tokens", "check_meets_slo") if c in cap.columns]
-        lines += ["", "capacity plan:", md_table(cap[show])]
+                            "cost_per_million_total_tokens", "check_meets_slo")
+                if c in cap.columns or c == "configuration"]
+        table = cap.assign(configuration=[labels[g] for g in cap["grid_point"]])   # the answers' own labels
+        lines += ["", "capacity plan:", md_table(table[show])]
     lines.append(f"\nresults in {out}/search.csv, search_points.csv"
                  + (", capacity.csv" if cap is not None else "") + (", summary.md, plots/" if make_plots else ""))
     return "\n".join(lines)
