@@ -79,4 +79,6 @@ def rests_on(bases) -> str:
     if len(distinct) == 1:
         return f"cost model: {distinct[0]}"
     return "cost models: " + "; ".join(
-        f"{', '.join(k for k, b in bases.items() if b == d)}: {d}" for d in distinct)
+        f"{', '.join(k for k, b in bases.items() if b == d)}: {d}" for d in distinct) + (
+        ". These answers rest on different cost models: part of a difference between them may be the cost "
+        "models' (docs/cost-models.md); set one `profile:` for all to compare like with like")

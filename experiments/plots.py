@@ -126,10 +126,11 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
 def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, subtitle: str,
                        answers: dict[str, float | None] | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    many = any(df.groupby(load_col)["output_tok_per_s"].size().max() > 1 for df in curves.values() if len(df))
     for i, (label, df) in enumerate(curves.items()):
         s = _by_load(df, load_col, "output_tok_per_s")
         c = _color(label, i)
-        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=label)
+        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=f"{label} (mean over seeds)" if many else label)
         best = (answers or {}).get(label)
         if best is not None and not math.isnan(best) and best in s.index:
             ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k", label=f"{label} at its SLO max")

@@ -104,3 +104,12 @@ def test_the_search_cdf_counts_the_requests_the_search_measured(tmp_path):
     assert sorted(measured) == [100.0] * (n - 2 * users)
     everything, _ = _requests_cdf_input(tmp_path)          # a plain sweep's CDF keeps every request
     assert len(everything) == n
+
+
+def test_answers_resting_on_different_cost_models_say_so():
+    from costmodels.basis import rests_on
+    one = rests_on({"a": "measured profile X", "b": "measured profile X"})
+    assert one == "cost model: measured profile X"
+    two = rests_on({"llama": "measured profile X", "qwen": "NVIDIA kernel tables: Y"})
+    assert "llama: measured profile X" in two and "qwen: NVIDIA kernel tables: Y" in two
+    assert "different cost models" in two and "profile:" in two
