@@ -113,3 +113,17 @@ def test_answers_resting_on_different_cost_models_say_so():
     two = rests_on({"llama": "measured profile X", "qwen": "NVIDIA kernel tables: Y"})
     assert "llama: measured profile X" in two and "qwen: NVIDIA kernel tables: Y" in two
     assert "different cost models" in two and "profile:" in two
+
+
+def test_a_deployment_the_shipped_profile_cannot_price_is_warned_about():
+    from experiments.config import resolve_point
+    from experiments.config_warnings import point_warnings
+    from experiments.simulate import point_cost_model
+    cfg = resolve_point({"model": "llama-3.1-8b", "hardware": "h100-sxm", "kv_cache_dtype": "fp8",
+                         "engine": {"policy": "chunked_prefill"}, "workload": WORKLOAD})
+    lines = point_warnings(cfg, point_cost_model(cfg).describe())
+    assert any(line.startswith("a measured profile (llama-3-8b__h100-sxm__tp1__bf16) exists for llama-3.1-8b")
+               for line in lines), lines
+    plain = resolve_point({"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": {"policy": "chunked_prefill"},
+                           "workload": WORKLOAD})
+    assert point_warnings(plain, point_cost_model(plain).describe()) == []
