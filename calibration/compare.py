@@ -14,7 +14,7 @@ import sys
 
 from costmodels.catalog import CatalogError, get_gpu, get_model
 from costmodels.profile import GEMM_OPS, ProfileCostModel, read_profile
-from costmodels.registry import PROFILES_DIR, load_cost_model
+from costmodels.selection import PROFILES_DIR, load_cost_model
 
 KERNELS = [(f"gemm_{op} m={m}", "gemm", op, m) for op in (*GEMM_OPS, "lm_head") for m in (1, 64, 512, 4096, 16384)]
 ATTENTION = [("prefill_attn 1x512", "prefill_attn", 1, 512), ("prefill_attn 1x4096", "prefill_attn", 1, 4096),
