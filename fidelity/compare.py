@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 from costmodels.catalog import CatalogError
 from experiments.config import ConfigError, load_sweep_file
 from experiments.simulate import point_cost_model
@@ -69,15 +71,13 @@ def main_runs(args) -> int:
         if point is not None and point.get("grid"):
             raise ConfigError(f"--config {args.config}: give one point (no grid)")
         runs = [r for path in args.targets for r in read_runs(path)]
+        out = out_dir(args.out) if args.out else None   # checked before the replays, not after
         metrics, steps, kind = compare_runs(runs, point, args.profile)
-    except (RealRunError, ConfigError, CatalogError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (RealRunError, ConfigError, CatalogError, OutputError) as e:
+        return refuse(e)
     text = run_report(metrics, steps, kind, args)
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         metrics.to_csv(out / "compare.csv", index=False)
         if len(steps):
             steps.to_csv(out / "compare_steps.csv", index=False)
@@ -108,7 +108,7 @@ def run_report(metrics, steps, kind: str, args) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m fidelity.compare", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m fidelity.compare", description=__doc__.splitlines()[0])
     ap.add_argument("targets", nargs="+", metavar="RUN")
     ap.add_argument("--config", help="POINT.yaml (default: the configuration vllm_run recorded)")
     ap.add_argument("--profile", help="cost model to simulate with (default: the point's own)")
@@ -121,4 +121,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (RealRunError, ConfigError, CatalogError), kept="nothing written (compare writes at the end)")

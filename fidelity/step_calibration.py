@@ -13,7 +13,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from commandline.exits import guarded, refuse, run_main
+from commandline.modelargs import model_arg
+from commandline.outputs import OutputError, out_dir
+from costmodels.catalog import CatalogError
 from fidelity import validate
+from simcore.engine import SimulationError
 
 
 PROG = "python -m fidelity.step_calibration"
@@ -34,8 +39,7 @@ def _with_cpu_clock(argv: list[str]) -> list[str]:
 
 
 def calibrate(vargs, argv: list[str]) -> Path:
-    out = Path(vargs.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(vargs.out)
     backend = validate.make_backend(vargs, validate.build_config(vargs, vargs.policies[0], float("inf")))
     step_model = validate.calibrate_stepfit(vargs, backend, out / "stepfit_steps.csv")
     path = out / "stepfit.json"
@@ -47,23 +51,24 @@ def calibrate(vargs, argv: list[str]) -> Path:
     return path
 
 
+USER_ERRORS = (validate.ConfigError, CatalogError, SimulationError, OutputError)
+
+
 def main(argv: list[str] | None = None) -> int:
     from_cli = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         vargs = validate.parse_args(_with_cpu_clock(argv), prog=PROG, description=__doc__.splitlines()[0])
-    except validate.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        model_arg(vargs.model)
+        out_dir(vargs.out, create=False)   # before the runs, not after
+    except USER_ERRORS as e:
+        return refuse(e)
     if vargs.device == "cpu" and from_cli and not vargs.no_reexec:
         validate.reexec_with_tunables("fidelity.step_calibration", argv)
-    try:
-        calibrate(vargs, argv)
-    except validate.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    from fidelity.torch_backend import BackendError
+    return guarded(lambda _: calibrate(vargs, argv) and 0, None, (*USER_ERRORS, BackendError),
+                   kept="no step model written (it is fitted once every run has finished)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
