@@ -28,6 +28,7 @@ from experiments.config import ConfigError, load_sweep_file
 from experiments.simulate import point_cost_model
 from fidelity.fit_engine import step_errors
 from fidelity.realruns import RealRunError, read_runs, replay, replay_config
+from fidelity.runchecks import failed_requests_line
 
 RUN_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                "e2e_p50_ms", "e2e_p99_ms", "throughput_rps")
@@ -76,6 +77,9 @@ def main_runs(args) -> int:
     except (RealRunError, ConfigError, CatalogError, OutputError) as e:
         return refuse(e)
     text = run_report(metrics, steps, kind, args)
+    failed = failed_requests_line(runs)
+    if failed:
+        text += "\n" + failed + "\n"
     print(text)
     if out is not None:
         metrics.to_csv(out / "compare.csv", index=False)

@@ -46,6 +46,7 @@ from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError
 from fidelity.realruns import RealRun, RealRunError, read_runs, replay, replay_config
+from fidelity.runchecks import failed_requests_line
 from fidelity.stepfit import TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_features
 from costmodels.stepmodel import MoeTerm
 from experiments.config import ConfigError, load_sweep_file
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         target = out if not bad or args.keep_bad_fit else out.with_suffix(".refused.json")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(data, indent=1, default=float))
-        report = write_report(target.with_suffix(".md"), model, rows, held, bad)
+        report = write_report(target.with_suffix(".md"), model, rows, held, bad, failed_requests_line(runs))
     except (RealRunError, FitError, ConfigError, CatalogError, OutputError) as e:
         return refuse(e)
     print(report)
@@ -333,7 +334,8 @@ def _bad(held: dict, args) -> list[str]:
     return bad
 
 
-def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: dict, bad: list[str]) -> str:
+def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: dict, bad: list[str],
+                 failed: str | None = None) -> str:
     lines = [f"# Step model fitted to real runs", "", f"Source: {model.source}", "",
              "| term | value |", "|---|---|"]
     lines += [f"| {t} | {c:.4g} |" for t, c in zip(TERMS, model.coefficients) if c]
@@ -354,6 +356,8 @@ def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: di
             if "step_median_ape_pct" in r and np.isfinite(r["step_median_ape_pct"]):
                 lines.append(f"| {Path(r['run']).name} | step time |APE median {r['step_median_ape_pct']}% | "
                              f"p90 {r['step_p90_ape_pct']}% | total {r['step_total_time_err_pct']:+}% |")
+    if failed:
+        lines += ["", failed]
     if bad:
         lines += ["", "**Refused:** " + "; ".join(bad)]
     text = "\n".join(lines) + "\n"
