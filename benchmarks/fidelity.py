@@ -31,7 +31,7 @@ import pandas as pd
 
 from commandline.argtypes import positive_int
 from commandline.exits import refuse, run_main
-from commandline.outputs import out_dir
+from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from fidelity.validate_report import RANGE_METRICS
 
@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             return refuse(f"--out {args.out}: --check-only needs a fidelity.validate output folder "
                           f"(missing {', '.join(missing)})")
     else:
-        out_dir(args.out)
+        try:
+            out_dir(args.out)
+        except OutputError as e:
+            return refuse(e)
         profile = args.profile
         if profile == "calibrate":
             calib = args.out / "calibration"

@@ -23,8 +23,8 @@ from dataclasses import replace
 import numpy as np
 
 from commandline.argtypes import non_negative_int, positive_int
-from commandline.exits import INTERRUPTED_RC, run_main
-from commandline.outputs import out_file
+from commandline.exits import INTERRUPTED_RC, refuse, run_main
+from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
 from fidelity.vllm_scheduler import FEATURES, compare, latency_effect, random_case, run_ours, run_vllm
 from costmodels import cost_model
@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=positive_int, default=24)
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args(argv)
-    if args.out:
-        out_file(args.out)   # before the comparisons, not after
+    try:
+        if args.out:
+            out_file(args.out)   # before the comparisons, not after
+    except OutputError as e:
+        return refuse(e)
     try:
         random_case(0)  # cheap; the vLLM import below is the slow part
         run_vllm(random_case(0, ("tight_kv",), num_requests=2))

@@ -31,8 +31,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from commandline.argtypes import positive_int  # noqa: E402
-from commandline.exits import run_main  # noqa: E402
-from commandline.outputs import out_dir  # noqa: E402
+from commandline.exits import refuse, run_main  # noqa: E402
+from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 from experiments.report import md_table  # noqa: E402
 
@@ -169,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-repeats", type=positive_int, default=2,
                     help="repeats of each calibration point, round robin (averages the machine's drift)")
     args = ap.parse_args(argv)
-    out = out_dir(args.out)
+    try:
+        out = out_dir(args.out, create=True)
+    except OutputError as e:
+        return refuse(e)
     rows = []
     t0 = time.time()
     for name in args.models:

@@ -31,9 +31,9 @@ from calibration.holdout import BAD_FIT_RC, add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from commandline.argtypes import positive_int
-from commandline.exits import run_main
+from commandline.exits import refuse, run_main
 from commandline.modelargs import check_tp, model_arg
-from commandline.outputs import out_dir
+from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from costmodels.catalog import GPUS, CatalogError, ModelShape
 
@@ -269,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         holdout_limits(args.max_holdout_error_pct)   # before minutes of capture, not after
     except ValueError as e:
         ap.error(str(e))
-    out_dir(args.out)   # a file, a link loop or a read-only folder: said now, not after the capture
+    try:
+        out_dir(args.out)   # a file, a link loop or a read-only folder: said now, not after the capture
+    except OutputError as e:
+        return refuse(e)
     if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
         from calibration.cpu_process import reexec_with_tunables
         reexec_with_tunables("calibration.capture", sys.argv[1:])

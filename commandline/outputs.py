@@ -37,9 +37,11 @@ def _problem(path: Path) -> str | None:
     return None
 
 
-def out_dir(path: str | Path, arg: str = "--out", create: bool = True) -> Path:
-    """`path` as a folder to write into, created (with its parents) when `create`; OutputError naming
-    `arg` if it is a file, under a file, a link loop or dangling link, or not writable."""
+def out_dir(path: str | Path, arg: str = "--out", create: bool = False) -> Path:
+    """`path` as a folder to write into (or to create: its nearest existing folder writable), created with
+    its parents when `create`; OutputError naming `arg` if it is a file, under a file, a link loop or a
+    dangling link, or not writable. Without `create` nothing is written: a command checks first and creates
+    the folder when it writes."""
     path = Path(path).expanduser()
     why = _problem(path)
     if why is not None:
@@ -53,7 +55,8 @@ def out_dir(path: str | Path, arg: str = "--out", create: bool = True) -> Path:
 
 
 def out_file(path: str | Path, arg: str = "--out") -> Path:
-    """`path` as a file to write: not a folder, an existing file writable, its folder as `out_dir` (created)."""
+    """`path` as a file to write: not a folder, an existing file writable, its folder as `out_dir`. Nothing
+    is created."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise OutputError(f"{arg} {path}: is a folder; give the file to write")
@@ -64,5 +67,5 @@ def out_file(path: str | Path, arg: str = "--out") -> Path:
             raise OutputError(f"{arg} {path}: is a loop of symbolic links") from None
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{arg} {path}: exists and is not writable")
-    out_dir(path.parent, arg=f"{arg} {path}: its folder", create=True)
+    out_dir(path.parent, arg=f"{arg} {path}: its folder")
     return path

@@ -82,6 +82,7 @@ def main_runs(args) -> int:
         text += "\n" + failed + "\n"
     print(text)
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         metrics.to_csv(out / "compare.csv", index=False)
         if len(steps):
             steps.to_csv(out / "compare_steps.csv", index=False)

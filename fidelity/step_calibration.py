@@ -39,7 +39,7 @@ def _with_cpu_clock(argv: list[str]) -> list[str]:
 
 
 def calibrate(vargs, argv: list[str]) -> Path:
-    out = out_dir(vargs.out)
+    out = out_dir(vargs.out, create=True)
     backend = validate.make_backend(vargs, validate.build_config(vargs, vargs.policies[0], float("inf")))
     step_model = validate.calibrate_stepfit(vargs, backend, out / "stepfit_steps.csv")
     path = out / "stepfit.json"
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vargs = validate.parse_args(_with_cpu_clock(argv), prog=PROG, description=__doc__.splitlines()[0])
         model_arg(vargs.model)
-        out_dir(vargs.out, create=False)   # before the runs, not after
+        out_dir(vargs.out)   # before the runs, not after
     except USER_ERRORS as e:
         return refuse(e)
     if vargs.device == "cpu" and from_cli and not vargs.no_reexec:

@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     try:   # before minutes of real runs: a model, GPU or output folder the report could not use
         model_arg(args.model)
         get_gpu(args.hardware)
-        out_dir(args.out, create=False)
+        out_dir(args.out)
     except (CatalogError, OutputError) as e:
         return refuse(e)
     if args.device == "cpu" and not args.no_reexec:

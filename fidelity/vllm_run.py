@@ -486,14 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     try:
-        out_dir(out, create=False)
+        out_dir(out)
         args.device = _device(args)
         args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
         model_config_json(args.model)  # a bad --model fails here, before anything is written
         with tempfile.TemporaryDirectory() as tmp:   # every point checked before anything is written to --out
             args.model_dir = write_model_dir(args.model, Path(tmp))
             load_points(args)
-        out_dir(out)
+        out_dir(out, create=True)
         args.model_dir = write_model_dir(args.model, out.resolve())
         points = load_points(args)
         vllm, AsyncEngineArgs, AsyncLLM = _import_vllm()
