@@ -107,7 +107,8 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
             progress: bool = True, repeats: int | None = None, notes: set | None = None,
-            clock: str = "wall", speed: dict | None = None, skipped: dict | None = None) -> list[dict]:
+            clock: str = "wall", speed: dict | None = None, skipped: dict | None = None,
+            stopped: dict | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
     The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
     seeded random order, so a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x
@@ -115,7 +116,9 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
     timed before each point: a pass whose probe ran more than SLOW_PROBE x its best is slow, a point
     with only slow passes is timed again in up to `rounds` more passes, and only its passes at full
     speed count when it has any (`speed` receives how many had none). Kernel fallbacks taken are added
-    to `notes`, families this device cannot time to `skipped` (family -> why). `clock`: Timer's."""
+    to `notes`, families this device cannot time to `skipped` (family -> why). `clock`: Timer's. Ctrl-C
+    ends the capture with what was timed: `stopped` receives {"interrupted": True}, and points never timed
+    have status NOT_MEASURED."""
     b = Builder(device, dtype)
     warmup, default_repeats, rounds = grid.timing_settings(size)
     timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
@@ -141,6 +144,8 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
                 if rows[i]["status"] == "ok":
                     _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
     except KeyboardInterrupt:   # Ctrl-C: the points timed so far are kept, the others marked as never measured
+        if stopped is not None:
+            stopped["interrupted"] = True
         for row, point in zip(rows, passes):
             if row["status"] == "ok" and not point:
                 row["status"] = NOT_MEASURED
@@ -284,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     notes: set[str] = set()
     threads = torch.get_num_threads()
-    interrupted = False
+    stopped: dict = {}
     try:
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
@@ -292,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         speed: dict = {}
         skipped: dict[str, str] = {}
         rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                       notes=notes, clock=args.clock, speed=speed, skipped=skipped)
-        interrupted = any(r["status"] == NOT_MEASURED for r in rows)
+                       notes=notes, clock=args.clock, speed=speed, skipped=skipped, stopped=stopped)
+        interrupted = bool(stopped)
         if not interrupted:
             rows += capture_allreduce(model, args.tp, args.dtype, device, size, skipped)
     finally:
@@ -327,4 +332,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(main, (CatalogError, measurements.MeasurementError))
+    run_main(main, (CatalogError, measurements.MeasurementError), kept="what was written to --out stays there")

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--root {root}: no such folder")
     if not (root / args.gpu).is_dir():
         known = sorted(p.name for p in root.iterdir() if p.is_dir())
-        return refuse(f"--gpu {args.gpu}: no such table folder in {root} (there: {', '.join(known) or 'none'})")
+        return refuse(f"--gpu {args.gpu}: no such kernel table folder in {root} "
+                      f"(there: {', '.join(known) or 'none'})")
     version = args.vllm or newest_version(root, args.gpu)
     try:
         model = model_arg(args.model)

@@ -122,7 +122,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_runs(parse_args(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if len(args.targets) == 2 and not (args.config or args.out) and _both_cost_models(args.targets):
+        from calibration import compare as cost_models   # two cost models, not runs: that command's work
+        return cost_models.main(argv)
+    return main_runs(args)
+
+
+def _both_cost_models(targets: list[str]) -> bool:
+    from calibration.compare import _looks_like_run
+    from costmodels.registry import PROFILES_DIR
+    return all(t == "roofline" or (PROFILES_DIR / f"{t}.json").exists() or
+               (t.endswith(".json") and not _looks_like_run(t)) for t in targets)
 
 
 if __name__ == "__main__":

@@ -254,7 +254,10 @@ def test_capture_interrupted_keeps_the_points_it_timed(monkeypatch):
         point_passes.append(([1e-3], 1, 1.0))
 
     monkeypatch.setattr(capture, "_time_point", fake_point)
-    rows = capture.capture(get_model("tiny"), 1, "fp32", torch.device("cpu"), "small", progress=False, repeats=1)
+    stopped = {}
+    rows = capture.capture(get_model("tiny"), 1, "fp32", torch.device("cpu"), "small", progress=False, repeats=1,
+                           stopped=stopped)
+    assert stopped == {"interrupted": True}
     measured = [r for r in rows if r["status"] == "ok"]
     assert len(measured) == 3 and all(r["latency_s"] == 1e-3 for r in measured)
     assert all(r["status"] == capture.NOT_MEASURED for r in rows if r["status"] != "ok")
@@ -265,7 +268,10 @@ def test_capture_main_writes_what_finished_and_exits_130(tmp_path, monkeypatch, 
     from calibration import capture, measurements
     ok = {"family": "gemm", "op": "", "m": 1, "n": 8, "k": 8, "status": "ok", "latency_s": 1e-3, "flops": 1.0,
           "bytes": 1.0}
-    monkeypatch.setattr(capture, "capture", lambda *a, **k: [ok, {**ok, "m": 2, "status": capture.NOT_MEASURED}])
+    def interrupted(*a, stopped, **k):
+        stopped["interrupted"] = True
+        return [ok, {**ok, "m": 2, "status": capture.NOT_MEASURED}]
+    monkeypatch.setattr(capture, "capture", interrupted)
     assert capture.main([*TINY, *CPU, "--out", str(tmp_path / "c"), "--quiet"]) == 130
     frame, meta = measurements.read(tmp_path / "c")
     assert len(frame) == 1 and meta["interrupted"] is True and not (tmp_path / "c" / "profile.json").exists()
