@@ -231,8 +231,10 @@ def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
             if pf > 1.0 or pb > 1.0:
                 line += "  ** ABOVE PEAK: timing bug (or data served from cache) **"
         lines.append(line)
-    failed = sum(r["status"] != "ok" for r in rows)
-    lines.append(f"{len(rows) - failed} points measured, {failed} failed (recorded with status)")
+    unmeasured = sum(r["status"] == NOT_MEASURED for r in rows)
+    failed = sum(r["status"] != "ok" for r in rows) - unmeasured
+    lines.append(f"{len(rows) - failed - unmeasured} points measured, {failed} failed (recorded with status)"
+                 + (f", {unmeasured} not measured (interrupted)" if unmeasured else ""))
     return lines
 
 

@@ -278,6 +278,32 @@ def test_capture_main_writes_what_finished_and_exits_130(tmp_path, monkeypatch, 
     assert "interrupted: 1 points measured" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
+def test_capture_ctrl_c_exits_130_within_a_second_keeping_the_points_timed(tmp_path):
+    pytest.importorskip("torch")
+    from calibration import capture, measurements
+    out = tmp_path / "cap"
+    p = subprocess.Popen([sys.executable, "-m", "calibration.capture", *TINY, *CPU, "--out", str(out)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    while b"calibrating" not in seen:   # the progress bar: kernels are being timed
+        chunk = os.read(p.stderr.fileno(), 256)
+        assert chunk, f"capture ended before timing anything (exit {p.wait()})"
+        seen += chunk
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    rc = p.wait(timeout=30)
+    took = time.monotonic() - t0
+    err = p.stderr.read().decode()
+    assert rc == 130 and "interrupted:" in err and "Traceback" not in err, err
+    assert took < 1.0, f"exit took {took:.2f} s"
+    frame, meta = measurements.read(out)   # the timed points, in the format calibration.fit reads
+    assert meta["interrupted"] is True and len(frame) >= 1
+    assert capture.NOT_MEASURED in (out / "measurements.csv").read_text()
+    assert not (out / "profile.json").exists()
+
+
 def test_guarded_turns_ctrl_c_into_130_and_one_line(capsys):
     from commandline.exits import guarded
 
