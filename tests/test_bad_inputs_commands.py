@@ -51,6 +51,11 @@ CASES = [
                                                  "--max-holdout-error-pct", "-1"], "--max-holdout-error-pct"),
     ("fit-holdout-unknown-family", "calibration.fit", ["{tmp}/nothing", "--out", "{tmp}/out/p.json",
                                                        "--max-holdout-error-pct", "gemmm=5"], "gemmm"),
+    ("fit-latency-a-word", "calibration.fit", ["{tmp}/meas_word", "--out", "{tmp}/out/p.json"],
+     "meas_word/measurements.csv: line 2: latency_s"),
+    ("fit-negative-size", "calibration.fit", ["{tmp}/meas_neg", "--out", "{tmp}/out/p.json"],
+     "meas_neg/measurements.csv: line 2: m"),
+    ("fit-meta-a-list", "calibration.fit", ["{tmp}/meas_meta", "--out", "{tmp}/out/p.json"], "meas_meta/meta.json"),
     # calibration.import_aic
     ("import-tp-zero", "calibration.import_aic", ["--gpu", "h100_sxm", *TINY, "--out", OUT, "--tp", "0"], "--tp"),
     ("import-tp-not-dividing", "calibration.import_aic", ["--gpu", "h100_sxm", *TINY, "--out", OUT, "--tp", "3"],
@@ -158,6 +163,12 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "point.yaml").write_text(yaml.safe_dump(POINT))
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({**POINT, "cluster": {"num_replicas": 2}}))
     (tmp_path / "ok.json").write_text(json.dumps({**BENCH, "errors": ["", "", "timeout"]}))
+    from calibration import measurements
+    row = {"family": "gemm", "op": "", "m": 4, "n": 64, "k": 64, "latency_s": 1e-5, "status": "ok"}
+    meta = {"model": "tiny", "gpu": "cpu", "tp": 1, "dtype": "fp32"}
+    for name, bad in (("meas_word", {"latency_s": "fast"}), ("meas_neg", {"m": -5}), ("meas_meta", {})):
+        measurements.write(tmp_path / name, [{**row, **bad}, row], meta)
+    (tmp_path / "meas_meta" / "meta.json").write_text("[1]")
     (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" +
                                         "".join(f"{0.3 * i + 0.01 * i * i},{16 + i},{4 + i % 3}\n" for i in range(8)))
     return tmp_path
