@@ -56,6 +56,7 @@ from simcore.batch import split_shape
 from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
+from workloads.errors import WorkloadError
 from workloads.synthetic import generate
 
 TRACE_ENV = "BATCHSIM_VLLM_TRACE"  # fidelity.vllm_hooks reads it in the engine-core process
@@ -492,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         model_config_json(args.model)  # a bad --model fails here, before anything is written
         with tempfile.TemporaryDirectory() as tmp:   # every point checked before anything is written to --out
             args.model_dir = write_model_dir(args.model, Path(tmp))
-            load_points(args)
+            for p in load_points(args):   # the workloads too: a bad trace is said now, not once vLLM is up
+                generate(p.config.workload, p.seed, p.config.model.max_model_len, p.config.engine.block_size)
         out_dir(out, create=True)
         args.model_dir = write_model_dir(args.model, out.resolve())
         points = load_points(args)
@@ -512,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = provenance(vllm, args.device, args, argv)
         (out / "run.json").write_text(json.dumps(meta, indent=1))
         rows = asyncio.run(_serve(args, groups, out, meta, AsyncEngineArgs, AsyncLLM))
-    except (VllmRunError, ConfigError, CatalogError, OutputError) as e:
+    except (VllmRunError, ConfigError, CatalogError, OutputError, WorkloadError) as e:
         return refuse(e)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}/runs; rerun the same command to resume",

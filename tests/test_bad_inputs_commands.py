@@ -95,6 +95,10 @@ CASES = [
      "--out"),
     ("vllm-run-unknown-model", "fidelity.vllm_run", ["--model", "gpt-9", "--config", "{tmp}/point.yaml", "--out",
                                                      OUT], "gpt-9"),
+    ("vllm-run-workload-missing", "fidelity.vllm_run", [*TINY, "--workload", "{tmp}/nope.csv", "--out", OUT],
+     "nope.csv"),
+    ("vllm-run-workload-bad-value", "fidelity.vllm_run", [*TINY, "--workload", "{tmp}/bad_trace.csv", "--out", OUT],
+     "bad_trace.csv: line 3"),
     ("vllm-run-cluster", "fidelity.vllm_run", [*TINY, "--config", "{tmp}/cluster.yaml", "--out", OUT], "cluster"),
     # fidelity.validate and fidelity.step_calibration (one parser)
     ("validate-repeats-zero", "fidelity.validate", ["--repeats", "0", "--out", OUT], "--repeats"),
@@ -163,6 +167,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "point.yaml").write_text(yaml.safe_dump(POINT))
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({**POINT, "cluster": {"num_replicas": 2}}))
     (tmp_path / "ok.json").write_text(json.dumps({**BENCH, "errors": ["", "", "timeout"]}))
+    (tmp_path / "bad_trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,16,4\n0.5,lots,4\n")
     from calibration import measurements
     row = {"family": "gemm", "op": "", "m": 4, "n": 64, "k": 64, "latency_s": 1e-5, "status": "ok"}
     meta = {"model": "tiny", "gpu": "cpu", "tp": 1, "dtype": "fp32"}
