@@ -96,7 +96,12 @@ def end_to_end(policy: str, num_requests: int) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(sweep), "--out", str(Path(tmp) / "out"),
                                  "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except KeyboardInterrupt:   # the child is stopped before its temporary folder is removed under it
+            proc.kill()
+            proc.wait()
+            raise
         wall_s = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode:
