@@ -29,7 +29,8 @@ def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False
     `extra`: more fidelity.validate options (workload size, policies)."""
     argv = ["--model", model_name, "--device", device, "--no-reexec", "--out", str(out),
             *(["--quiet"] if quiet else []), *extra]
-    return calibrate(validate.parse_args(_with_cpu_clock(argv), prog=PROG), argv)
+    argv = _with_cpu_clock(argv)   # recorded as run: the clock options are part of how the steps were timed
+    return calibrate(validate.parse_args(argv, prog=PROG), argv)
 
 
 def _with_cpu_clock(argv: list[str]) -> list[str]:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if vargs.device == "cpu" and from_cli and not vargs.no_reexec:
         validate.reexec_with_tunables("fidelity.step_calibration", argv)
     from fidelity.torch_backend import BackendError
-    return guarded(lambda _: calibrate(vargs, argv) and 0, None, (*USER_ERRORS, BackendError),
+    return guarded(lambda _: calibrate(vargs, _with_cpu_clock(argv)) and 0, None, (*USER_ERRORS, BackendError),
                    kept="no step model written (it is fitted once every run has finished)")
 
 
