@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         check_tp(model, args.tp)
     except CatalogError as e:
         ap.error(str(e))
+    if args.gpu and args.gpu != "cpu" and args.gpu.lower() not in GPUS:   # the fit needs its datasheet peaks
+        ap.error(f"--gpu {args.gpu}: not a catalog GPU (known: {', '.join(GPUS)}, or cpu)")
     if args.steps:
         ap.error("--steps: the whole-step calibration runs our own torch engine, which is fidelity's work now: "
                  f"python -m fidelity.step_calibration --model {args.model} --device {args.device} --out {args.out}")

@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         limits = holdout_limits(args.max_holdout_error_pct)
     except ValueError as e:
         ap.error(str(e))
+    if args.gpu and args.gpu != "cpu" and args.gpu.lower() not in GPUS:
+        ap.error(f"--gpu {args.gpu}: not a catalog GPU (known: {', '.join(GPUS)}, or cpu)")
     try:
         out_file(args.out)
         out_dir(args.report_dir or args.out.parent, "--report-dir" if args.report_dir else "--out")

@@ -42,9 +42,12 @@ CASES = [
     ("capture-out-under-file", "calibration.capture", [*TINY, *CPU, "--out", "{tmp}/afile/sub"], "under a file"),
     ("capture-holdout-nan", "calibration.capture", [*TINY, *CPU, "--out", OUT, "--max-holdout-error-pct", "nan"],
      "--max-holdout-error-pct"),
+    ("capture-unknown-gpu", "calibration.capture", [*TINY, *CPU, "--out", OUT, "--gpu", "tpu-v5"], "--gpu tpu-v5"),
     ("capture-unknown-arg", "calibration.capture", [*TINY, *CPU, "--out", OUT, "--bogus"], "--bogus"),
     # calibration.fit
     ("fit-missing-folder", "calibration.fit", ["{tmp}/nothing", "--out", "{tmp}/out/p.json"], "nothing"),
+    ("fit-unknown-gpu", "calibration.fit", ["{tmp}/meas_neg", "--out", "{tmp}/out/p.json", "--gpu", "tpu-v5"],
+     "--gpu tpu-v5"),
     ("fit-out-is-folder", "calibration.fit", ["{tmp}/nothing", "--out", "{tmp}"], "--out"),
     ("fit-out-loop", "calibration.fit", ["{tmp}/nothing", "--out", "{tmp}/loop/p.json"], "loop"),
     ("fit-holdout-negative", "calibration.fit", ["{tmp}/nothing", "--out", "{tmp}/out/p.json",
