@@ -29,6 +29,8 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         return main(argv)
     except (OutputError, *user_errors) as e:
         return refuse(e)
+    except BrokenPipeError:   # the reader stopped early (`| head`): it got what it wanted, nothing failed
+        return 0
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         return refuse(f"{where}{e.strerror or e}")

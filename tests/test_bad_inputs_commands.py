@@ -348,6 +348,15 @@ def test_benchmark_ctrl_c_exits_130_within_a_second(tmp_path):
     assert took < 1.0, f"exit took {took:.2f} s"
 
 
+def test_cli_reader_gone_is_not_an_error(files):
+    """`python -m workloads.fit TRACE | head -1`: the reader stops early; no error line, exit 0."""
+    p = subprocess.Popen([sys.executable, "-m", "workloads.fit", str(files / "trace.csv"), "--format", "csv"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()   # the reader is gone before anything is printed
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == ""
+
+
 def test_cli_subprocess_one_line(files):
     p = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--sections", "5"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
