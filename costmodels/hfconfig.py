@@ -61,6 +61,8 @@ def packaged_config(hf_id: str) -> Path | None:
 
 
 def model_from_hf_config(path: Path) -> ModelShape:
+    if Path(path).exists() and not Path(path).is_file():   # a pipe or a device would block the read
+        raise CatalogError(f"{path}: not a regular file (expected a model's config.json)")
     try:
         raw = json.loads(Path(path).read_text())
     except FileNotFoundError:

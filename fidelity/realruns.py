@@ -96,6 +96,8 @@ def read_runs(path: str | Path) -> list[RealRun]:
     p = Path(path)
     if not p.exists():
         raise RealRunError(f"{p}: no such run file or folder")
+    if not p.is_dir() and not p.is_file():   # a pipe or a device would block the read
+        raise RealRunError(f"{p}: not a regular file or folder")
     if p.is_dir():
         if has_table(p, "requests") and (p / "summary.json").exists():
             return [_read_vllm_run(p)]

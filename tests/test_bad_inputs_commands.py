@@ -129,6 +129,12 @@ CASES = [
                                                         "--end-s", "1"], "--end-s"),
     ("workloads-fit-unknown-format", "workloads.fit", ["{tmp}/trace.csv", "--format", "parquet"], "--format"),
     ("workloads-fit-missing-trace", "workloads.fit", ["{tmp}/nope.csv", "--format", "csv"], "nope.csv"),
+    # a pipe where a file belongs would block the read forever
+    ("workloads-fit-pipe", "workloads.fit", ["{tmp}/pipe.csv", "--format", "csv"], "not a regular file"),
+    ("fit-engine-run-pipe", "fidelity.fit_engine", ["{tmp}/pipe.csv", "--out", "{tmp}/out/p.json"],
+     "not a regular file"),
+    ("capture-model-pipe", "calibration.capture", ["--model", "{tmp}/pipe.json", *CPU, "--out", OUT],
+     "not a regular file"),
     # benchmarks: arguments checked, unknown ones refused, before anything runs
     ("aic-tables-bogus", "benchmarks.aic_tables", ["--bogus"], "--bogus"),
     ("memory-zero", "benchmarks.memory", ["0"], "sizes"),
@@ -163,6 +169,8 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "afile").write_text("not a folder")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     (tmp_path / "empty").mkdir()
+    for pipe in ("pipe.csv", "pipe.json"):
+        os.mkfifo(tmp_path / pipe)
     (tmp_path / "qstr").mkdir()
     (tmp_path / "qstr" / "config.json").write_text(json.dumps(
         {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 512,
