@@ -263,6 +263,8 @@ def load_trace(path: str, fmt: str, prefix_block_tokens: int = MOONCAKE_BLOCK_TO
         raise WorkloadError(f"{path}: no such trace file") from None
     if os.path.isdir(path):
         raise WorkloadError(f"{path}: is a folder, not a trace file")
+    if not os.path.isfile(path):   # a pipe or a device would block the read
+        raise WorkloadError(f"{path}: not a regular file")
     if not os.access(path, os.R_OK):
         raise WorkloadError(f"{path}: cannot read the trace file (permission denied)")
     return _load_cached(os.path.abspath(path), fmt, mtime_ns, prefix_block_tokens)
