@@ -32,7 +32,7 @@ from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from commandline.argtypes import positive_int
 from commandline.exits import refuse, run_main
-from commandline.modelargs import check_tp, model_arg
+from costmodels.modelargs import check_tp, model_arg
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from costmodels.catalog import GPUS, CatalogError, ModelShape

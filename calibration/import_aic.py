@@ -27,7 +27,7 @@ import yaml
 from calibration import measurements
 from commandline.argtypes import positive_int
 from commandline.exits import refuse, run_main
-from commandline.modelargs import check_tp, model_arg
+from costmodels.modelargs import check_tp, model_arg
 from commandline.outputs import OutputError, out_dir, out_file
 from commandline.parser import Parser
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _both_cost_models(targets: list[str]) -> bool:
     from calibration.compare import _looks_like_run
-    from costmodels.registry import PROFILES_DIR
+    from costmodels.selection import PROFILES_DIR
     return all(t == "roofline" or (PROFILES_DIR / f"{t}.json").exists() or
                (t.endswith(".json") and not _looks_like_run(t)) for t in targets)
 

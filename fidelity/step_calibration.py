@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from commandline.exits import guarded, refuse, run_main
-from commandline.modelargs import model_arg
+from costmodels.modelargs import model_arg
 from commandline.outputs import OutputError, out_dir
 from costmodels.catalog import CatalogError
 from fidelity import validate

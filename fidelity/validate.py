@@ -34,7 +34,7 @@ from calibration.cpu_process import reexec_with_tunables
 from costmodels import load_cost_model
 from commandline.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from commandline.exits import refuse, run_main
-from commandline.modelargs import model_arg
+from costmodels.modelargs import model_arg
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError, get_gpu

@@ -257,7 +257,7 @@ def test_output_folder_that_exists_empty_is_used(files):
 
 def test_tp_that_shards_the_model_is_accepted():
     import dataclasses
-    from commandline.modelargs import tp_problem
+    from costmodels.modelargs import tp_problem
     from costmodels.catalog import get_model
     llama = get_model("llama-3-8b")   # 32 heads, 8 KV heads, MLP 14336
     assert tp_problem(llama, 8) is None and tp_problem(llama, 16) is None   # 16: KV heads replicated
@@ -486,7 +486,7 @@ def test_awq_and_gptq_are_priced_as_int4_weights_with_bf16_compute(quant, tmp_pa
 
 def test_kernel_profile_refuses_int4_weights(tmp_path):
     from costmodels.catalog import CatalogError, get_gpu, get_model
-    from costmodels.registry import load_cost_model
+    from costmodels.selection import load_cost_model
     f = tmp_path / "config.json"
     f.write_text(json.dumps({**LLAMA_8B, "quantization_config": {"quant_method": "awq", "bits": 4,
                                                                  "group_size": 128}}))
