@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
 from costmodels.roofline import Efficiencies
 
@@ -177,6 +178,11 @@ class ProfileCostModel:
     """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` from a measured profile for
     one replica of `model` on `tp` GPUs of kind `gpu`. Same protocol as RooflineCostModel; seconds."""
 
+    # The serving front end's time per request, outside the steps the kernel timings price (tokenisation,
+    # HTTP, IPC, streaming: costmodels/frontend.py). The same default as the roofline prior's: clients
+    # reach vLLM through `vllm serve`, as `vllm bench serve` does.
+    frontend: FrontendLatency = HTTP_FRONTEND
+
     def __init__(self, profile: dict, model: ModelShape, gpu: GPU | None, tp: int = 1, dtype: str = "bf16",
                  source: str = "<dict>"):
         """`gpu`: the simulated hardware (its interconnect prices TP all-reduces); None only for tp=1."""
@@ -211,7 +217,8 @@ class ProfileCostModel:
                 "family_sources": p.get("family_sources", {}),
                 "overheads": {"per_step_s": self.overheads.per_step_s,
                               "per_request_s": self.overheads.per_request_s,
-                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
+                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source},
+                "frontend": self.frontend.describe()}
 
     def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
