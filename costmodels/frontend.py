@@ -3,20 +3,22 @@ beyond the scheduler and the forward passes.
 
 `FrontendLatency(fixed_s, per_prompt_token_s)`: `latency_s(prompt_tokens) = fixed_s + per_prompt_token_s x
 prompt_tokens`, added once to each request's TTFT and E2E (never to TPOT or ITL: it is paid before the first
-token reaches the engine and around the stream's ends, not between tokens). Two kinds, as a client reaches
-vLLM:
+token reaches the engine and around the stream's ends, not between tokens). The kinds, as a client
+reaches vLLM:
 
   in_process  AsyncLLM.generate with prompt token ids (what fidelity.vllm_run drives): input processing
               before the scheduler sees the request, the engine-core IPC both ways, output processing.
   http        `vllm serve`'s OpenAI-compatible server in front of the same: the HTTP request's parsing and
               validation, the prompt's tokenisation (its time grows with the prompt: the per-token term),
-              the chat template, and the streamed (SSE) chunks back; plus everything in_process pays.
+              and the streamed (SSE) chunks back; plus everything in_process pays (/v1/completions).
+  http_chat   the same through /v1/chat/completions: the chat template is rendered before tokenising.
+  none        nothing outside the steps.
 
 Sweep files override it under `engine.frontend` (experiments/engine_config.py):
 
     engine:
-      frontend: {kind: http, fixed_ms: 4.0, per_1k_prompt_tokens_ms: 1.5}
-    # or a kind alone: `frontend: in_process`, `frontend: none`
+      frontend: {kind: http, fixed_ms: 9.0, per_1k_prompt_tokens_ms: 3.3}
+    # or a kind alone: `frontend: http_chat`, `frontend: in_process`, `frontend: none`
 
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("http", "in_process", "none")
+KINDS = ("http", "http_chat", "in_process", "none")
 KEYS = ("kind", "fixed_ms", "per_1k_prompt_tokens_ms")
 
 
@@ -58,24 +60,27 @@ class FrontendLatency:
 
 
 # In-process (AsyncLLM, prompt token ids): 2.3 ms a request, measured on real vLLM 0.32 through AsyncLLM on
-# this project's CPU machine (docs/fidelity/vllm-cpu: fidelity.fit_engine's fitted request latency). No
+# this project's CPU machine (docs/fidelity/vllm-cpu/report.md: fidelity.fit_engine fitted 2.27 and 2.35 ms). No
 # per-token term: no tokeniser runs, and the token ids' hand-off to the engine core is a small share of it.
 IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_process")
 
 # HTTP (`vllm serve`, streaming): the in-process figure plus what the OpenAI-compatible server adds on top of
-# it, measured by benchmarks.frontend_latency on vLLM 0.32 (CPU build) with a 32k-entry byte-level BPE
-# tokenizer (docs/fidelity/frontend.md). The fixed part is the HTTP parsing and request validation, the
-# API-server -> engine-core hand-off and the first SSE chunk; the per-token part is the prompt's
-# tokenisation and its token ids' trip through the server (it grows with the prompt's length). Both are
-# host-CPU work, so the figures carry to a GPU server only as far as its host CPU matches this one's per
-# core: an assumption (a server-class x86 core is within a small factor of it), not a measurement.
-HTTP_ADDED_FIXED_S = 2.0e-3          # placeholder, set from docs/fidelity/frontend/summary.csv
-HTTP_PER_PROMPT_TOKEN_S = 3.8e-6     # placeholder, set from docs/fidelity/frontend/summary.csv
-HTTP = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + HTTP_ADDED_FIXED_S, per_prompt_token_s=HTTP_PER_PROMPT_TOKEN_S,
-                       kind="http")
+# it, measured by benchmarks.frontend_latency on vLLM 0.32's CPU build with a 32k-entry byte-level BPE
+# tokenizer, prompts of 100 to 8,000 tokens (docs/fidelity/frontend.md). The figures are the server's on-CPU
+# time per request minus the in-process client's, fitted as a line in the prompt's length: on a 2-core host
+# shared with other work the client-side wall-clock difference was noise (quartiles hundreds of ms wide),
+# while the CPU time a request costs is what an idle host's front end adds to the critical path. The fixed
+# part is the HTTP request's parsing and validation (FastAPI, pydantic) and the SSE chunks' formatting and
+# sending (the engine-core hand-off is in the in-process figure already); the per-token part is the prompt's tokenisation (text - token ids: about 2.3 ms per 1k tokens) and
+# the token ids' trip through the server (about 1 ms per 1k). `http` is /v1/completions with a text prompt
+# (`vllm bench serve`'s default client); `http_chat` is /v1/chat/completions (the chat template on top).
+# Both are host-CPU work, so they carry to a GPU server only as far as its host CPU's single-core speed
+# matches this one's (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.
+HTTP = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 6.7e-3, per_prompt_token_s=3.3e-6, kind="http")
+HTTP_CHAT = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 11.8e-3, per_prompt_token_s=4.0e-6, kind="http_chat")
 
 NONE = FrontendLatency(fixed_s=0.0, per_prompt_token_s=0.0, kind="none")
-PRESETS = {"http": HTTP, "in_process": IN_PROCESS, "none": NONE}
+PRESETS = {"http": HTTP, "http_chat": HTTP_CHAT, "in_process": IN_PROCESS, "none": NONE}
 
 
 def parse_frontend(spec, where: str = "engine.frontend") -> FrontendLatency:

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from costmodels.frontend import HTTP, IN_PROCESS, NONE, FrontendLatency, frontend_of, parse_frontend
+from costmodels.frontend import HTTP, HTTP_CHAT, IN_PROCESS, NONE, FrontendLatency, frontend_of, parse_frontend
 from experiments.config import ConfigError, resolve_point
 from experiments.simulate import simulate
 
@@ -30,11 +30,13 @@ def test_latency_is_fixed_plus_per_prompt_token():
 def test_http_adds_to_in_process_and_grows_with_the_prompt():
     assert HTTP.fixed_s > IN_PROCESS.fixed_s > 0 and HTTP.per_prompt_token_s > 0
     assert IN_PROCESS.per_prompt_token_s == 0 and NONE.is_zero
+    assert HTTP_CHAT.latency_s(1000) > HTTP.latency_s(1000)   # the chat template on top
 
 
 @pytest.mark.parametrize("spec, fixed_s, per_token_s, kind", [
     ("in_process", IN_PROCESS.fixed_s, 0.0, "in_process"),
     ("none", 0.0, 0.0, "none"),
+    ("http_chat", HTTP_CHAT.fixed_s, HTTP_CHAT.per_prompt_token_s, "http_chat"),
     ({}, HTTP.fixed_s, HTTP.per_prompt_token_s, "http"),
     ({"fixed_ms": 5}, 0.005, HTTP.per_prompt_token_s, "http"),
     ({"kind": "in_process", "per_1k_prompt_tokens_ms": 1.5}, IN_PROCESS.fixed_s, 1.5e-6, "in_process"),
