@@ -205,7 +205,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     return SimResult(requests, iterations, summary,
-                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
+                     resolved_dict(cfg, plan, described(cost_model, frontend), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
 
 
@@ -236,6 +236,11 @@ def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency) -> pd.DataF
     if frontend.per_prompt_token_s == 0:
         return client_view(requests, frontend.fixed_s)
     return client_view(requests, frontend.latency_s(requests["prompt_tokens"].to_numpy(dtype=float)))
+
+
+def described(cost_model, frontend: FrontendLatency) -> dict:
+    """The cost model's description with the front end the run applied (its own or the sweep file's)."""
+    return {**cost_model.describe(), "frontend": frontend.describe()}
 
 
 def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) -> PointConfig:
@@ -304,7 +309,7 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
-    resolved = resolved_dict(cfg, plan, cost_model.describe(), seed)
+    resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
     write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)

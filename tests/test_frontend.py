@@ -84,6 +84,24 @@ def test_sweep_file_override_reaches_the_engine_settings():
         point({"fixed_ms": -2})
 
 
+def test_grid_sweeps_the_front_end():
+    from experiments.config import expand
+    raw = {"model": "llama-3-8b", "hardware": "h100-sxm", "engine": {"policy": "chunked_prefill"},
+           "workload": {"num_requests": 4, "arrival": {"process": "poisson", "rate_per_s": 2},
+                        "prompt_tokens": {"dist": "fixed", "value": 16}, "output_tokens": {"dist": "fixed", "value": 4}},
+           "grid": {"engine.frontend": ["none", "in_process"]}}
+    assert [p.config.engine.frontend for p in expand(raw)] == [NONE, IN_PROCESS]
+    raw["engine"]["frontend"] = {"kind": "http"}
+    raw["grid"] = {"engine.frontend.fixed_ms": [1.0, 20.0]}
+    assert [p.config.engine.frontend.fixed_s for p in expand(raw)] == [0.001, 0.02]
+
+
+def test_the_run_says_which_front_end_it_applied():
+    res = simulate(point({"kind": "in_process", "per_1k_prompt_tokens_ms": 1.0}))
+    assert res.resolved["cost_model"]["frontend"] == {"kind": "in_process", "fixed_ms": 2.3,
+                                                       "per_1k_prompt_tokens_ms": 1.0}
+
+
 @pytest.mark.parametrize("policy", ["chunked_prefill", "static"])   # the fast path and the SimPy engine
 def test_ttft_grows_by_the_per_token_term_and_tpot_does_not(policy):
     """The same run with and without the front end, at two prompt lengths: TTFT and E2E differ by exactly
