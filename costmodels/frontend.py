@@ -71,8 +71,9 @@ IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_pr
 # shared with other work the client-side wall-clock difference was noise (quartiles hundreds of ms wide),
 # while the CPU time a request costs is what an idle host's front end adds to the critical path. The fixed
 # part is the HTTP request's parsing and validation (FastAPI, pydantic) and the SSE chunks' formatting and
-# sending (the engine-core hand-off is in the in-process figure already); the per-token part is the prompt's tokenisation (text - token ids: about 2.3 ms per 1k tokens) and
-# the token ids' trip through the server (about 1 ms per 1k). `http` is /v1/completions with a text prompt
+# sending (the engine-core hand-off is in the in-process figure already); the per-token part is the
+# prompt's tokenisation (text - token ids: about 2.3 ms per 1k tokens) and the token ids' trip through the
+# server (about 1 ms per 1k). `http` is /v1/completions with a text prompt
 # (`vllm bench serve`'s default client); `http_chat` is /v1/chat/completions (the chat template on top).
 # Both are host-CPU work, so they carry to a GPU server only as far as its host CPU's single-core speed
 # matches this one's (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.

@@ -88,7 +88,8 @@ def test_grid_sweeps_the_front_end():
     from experiments.config import expand
     raw = {"model": "llama-3-8b", "hardware": "h100-sxm", "engine": {"policy": "chunked_prefill"},
            "workload": {"num_requests": 4, "arrival": {"process": "poisson", "rate_per_s": 2},
-                        "prompt_tokens": {"dist": "fixed", "value": 16}, "output_tokens": {"dist": "fixed", "value": 4}},
+                        "prompt_tokens": {"dist": "fixed", "value": 16},
+                        "output_tokens": {"dist": "fixed", "value": 4}},
            "grid": {"engine.frontend": ["none", "in_process"]}}
     assert [p.config.engine.frontend for p in expand(raw)] == [NONE, IN_PROCESS]
     raw["engine"]["frontend"] = {"kind": "http"}
