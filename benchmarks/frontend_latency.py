@@ -21,8 +21,8 @@ repeats alternate the ways and lengths (round robin), so a load change on a shar
 
 Output: DIR/requests.csv (every request), DIR/summary.csv (median, quartiles and the front end's added
 time per way and length), DIR/run.json (provenance, command, engine arguments, machine load), DIR/model/.
-Bounded: `--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (about
-14 minutes with the defaults on a loaded 2-core VM); the server's whole process group is killed on exit,
+Bounded: `--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (17 rounds
+took 14 minutes on a loaded 2-core VM); the server's whole process group is killed on exit,
 on error, on Ctrl-C and on SIGTERM.
 """
 from __future__ import annotations
