@@ -19,6 +19,9 @@ serve` takes it, through aiohttp). Output is 2 tokens (ignore_eos). The four way
 the same engine shape, so their differences cancel the prefill and leave the front end's own time. The
 repeats alternate the ways and lengths (round robin), so a load change on a shared machine hits them alike.
 
+Before the engines start, the prompts' tokenisation alone is timed (transformers' fast tokenizer, as the
+server loads it; process CPU time, 30 repeats): DIR/tokenize.csv; `--tokenizer-only` stops there.
+
 Output: DIR/requests.csv (every request), DIR/summary.csv (median, quartiles and the front end's added
 time per way and length), DIR/run.json (provenance, command, engine arguments, machine load), DIR/model/.
 Bounded: `--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (17 rounds
@@ -110,6 +113,16 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def fit_tokenize(rows: list[dict]) -> float:
+    """ms of tokenisation per 1k prompt tokens: the least-squares slope of the medians."""
+    import numpy as np
+    if len(rows) < 2:
+        return float("nan")
+    x = np.array([r["tokens"] for r in rows], dtype=float)
+    y = np.array([r["tokenize_cpu_p50_ms"] for r in rows], dtype=float)
+    return float(np.polyfit(x, y, 1)[0] * 1e3)
+
+
 def fit_line(summary: list[dict], way: str, column: str = "added_p50_ms") -> dict:
     """Least squares `column = fixed + slope x prompt_tokens` over one way's medians (ms, ms per 1k tokens)."""
     import numpy as np
@@ -167,6 +180,26 @@ def prompts(model_dir: Path, lengths) -> dict[int, tuple[str, list[int]]]:
         t = tok.decode(ids[:n])
         out[n] = (t, tok.encode(t).ids)
     return out
+
+
+def tokenize_cost(model_dir: Path, texts: dict, repeats: int = 30) -> list[dict]:
+    """The prompt's tokenisation alone, as the server does it (transformers' fast tokenizer from the model
+    folder), in this process's CPU time: median and quartiles over `repeats` per length."""
+    import numpy as np
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rows = []
+    for n, (text, _) in sorted(texts.items()):
+        tok(text)   # first call: lazy set-up
+        cpu = []
+        for _ in range(repeats):
+            c0 = time.process_time()
+            got = len(tok(text)["input_ids"])
+            cpu.append((time.process_time() - c0) * 1e3)
+        p25, p50, p75 = np.percentile(cpu, [25, 50, 75])
+        rows.append({"length": n, "tokens": got, "tokenize_cpu_p50_ms": p50, "tokenize_cpu_p25_ms": p25,
+                     "tokenize_cpu_p75_ms": p75})
+    return rows
 
 
 # ---- the two engines ----
@@ -347,6 +380,8 @@ def parse_args(argv):
     ap.add_argument("--gap-s", type=float, default=0.2, help="pause between requests (nothing overlaps)")
     ap.add_argument("--start-timeout-s", type=float, default=300.0)
     ap.add_argument("--request-timeout-s", type=float, default=60.0)
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="only time the tokenizer on the prompts (DIR/tokenize.csv); no vLLM engine is started")
     args = ap.parse_args(argv)
     try:
         args.lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
@@ -380,11 +415,20 @@ def main(argv=None) -> int:
         max_len = max(args.lengths) + 256 - max(args.lengths) % 32   # a multiple of 32, room for the template
         model_dir = build_model_dir(out.resolve() / "model", args.vocab, max_len)
         texts = prompts(model_dir, args.lengths)
+        import pandas as pd
+        tok_rows = tokenize_cost(model_dir, texts)
+        pd.DataFrame(tok_rows).to_csv(out / "tokenize.csv", index=False, float_format="%.4f")
+        per_1k = fit_tokenize(tok_rows)
+        _say(f"tokenisation alone: {per_1k:.3f} ms CPU per 1k prompt tokens (DIR/tokenize.csv)")
+        if args.tokenizer_only:
+            print(pd.DataFrame(tok_rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            print(f"tokenisation: {per_1k:.3f} ms per 1k prompt tokens (slope of the medians)")
+            return 0
         kw = engine_args(model_dir, max_len)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         import torch
-        meta = {"vllm_version": vllm.__version__, "torch_version": torch.__version__,
+        meta = {"tokenize_per_1k_prompt_tokens_ms": per_1k, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
                 "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
                 "host": platform.node(), "python": platform.python_version(),
                 "command": "python -m benchmarks.frontend_latency " + " ".join(argv), "engine_args": kw,

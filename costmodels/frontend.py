@@ -17,7 +17,7 @@ reaches vLLM:
 Sweep files override it under `engine.frontend` (experiments/engine_config.py):
 
     engine:
-      frontend: {kind: http, fixed_ms: 9.0, per_1k_prompt_tokens_ms: 3.3}
+      frontend: {kind: http, fixed_ms: 9.0, per_1k_prompt_tokens_ms: 3.7}
     # or a kind alone: `frontend: http_chat`, `frontend: in_process`, `frontend: none`
 
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
@@ -66,19 +66,24 @@ IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_pr
 
 # HTTP (`vllm serve`, streaming): the in-process figure plus what the OpenAI-compatible server adds on top of
 # it, measured by benchmarks.frontend_latency on vLLM 0.32's CPU build with a 32k-entry byte-level BPE
-# tokenizer, prompts of 100 to 8,000 tokens (docs/fidelity/frontend.md). The figures are the server's on-CPU
-# time per request minus the in-process client's, fitted as a line in the prompt's length: on a 2-core host
-# shared with other work the client-side wall-clock difference was noise (quartiles hundreds of ms wide),
-# while the CPU time a request costs is what an idle host's front end adds to the critical path. The fixed
-# part is the HTTP request's parsing and validation (FastAPI, pydantic) and the SSE chunks' formatting and
-# sending (the engine-core hand-off is in the in-process figure already); the per-token part is the
-# prompt's tokenisation (text - token ids: about 2.3 ms per 1k tokens) and the token ids' trip through the
-# server (about 1 ms per 1k). `http` is /v1/completions with a text prompt
-# (`vllm bench serve`'s default client); `http_chat` is /v1/chat/completions (the chat template on top).
-# Both are host-CPU work, so they carry to a GPU server only as far as its host CPU's single-core speed
-# matches this one's (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.
-HTTP = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 6.7e-3, per_prompt_token_s=3.3e-6, kind="http")
-HTTP_CHAT = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 11.8e-3, per_prompt_token_s=4.0e-6, kind="http_chat")
+# tokenizer, prompts of 100 to 8,000 tokens (docs/fidelity/frontend.md). On a 2-core host shared with other
+# work the client-side wall-clock difference was noise (quartiles hundreds of ms wide), so the figures are
+# CPU time, the work an idle host's front end puts on the request's path:
+# - fixed 6.7 ms: the server's on-CPU time per request minus the in-process client's, the intercept of its
+#   line in the prompt's length (/v1/completions with a text prompt; a second run gave 8.1 ms). It is the
+#   HTTP request's parsing and validation (FastAPI, pydantic) and the SSE chunks' formatting and sending;
+#   the engine-core hand-off is in the in-process figure already.
+# - 3.7 ms per 1k prompt tokens: the prompt's tokenisation alone (transformers' fast tokenizer, as the
+#   server loads it; docs/fidelity/frontend/tokenize.csv). The server's own CPU time grew by 3.3 ms per 1k
+#   in the first run and 9.3 in the second: it also burns CPU while a long prefill runs, so its slope is
+#   not the front end's per-token work alone.
+# `http` is /v1/completions with a text prompt (`vllm bench serve`'s default client); `http_chat` is
+# /v1/chat/completions, whose fixed part is 11.8 ms (12.2 in the second run): the messages and the chat
+# template on top. Both are host-CPU work, so they carry to a GPU server only as far as its host CPU's
+# single-core speed matches this one's (a virtualised Intel Xeon): an assumption, not a measurement on a
+# GPU host.
+HTTP = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 6.7e-3, per_prompt_token_s=3.7e-6, kind="http")
+HTTP_CHAT = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 11.8e-3, per_prompt_token_s=3.7e-6, kind="http_chat")
 
 NONE = FrontendLatency(fixed_s=0.0, per_prompt_token_s=0.0, kind="none")
 PRESETS = {"http": HTTP, "http_chat": HTTP_CHAT, "in_process": IN_PROCESS, "none": NONE}
