@@ -164,6 +164,12 @@ def test_summary_pairs_each_round_against_in_process_and_fits_the_line():
     assert fit["fixed_ms"] == pytest.approx(2.0) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(3.0)
 
 
+def test_tokenizer_slope_is_ms_per_1k_tokens():
+    from benchmarks.frontend_latency import fit_tokenize
+    rows = [{"tokens": n, "tokenize_cpu_p50_ms": 0.1 + 0.004 * n} for n in (100, 1000, 8000)]
+    assert fit_tokenize(rows) == pytest.approx(4.0)
+
+
 def test_help_has_no_side_effects(tmp_path):
     r = subprocess.run([sys.executable, "-m", "benchmarks.frontend_latency", "--help"], capture_output=True,
                        text=True, cwd=tmp_path.parent, timeout=60,
