@@ -48,8 +48,9 @@ def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
 def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
     """The request table as the client sees it when a fixed `latency_s` per request lies outside the engine
     (a cost model's `request_latency_s`): tokens arrive that much later; TTFT and E2E grow by it, TPOT
-    and ITL do not. `arrival_s` stays the time the request reached the engine."""
-    if not latency_s:
+    and ITL do not. `arrival_s` stays the time the request reached the engine. `latency_s` is one number
+    for every request or an array, one per row (a front end whose time depends on the prompt)."""
+    if np.ndim(latency_s) == 0 and not latency_s:
         return requests
     out = requests.copy()
     out["first_token_s"] = out["first_token_s"] + latency_s
