@@ -38,7 +38,7 @@ from experiments.simulate import memory_plan
 from policies import POLICIES as ALL_POLICIES
 from simcore.engine import EngineLimits, SimulationError
 from simcore.metrics import iterations_frame, requests_frame, summarize
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from workloads.synthetic import generate
 
 GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:"

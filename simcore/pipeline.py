@@ -48,9 +48,11 @@ import numpy as np
 import simpy
 
 from simcore.batch import Batch, split_shape
-from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.engine import Engine
+from simcore.errors import SimulationError, scheduled_nothing
+from simcore.limits import EngineLimits
 from simcore.log import IterationRecord
-from simcore.mechanics import take_sample
+from simcore.rules import take_sample
 from simcore.request import Request, Status
 from simcore.view import EngineView, Policy
 
@@ -181,9 +183,8 @@ class PipelinedEngine(Engine):
                 self._preempt(batch.preempt, env.now)
                 continue
             if not self.in_flight and (batch.wake_at_s is None or batch.wake_at_s <= env.now):
-                raise SimulationError(
-                    f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with {len(self.waiting)} waiting, "
-                    f"{len(self.running)} running, {self.pool.num_free_blocks}/{self.pool.num_blocks} blocks free")
+                raise scheduled_nothing(self.policy.name, env.now, len(self.waiting), len(self.running),
+                                        self.pool.num_free_blocks, self.pool.num_blocks)
             self._wake = env.event()   # nothing fits now: wait for a batch to return its KV, or an arrival
             if batch.wake_at_s is not None and batch.wake_at_s > env.now:
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
