@@ -16,13 +16,12 @@ SWAPPED = Status.SWAPPED
 class LazyProgress(Protocol):
     """The progress of running requests that an engine advances lazily (the fast engine's lazy decoders,
     simcore/fast/decoders.py): their progress fields are stale, the truth is asked here."""
+    step: int                    # decode steps the lazy decoders have taken
+    block_size: int
+    growth_by_phase: list[int]   # blocks they take at their next step: growth_by_phase[(-step) % block_size]
 
     def num_generated_tokens(self, req: Request) -> int:
         """Tokens `req` has generated so far."""
-        ...
-
-    def growth(self) -> int:
-        """Free blocks the lazy decoders take for their next token (paged KV grows at block boundaries)."""
         ...
 
 
@@ -109,8 +108,9 @@ class EngineView:
     def num_decode_growth_blocks(self) -> int:
         """Free blocks that every running request decoding one more token takes (paged KV grows by a block
         at each block boundary). O(running) here, O(1) on the fast engine."""
-        if self.decoders is not None:
-            return self.decoders.growth()
+        d = self.decoders
+        if d is not None:   # (LazyDecoders.growth, inlined: policies ask it at almost every decision)
+            return d.growth_by_phase[(-d.step) % d.block_size]
         return sum(self.blocks_to_hold(r, r.num_computed_tokens + 1) for r in self.running)
 
     def all_running_decoding(self) -> bool:

@@ -106,10 +106,6 @@ class LazyDecoders:
                 self.by_block_phase = [[] for _ in range(bs)]
 
     # ---- decode steps ----
-    def first_finish_step(self) -> int:
-        """How many more decode steps until the first lazy decoder takes its last token."""
-        return self.by_finish[0][0] - self.step
-
     def advance(self, now: float) -> list:
         """Every lazy decoder took a token at `now` (the caller logged their gaps from `by_last_token`):
         those that finished leave, explicit again, and are returned."""

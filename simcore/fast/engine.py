@@ -25,8 +25,8 @@ from simcore.fast.decoders import BY_ORDER, FastRequest, LazyDecoders
 from simcore.fast.log import (FINISHED, REJECTED, UNFINISHED, Events, FastLog, NoEvents, RequestColumns, StepLog,
                               fast_log)
 from simcore.fast.pricing import StepPricer
-from simcore.fast.state import EngineState, InFlightStep
-from simcore.fast.stretch import plan_quiet_steps
+from simcore.fast.state import EngineState, InFlightStep, in_flight_step
+from simcore.fast.stretch import plan_more_quiet_steps, plan_quiet_steps
 from simcore.fast.traffic import INF, Traffic
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.limits import EngineLimits, engine_settings_error
@@ -162,9 +162,11 @@ class FastEngine(DecisionApplier):
         first_arrival = True
         timers = traffic.timers
         steps = self.steps
+        streaming = steps.iteration_sink is not None
+        idle, timed, woken = IDLE, TIMED, WOKEN   # (locals: read at every event)
         while True:   # the earliest of the engine's event, the next arrival and the first timer: (time, seq)
             t, e, source = self.due_s, self.due_seq, self.state
-            if source is IDLE:
+            if source is idle:
                 t = INF
             at = traffic.arrival_s
             if at < t or (at == t and traffic.arrival_seq < e):
@@ -180,7 +182,7 @@ class FastEngine(DecisionApplier):
                 first_arrival = False
             elif source is TIMER:
                 traffic.send(heapq.heappop(timers)[2], t)
-            elif source in WAIT_ENDS:   # the engine resumes one event later
+            elif source is timed or source is woken:   # a wait ended: the engine resumes one event later
                 self.state, self.due_seq = RESUME, self.seq
                 self.seq += 1
             else:
@@ -191,7 +193,8 @@ class FastEngine(DecisionApplier):
                 if traffic.deferred:
                     traffic.flush_deferred(t)
                 traffic.deferring = False
-                steps.flush_if_due()
+                if streaming:
+                    steps.flush_if_due()
         return self._log()
 
     # ---- one engine decision ----
@@ -350,7 +353,7 @@ class FastEngine(DecisionApplier):
         duration_s = self.pricer.step_time_s(explicit, num_lazy, padded, self.decoders, self.running)
         if transfer_s or swap_s:
             duration_s += transfer_s + swap_s
-        self.in_flight = InFlightStep(explicit, num_lazy, len(preempt), padded, now, duration_s)
+        self.in_flight = in_flight_step((explicit, num_lazy, len(preempt), padded, now, duration_s))
         self.state, self.due_s, self.due_seq = COMPLETE, now + duration_s, self.seq
         self.seq += 1
 
@@ -387,10 +390,14 @@ class FastEngine(DecisionApplier):
         if traffic.deferred:
             traffic.flush_deferred(now)   # think timers created at this instant come after the first step
         pricer, running = self.pricer, self.running
-        ends, durs, useds = plan_quiet_steps(
-            now, pricer.decode_fn(rows, ctx, decoders, running), pricer.decode_steps_fn(rows, ctx, decoders, running),
-            rows, ctx0, step, self.block_size, decoders.growth_by_phase, decoders.first_finish_step(),
-            self.pool.num_used_blocks, self.num_blocks, e0, traffic.next_external())
+        plan = (rows, ctx0, step, self.block_size, decoders.growth_by_phase, decoders.by_finish[0][0] - step,
+                self.pool.num_used_blocks, self.num_blocks)
+        external = traffic.next_external()
+        ends, durs, useds, whole = plan_quiet_steps(now, pricer.decode_fn(rows, ctx, decoders, running), *plan,
+                                                    e0, external)
+        if not whole:   # a long stretch: on in vectorised chunks
+            plan_more_quiet_steps(lambda sums: pricer.decode_steps_time_s(rows, ctx, sums, decoders, running),
+                                  *plan, external, ends, durs, useds)
         m = len(durs)
         if m == 0:   # a quiet answer promises the decodes fit (simcore.batch.DecodeShortcut)
             raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
@@ -401,10 +408,12 @@ class FastEngine(DecisionApplier):
         else:   # every step's blocks, the last one's included, are allocated by its start
             self.pool.num_used_blocks = useds[m - 1]
         if m > 1:   # steps 0 .. m-2 happen here
-            self._log_quiet_steps(ends, durs, useds, num_dec, rows, m - 1)
+            self.steps.log_quiet_steps(decoders.by_last_token, ends, durs, useds, num_dec, m - 1,
+                                       (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting),
+                                        num_dec + len(self.draining)))
             decoders.skip(m - 1, ends[m - 1])
         last = ((1, ctx + m - 2),) * rows if padded is not None else None
-        self.in_flight = InFlightStep([], num_dec, 0, last, ends[m - 1], durs[m - 1])
+        self.in_flight = in_flight_step(([], num_dec, 0, last, ends[m - 1], durs[m - 1]))
         self.state, self.due_s = COMPLETE, ends[m]
         self.due_seq = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
@@ -423,7 +432,7 @@ class FastEngine(DecisionApplier):
             decoders.cache_steps(1)
         else:
             self.pool.num_used_blocks = used + growth   # allocated at the step's start
-        self.in_flight = InFlightStep([], decoders.count, 0, padded, now, d)
+        self.in_flight = in_flight_step(([], decoders.count, 0, padded, now, d))
         self.state, self.due_s, self.due_seq = COMPLETE, now + d, self.seq
         self.seq += 1
         traffic = self.traffic
@@ -443,12 +452,6 @@ class FastEngine(DecisionApplier):
         decoders = self.decoders
         n = decoders.count
         return self._one_quiet_step(now, None, n, 0, decoders.base_context_sum + n * (decoders.step + 1))
-
-    def _log_quiet_steps(self, ends: list, durs: list, useds: list, num_dec: int, rows: int, k: int) -> None:
-        """Iteration rows and ITL samples of the first k steps of a stretch (no finishes among them)."""
-        self.steps.log_quiet_steps(self.decoders.by_last_token, ends, durs, useds, num_dec, k,
-                                   (0, num_dec, rows - num_dec, num_dec, 0, len(self.waiting),
-                                    num_dec + len(self.draining)))
 
     # ---- completing a step ----
     def complete_step(self, now: float) -> None:

@@ -55,10 +55,9 @@ class StepPricer:
         return lambda context_sum: cost.step_time_s(
             prefill=[], decode=[c + (context_sum - sum0) // rows for c in contexts0], num_logits=rows)
 
-    def decode_steps_fn(self, rows: int, ctx: int, decoders, running):
-        """A function from an array of quiet steps' context sums to their times (a numpy array)."""
+    def decode_steps_time_s(self, rows: int, ctx: int, context_sums, decoders, running):
+        """Times of many quiet steps (as `decode_fn`), from an array of their context sums."""
         if self.by_sums:
-            cost = self.cost
-            return lambda context_sums: cost.decode_steps_time_s(rows, context_sums, rows)
+            return self.cost.decode_steps_time_s(rows, context_sums, rows)
         fn = self.decode_fn(rows, ctx, decoders, running)
-        return lambda context_sums: [fn(s) for s in context_sums.tolist()]
+        return [fn(s) for s in context_sums.tolist()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from functools import partial
 from typing import NamedTuple
 
 
@@ -26,3 +27,8 @@ class InFlightStep(NamedTuple):
     padded_shape: tuple | None   # a padded (static) batch's rows, else None
     start_s: float
     duration_s: float
+
+
+# An InFlightStep from a 6-tuple, built by tuple.__new__ (C) rather than by the class's own constructor (a
+# Python function): the engine builds one for every step it puts in flight.
+in_flight_step = partial(tuple.__new__, InFlightStep)

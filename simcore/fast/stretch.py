@@ -16,17 +16,18 @@ SCALAR_STEPS = 64
 FIRST_CHUNK_STEPS, MAX_CHUNK_STEPS = 512, 4096   # a long stretch is usually cut within a few hundred steps
 
 
-def plan_quiet_steps(now: float, price, price_many, rows: int, context_sum: int, step: int, block_size: int,
+def plan_quiet_steps(now: float, price, rows: int, context_sum: int, step: int, block_size: int,
                      growth_by_phase: list, max_steps: int, used: int, num_blocks: int, first_seq: int,
-                     external: tuple[float, int]) -> tuple[list, list, list]:
-    """The quiet steps from `now` on: (end times, from `now`; durations; KV blocks in use during each).
+                     external: tuple[float, int]) -> tuple[list, list, list, bool]:
+    """The first quiet steps from `now` on, one by one: (end times, from `now`; durations; KV blocks in use
+    during each; whether the stretch ends there, else `plan_more_quiet_steps` goes on from them).
 
-    `price(context_sum)` prices one step and `price_many(context_sums)` an array of them; `rows` decodes
-    whose contexts sum to `context_sum` in the first step (each step adds `rows`). The lazy decoders have
-    taken `step` decode steps and grow by `growth_by_phase[(-step) % block_size]` blocks in the next one;
-    `used` of `num_blocks` are in use now. The stretch ends at the first finish (`max_steps`), at the
-    first step whose KV growth does not fit (left out: the policy preempts), or at the step whose end comes
-    after the next external event `external` (time, seq; the first step's end event is `first_seq`)."""
+    `price(context_sum)` prices one step: `rows` decodes whose contexts sum to `context_sum` in the first
+    step (each step adds `rows`). The lazy decoders have taken `step` decode steps and grow by
+    `growth_by_phase[(-step) % block_size]` blocks in the next one; `used` of `num_blocks` are in use now.
+    The stretch ends at the first finish (`max_steps`), at the first step whose KV growth does not fit (left
+    out: the policy preempts), or at the step whose end comes after the next external event `external`
+    (time, seq; the first step's end event is `first_seq`)."""
     t_ext, e_ext = external
     free0 = num_blocks - used
     ends, durs, useds = [now], [], []
@@ -37,7 +38,7 @@ def plan_quiet_steps(now: float, price, price_many, rows: int, context_sum: int,
         if grows:
             g = growth_by_phase[(-(step + j)) % block_size]
             if grown + g > free0:
-                return ends, durs, useds   # this step would preempt: the policy takes it from here
+                return ends, durs, useds, True   # this step would preempt: the policy takes it from here
             grown += g
         d = price(context_sum)
         context_sum += rows
@@ -47,17 +48,21 @@ def plan_quiet_steps(now: float, price, price_many, rows: int, context_sum: int,
         useds.append(used + grown)
         j += 1
         if t_ext < t or (t_ext == t and (j > 1 or e_ext < first_seq)) or j == max_steps:
-            return ends, durs, useds   # an external event comes before this step's end, or a finish
-    _plan_chunks(j, step, context_sum - rows * j, rows, block_size, growth_by_phase if grows else None, price_many,
-                 max_steps, free0, num_blocks, used + grown, t_ext, ends, durs, useds)
-    return ends, durs, useds
+            return ends, durs, useds, True   # an external event comes before this step's end, or a finish
+    return ends, durs, useds, False
 
 
-def _plan_chunks(j0, step, context_sum0, rows, block_size, growth_by_phase, price_many, max_steps, free0,
-                 num_blocks, used, t_ext, ends, durs, useds) -> None:
-    """Continue a long stretch from step j0 in chunks priced by one `price_many` call each."""
+def plan_more_quiet_steps(price_many, rows: int, context_sum: int, step: int, block_size: int, growth_by_phase: list,
+                          max_steps: int, used: int, num_blocks: int, external: tuple[float, int],
+                          ends: list, durs: list, useds: list) -> None:
+    """A long stretch goes on after `plan_quiet_steps`'s steps (`ends`, `durs`, `useds`, extended here; the
+    other arguments as given to it) in chunks, each priced by one `price_many(context_sums)` call."""
+    j0 = len(durs)
+    t_ext = external[0]
+    free0 = num_blocks - used
+    used = useds[-1]
     chunk = FIRST_CHUNK_STEPS
-    growth = np.array(growth_by_phase, dtype=np.int64) if growth_by_phase is not None else None
+    growth = np.array(growth_by_phase, dtype=np.int64) if any(growth_by_phase) else None
     grown0 = used - (num_blocks - free0)   # blocks grown by the stretch so far
     while j0 < max_steps:
         k = min(chunk, max_steps - j0)
@@ -73,7 +78,7 @@ def _plan_chunks(j0, step, context_sum0, rows, block_size, growth_by_phase, pric
             used_after = (num_blocks - free0) + cum
         if k == 0:
             return
-        d = np.asarray(price_many(context_sum0 + rows * js), dtype=float)
+        d = np.asarray(price_many(context_sum + rows * js), dtype=float)
         e = np.add.accumulate(np.concatenate(([ends[-1]], d)))
         cut = int(np.searchsorted(e[1:], t_ext, side="left"))   # ties: the external comes first
         if cut < k:
