@@ -25,7 +25,7 @@ from simcore.fast.decoders import BY_ORDER, FastRequest, LazyDecoders
 from simcore.fast.log import (FINISHED, REJECTED, UNFINISHED, Events, FastLog, NoEvents, RequestColumns, StepLog,
                               fast_log)
 from simcore.fast.pricing import StepPricer
-from simcore.fast.state import EngineState, InFlightStep, in_flight_step
+from simcore.fast.state import EngineState, InFlightStep
 from simcore.fast.stretch import plan_more_quiet_steps, plan_quiet_steps
 from simcore.fast.traffic import INF, Traffic
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
@@ -113,7 +113,7 @@ class FastEngine(DecisionApplier):
         self.seq = 0                      # creation order of events, SimPy's tie-break at equal times
         # The pending event: what it does, when, and its place in the order. The engine process starts first.
         self.state, self.due_s, self.due_seq = RESUME, 0.0, -2
-        self.in_flight: InFlightStep | None = None
+        self.in_flight = InFlightStep()
 
     @property
     def prefix_caches(self) -> list:
@@ -353,7 +353,9 @@ class FastEngine(DecisionApplier):
         duration_s = self.pricer.step_time_s(explicit, num_lazy, padded, self.decoders, self.running)
         if transfer_s or swap_s:
             duration_s += transfer_s + swap_s
-        self.in_flight = in_flight_step((explicit, num_lazy, len(preempt), padded, now, duration_s))
+        step = self.in_flight
+        step.explicit, step.num_lazy, step.num_preempted, step.padded_shape = explicit, num_lazy, len(preempt), padded
+        step.start_s, step.duration_s = now, duration_s
         self.state, self.due_s, self.due_seq = COMPLETE, now + duration_s, self.seq
         self.seq += 1
 
@@ -390,14 +392,15 @@ class FastEngine(DecisionApplier):
         if traffic.deferred:
             traffic.flush_deferred(now)   # think timers created at this instant come after the first step
         pricer, running = self.pricer, self.running
-        plan = (rows, ctx0, step, self.block_size, decoders.growth_by_phase, decoders.by_finish[0][0] - step,
-                self.pool.num_used_blocks, self.num_blocks)
+        max_steps, used = decoders.by_finish[0][0] - step, self.pool.num_used_blocks
         external = traffic.next_external()
-        ends, durs, useds, whole = plan_quiet_steps(now, pricer.decode_fn(rows, ctx, decoders, running), *plan,
-                                                    e0, external)
-        if not whole:   # a long stretch: on in vectorised chunks
+        ends, durs, useds = [now], [], []
+        if not plan_quiet_steps(pricer.decode_fn(rows, ctx, decoders, running), rows, ctx0, step, self.block_size,
+                                decoders.growth_by_phase, max_steps, used, self.num_blocks, e0, external,
+                                ends, durs, useds):   # a long stretch: on in vectorised chunks
             plan_more_quiet_steps(lambda sums: pricer.decode_steps_time_s(rows, ctx, sums, decoders, running),
-                                  *plan, external, ends, durs, useds)
+                                  rows, ctx0, step, self.block_size, decoders.growth_by_phase, max_steps, used,
+                                  self.num_blocks, external, ends, durs, useds)
         m = len(durs)
         if m == 0:   # a quiet answer promises the decodes fit (simcore.batch.DecodeShortcut)
             raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
@@ -413,7 +416,9 @@ class FastEngine(DecisionApplier):
                                         num_dec + len(self.draining)))
             decoders.skip(m - 1, ends[m - 1])
         last = ((1, ctx + m - 2),) * rows if padded is not None else None
-        self.in_flight = in_flight_step(([], num_dec, 0, last, ends[m - 1], durs[m - 1]))
+        in_flight = self.in_flight
+        in_flight.explicit, in_flight.num_lazy, in_flight.num_preempted, in_flight.padded_shape = [], num_dec, 0, last
+        in_flight.start_s, in_flight.duration_s = ends[m - 1], durs[m - 1]
         self.state, self.due_s = COMPLETE, ends[m]
         self.due_seq = e0 if m == 1 else self.seq + m - 2
         self.seq += m - 1
@@ -432,7 +437,9 @@ class FastEngine(DecisionApplier):
             decoders.cache_steps(1)
         else:
             self.pool.num_used_blocks = used + growth   # allocated at the step's start
-        self.in_flight = in_flight_step(([], decoders.count, 0, padded, now, d))
+        step = self.in_flight
+        step.explicit, step.num_lazy, step.num_preempted, step.padded_shape = [], decoders.count, 0, padded
+        step.start_s, step.duration_s = now, d
         self.state, self.due_s, self.due_seq = COMPLETE, now + d, self.seq
         self.seq += 1
         traffic = self.traffic
@@ -457,7 +464,8 @@ class FastEngine(DecisionApplier):
     def complete_step(self, now: float) -> None:
         """The step in flight ends at `now`: tokens are sampled, requests finish or are handed off, the
         iteration row is logged."""
-        explicit, num_lazy, num_preempted, padded, start_s, duration_s = self.in_flight
+        step = self.in_flight
+        explicit, num_lazy, num_preempted, padded = step.explicit, step.num_lazy, step.num_preempted, step.padded_shape
         steps = self.steps
         decoders = self.decoders
         if num_lazy:
@@ -527,7 +535,7 @@ class FastEngine(DecisionApplier):
                 for req in new_decoders:
                     decoders.add(req)
         num_padding = padded_tokens(padded) - (num_prefill + num_decode) if padded else 0
-        steps.iteration_floats.fromlist([start_s, duration_s])   # (twice as fast as extend with a tuple)
+        steps.iteration_floats.fromlist([step.start_s, step.duration_s])   # (twice as fast as extend with a tuple)
         steps.iteration_ints.fromlist([num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
                                        len(self.waiting), len(self.running) + len(self.draining),
                                        self.pool.num_used_blocks])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from enum import Enum
-from functools import partial
-from typing import NamedTuple
 
 
 class EngineState(Enum):
@@ -19,16 +17,16 @@ class EngineState(Enum):
     COMPLETE = "complete"    # the step in flight ends
 
 
-class InFlightStep(NamedTuple):
-    """The step the engine has in flight: what it computes, as what it was priced."""
-    explicit: list          # (request, new tokens, reserved tokens) of each explicit request, in batch order
-    num_lazy: int           # lazy decoders that take one token each (they come first in the batch)
-    num_preempted: int
-    padded_shape: tuple | None   # a padded (static) batch's rows, else None
-    start_s: float
-    duration_s: float
+class InFlightStep:
+    """The step the engine has in flight: what it computes, as what it was priced. One engine has one step
+    in flight at a time, so it keeps one record and overwrites its fields for each step it starts (cheaper
+    than building a record per step, and steps are the engine's hottest path)."""
+    __slots__ = ("explicit", "num_lazy", "num_preempted", "padded_shape", "start_s", "duration_s")
 
-
-# An InFlightStep from a 6-tuple, built by tuple.__new__ (C) rather than by the class's own constructor (a
-# Python function): the engine builds one for every step it puts in flight.
-in_flight_step = partial(tuple.__new__, InFlightStep)
+    def __init__(self):
+        self.explicit: list = []         # (request, new tokens, reserved tokens) of each explicit request
+        self.num_lazy = 0                # lazy decoders taking one token each (first in the batch)
+        self.num_preempted = 0
+        self.padded_shape: tuple | None = None   # a padded (static) batch's rows, else None
+        self.start_s = 0.0
+        self.duration_s = 0.0

@@ -16,11 +16,12 @@ SCALAR_STEPS = 64
 FIRST_CHUNK_STEPS, MAX_CHUNK_STEPS = 512, 4096   # a long stretch is usually cut within a few hundred steps
 
 
-def plan_quiet_steps(now: float, price, rows: int, context_sum: int, step: int, block_size: int,
-                     growth_by_phase: list, max_steps: int, used: int, num_blocks: int, first_seq: int,
-                     external: tuple[float, int]) -> tuple[list, list, list, bool]:
-    """The first quiet steps from `now` on, one by one: (end times, from `now`; durations; KV blocks in use
-    during each; whether the stretch ends there, else `plan_more_quiet_steps` goes on from them).
+def plan_quiet_steps(price, rows: int, context_sum: int, step: int, block_size: int, growth_by_phase: list,
+                     max_steps: int, used: int, num_blocks: int, first_seq: int, external: tuple[float, int],
+                     ends: list, durs: list, useds: list) -> bool:
+    """The first quiet steps of a stretch, one by one, appended to `ends` (end times; it holds the start),
+    `durs` (durations) and `useds` (KV blocks in use during each). True when the stretch ends there, else
+    `plan_more_quiet_steps` goes on from them.
 
     `price(context_sum)` prices one step: `rows` decodes whose contexts sum to `context_sum` in the first
     step (each step adds `rows`). The lazy decoders have taken `step` decode steps and grow by
@@ -30,15 +31,14 @@ def plan_quiet_steps(now: float, price, rows: int, context_sum: int, step: int, 
     (time, seq; the first step's end event is `first_seq`)."""
     t_ext, e_ext = external
     free0 = num_blocks - used
-    ends, durs, useds = [now], [], []
     grown, j = 0, 0
     grows = any(growth_by_phase)
-    t = now
+    t = ends[0]
     while j < SCALAR_STEPS:
         if grows:
             g = growth_by_phase[(-(step + j)) % block_size]
             if grown + g > free0:
-                return ends, durs, useds, True   # this step would preempt: the policy takes it from here
+                return True   # this step would preempt: the policy takes it from here
             grown += g
         d = price(context_sum)
         context_sum += rows
@@ -48,8 +48,8 @@ def plan_quiet_steps(now: float, price, rows: int, context_sum: int, step: int, 
         useds.append(used + grown)
         j += 1
         if t_ext < t or (t_ext == t and (j > 1 or e_ext < first_seq)) or j == max_steps:
-            return ends, durs, useds, True   # an external event comes before this step's end, or a finish
-    return ends, durs, useds, False
+            return True   # an external event comes before this step's end, or a finish
+    return False
 
 
 def plan_more_quiet_steps(price_many, rows: int, context_sum: int, step: int, block_size: int, growth_by_phase: list,
