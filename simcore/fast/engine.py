@@ -72,7 +72,8 @@ class FastEngine(DecisionApplier):
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.shortcut = getattr(policy, "schedule_decodes", None)
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
-        self.block_size, self.num_blocks, self.max_model_len = limits.block_size, self.pool.num_blocks, limits.max_model_len
+        self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
+        self.num_blocks = self.pool.num_blocks
         self.replica_id = 0
         self.requests: dict[int, FastRequest] = {}   # live requests only: released when they leave
         self.num_admissions = 0
@@ -93,7 +94,8 @@ class FastEngine(DecisionApplier):
             self.steps = StepLog(iteration_sink, itl_sink)
             self.log = Events() if record_events else NoEvents()
         else:   # the cluster's, shared by its replicas
-            self.traffic, self.columns, self.steps, self.log = cluster.traffic, cluster.columns, cluster.steps, cluster.log
+            self.traffic, self.columns, self.steps = cluster.traffic, cluster.columns, cluster.steps
+            self.log = cluster.log
         self.events = self.log.events   # None unless recording
         # In a cluster, every step is an event of its own (see _stretch); `quiet_step`: the step in flight
         # is quiet and nothing has reached this engine since.
@@ -535,7 +537,8 @@ class FastEngine(DecisionApplier):
                 for req in new_decoders:
                     decoders.add(req)
         num_padding = padded_tokens(padded) - (num_prefill + num_decode) if padded else 0
-        steps.iteration_floats.fromlist([step.start_s, step.duration_s])   # (twice as fast as extend with a tuple)
+        # (array.fromlist: its own path for a list; extend takes the generic one)
+        steps.iteration_floats.fromlist([step.start_s, step.duration_s])
         steps.iteration_ints.fromlist([num_prefill, num_decode, num_padding, num_lazy + len(explicit), num_preempted,
                                        len(self.waiting), len(self.running) + len(self.draining),
                                        self.pool.num_used_blocks])

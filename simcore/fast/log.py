@@ -123,7 +123,7 @@ class StepLog:
                 itl_gaps.append(ends[j + 1] - ends[j])
                 itl_counts.append(num_dec)
                 itl_ends.append(ends[j + 1])
-            for j in range(k):   # (array.fromlist: twice as fast as extend with a tuple)
+            for j in range(k):   # (array.fromlist: its own path for a list; extend takes the generic one)
                 floats.fromlist([ends[j], durs[j]])
                 ints.fromlist([*consts, useds[j]])
             return
