@@ -249,9 +249,9 @@ class PipelinedEngine(Engine):
                 done.append(req)
         for req in done:
             self.running.remove(req)
-            req.finish_s, req.status = now, Status.FINISHED
-            self.pool.free(req)
+            req.finish_s = now
             log.done(req, self.replica_id)
+        self._release_finished(done)
         log.iteration(IterationRecord(
             fl.scheduled_s, fl.duration_s, fl.num_prefill_tokens, fl.num_decode_tokens, 0, len(fl.batch.scheduled),
             len(fl.batch.preempt), len(self.waiting), len(self.running), self.pool.num_used_blocks, self.replica_id))
