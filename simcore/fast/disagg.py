@@ -17,7 +17,7 @@ from collections import deque
 
 from simcore.disagg import HandoffRules, KVLink
 from simcore.fast.cluster import FastCluster
-from simcore.fast.decoders import FastRequest
+from simcore.fast.request import FastRequest
 from simcore.limits import EngineLimits
 
 

@@ -21,7 +21,8 @@ from collections import deque
 from simcore.batch import QUIET, Batch, DecodeShortcut
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
-from simcore.fast.decoders import BY_ORDER, FastRequest, LazyDecoders
+from simcore.fast.decoders import BY_ORDER, LazyDecoders
+from simcore.fast.request import FastRequest
 from simcore.fast.log import (FINISHED, REJECTED, UNFINISHED, Events, FastLog, NoEvents, RequestColumns, StepLog,
                               fast_log)
 from simcore.fast.pricing import StepPricer
