@@ -12,8 +12,8 @@ import pytest
 from simcore.batch import Batch, DecodeShortcut, Scheduled
 from simcore.costmodel import ConstantCost
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fast.request import FastRequest
 from simcore.fast.engine import FastEngine
+from simcore.fast.request import FastRequest
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
