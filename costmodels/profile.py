@@ -267,7 +267,7 @@ class ProfileCostModel:
     def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum,
                          num_logits: int | None = None) -> float:
         """`step_time_s` from the count and the sum of the decode contexts, all decode attention depends
-        on (`decode_coords`); the fast path (simcore/fastpath.py) prices with it."""
+        on (`decode_coords`); the fast path (simcore/fast/engine.py) prices with it."""
         new = [n for n, _ in prefill]
         num_seqs = len(new) + num_decode
         num_tokens = sum(new) + num_decode

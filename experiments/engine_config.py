@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
 from policies import POLICIES
-from simcore.engine import PREEMPTION_MODES, engine_settings_error
+from simcore.limits import PREEMPTION_MODES, engine_settings_error
 
 DEFAULT_POLICY = "chunked_prefill"
 FAST_PATH_MODES = ("auto", "on", "off")

@@ -27,7 +27,7 @@ from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
 from simcore.pipeline import PipelinedEngine, add_pipeline_results, pipeline_error
-from simcore.replica import on_done_of, start_arrivals
+from simcore.wiring import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 

@@ -43,7 +43,7 @@ from experiments.simulate import memory_plan
 from policies import POLICIES
 from simcore.engine import EngineLimits, SimulationError
 from simcore.metrics import iterations_frame, requests_frame, summarize
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from workloads.synthetic import generate
 
 DEFAULT_POLICIES = ("static", "continuous", "chunked_prefill")  # any registered policy may be named

@@ -151,9 +151,9 @@ class ItlSamples:
 def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
     if not len(values):
         return stats_ms(prefix, [])
-    # numpy's own sum, not np.dot: OpenBLAS would split this one dot product of ~600k values (100k requests)
-    # over every core, its threads then spinning idle for about 0.1 s of CPU (measured with perf), and its
-    # last bits would depend on how many cores the machine has
+    # numpy's own sum, not np.dot: OpenBLAS would split this one dot product over every core, whose threads
+    # then spin idle for a while (CPU spent on nothing), and its last bits would depend on how many cores
+    # the machine has
     mean_s = float((values * counts).sum() / counts.sum())
     out = {f"{prefix}_mean_ms": mean_s * 1e3}
     out.update({f"{prefix}_p{p}_ms": x * 1e3
