@@ -40,8 +40,8 @@ SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
 LSS_DIR = "real-runs/llmservingsim"
 
-# The H100 runs' models not in costmodels.catalog, from their Hugging Face config.json files
-# (codellama/CodeLlama-34b-Instruct-hf, mistralai/Mixtral-8x7B-v0.1; docs/sources.md).
+# The runs' models not in costmodels.catalog, from their Hugging Face config.json files (the shapes only;
+# docs/sources.md).
 HF_CONFIGS = {
     "codellama/CodeLlama-34b-Instruct-hf": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
@@ -55,7 +55,20 @@ HF_CONFIGS = {
         "rms_norm_eps": 1e-5, "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": False,
         "sliding_window": None, "torch_dtype": "bfloat16"},
 }
-CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b"}
+HF_CONFIGS["Qwen/Qwen3-32B"] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+HF_CONFIGS["Qwen/Qwen3-30B-A3B-Instruct-2507"] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 10000000, "hidden_act": "silu",
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+                 "meta-llama/Llama-3.1-8B": "llama-3.1-8b"}
 
 # The load profiles (the stages file's README): system prompt tokens, requested output tokens, stage seconds
 PROFILES = {"general": (100, 248, 600), "codegen": (100, 247, 600), "roleplay": (150, 251, 1200),
@@ -168,10 +181,9 @@ def _with_profile(cfg, name: str):
     return dataclasses.replace(cfg, profile="roofline" if name == "roofline" else None)
 
 
-def llmservingsim_runs(shared: Path, models: list[str]) -> pd.DataFrame:
+def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFrame:
     from fidelity.llmservingsim import peer_errors, read_run, replay_point
-    from fidelity.realruns import replay
-    from experiments.config import resolve_point
+    from fidelity.realruns import replay, replay_config
     rows = []
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
         run = read_run(d)
@@ -180,7 +192,7 @@ def llmservingsim_runs(shared: Path, models: list[str]) -> pd.DataFrame:
         peer = peer_errors(d)
         for name in models:
             t0 = time.perf_counter()
-            cfg = resolve_point(replay_point(run, d))
+            cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
             res = replay(run, cfg, "roofline" if name == "roofline" else None)
             m = _lss_metrics(res.requests)
             row = {"run": d.name, "cost_model": name, "num_requests": len(real),
@@ -285,7 +297,7 @@ def main(argv=None) -> int:
         stages = h100_stages(shared, models, out, a.max_stage_s)
         stages.to_csv(out / "stages.csv", index=False)
     if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
-        runs = llmservingsim_runs(shared, models)
+        runs = llmservingsim_runs(shared, models, out)
         runs.to_csv(out / "runs.csv", index=False)
     print(report(stages, runs, out))
     return 0
