@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,6 +96,8 @@ def model_ref(hf_id: str, work: Path) -> str:
     """A model name the sweep file takes: the catalog's, else a config.json written under `work`."""
     if hf_id in CATALOG_NAMES:
         return CATALOG_NAMES[hf_id]
+    if hf_id not in HF_CONFIGS:   # a catalog name or a Hugging Face id costmodels resolves itself
+        return hf_id
     path = work / "models" / f"{hf_id.replace('/', '--')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(HF_CONFIGS[hf_id], indent=1))
@@ -293,12 +296,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sets = a.sets.split(",")
     stages = runs = pd.DataFrame()
-    if "h100" in sets and (shared / STAGES_CSV).exists():
-        stages = h100_stages(shared, models, out, a.max_stage_s)
-        stages.to_csv(out / "stages.csv", index=False)
-    if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
-        runs = llmservingsim_runs(shared, models, out)
-        runs.to_csv(out / "runs.csv", index=False)
+    with tempfile.TemporaryDirectory() as work:   # the models' config.json files, for the sweep points
+        if "h100" in sets and (shared / STAGES_CSV).exists():
+            stages = h100_stages(shared, models, Path(work), a.max_stage_s)
+            stages.to_csv(out / "stages.csv", index=False)
+        if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
+            runs = llmservingsim_runs(shared, models, Path(work))
+            runs.to_csv(out / "runs.csv", index=False)
     print(report(stages, runs, out))
     return 0
 

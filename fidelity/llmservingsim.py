@@ -70,7 +70,12 @@ def read_run(path: str | Path) -> RealRun:
             "engine_kwargs": meta["engine_kwargs"], "kv_cache": meta.get("kv_cache") or {},
             "hardware": meta.get("hardware") or {}}
     info["num_gpu_blocks"] = info["kv_cache"].get("num_gpu_blocks")
-    return RealRun(str(d), "llmservingsim", req, None, None, None, d.name, info)
+    run = RealRun(str(d), "llmservingsim", req, None, None, None, d.name, info)
+    try:   # the engine it ran, so that fidelity.fit_engine and replays need no --config
+        run.config = replay_point(run)
+    except RealRunError:
+        pass   # a GPU we cannot name: the caller gives hardware (replay_point) or a --config
+    return run
 
 
 def gpu_of(run: RealRun) -> str | dict:
