@@ -23,6 +23,8 @@ Without ../shared (or --shared) it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -153,6 +155,7 @@ def h100_stages(shared: Path, models: list[str], work: Path, max_stage_s: float)
         if r["model"] == "meta-llama/Llama-2-7b-hf":   # counted outputs unreliable: per token from the requested
             out = point["workload"]["output_tokens"]["value"]
             real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
+            real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
         real_sat = saturated(r["ttft_p99_ms"], r["failed"] / max(r["sent"], 1))
         for name in models:
             t0 = time.perf_counter()
@@ -193,10 +196,11 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
-        for name in models:
+        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
+        profile = layer_profile(shared, d.name, work)
+        for name in models + (["layer-profile"] if profile else []):
             t0 = time.perf_counter()
-            cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
-            res = replay(run, cfg, "roofline" if name == "roofline" else None)
+            res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
             m = _lss_metrics(res.requests)
             row = {"run": d.name, "cost_model": name, "num_requests": len(real),
                    "sim_wall_s": round(time.perf_counter() - t0, 1)}
@@ -208,6 +212,23 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
             say(f"{d.name} {name}: TPOT mean {m['tpot_mean_ms']:.2f} ms (real {real_m['tpot_mean_ms']:.2f}), "
                 f"TTFT mean {m['ttft_mean_ms']:.0f} ms (real {real_m['ttft_mean_ms']:.0f}), {row['sim_wall_s']} s")
     return pd.DataFrame(rows)
+
+
+def layer_profile(shared: Path, run_name: str, work: Path) -> str | None:
+    """A profile fitted to vLLM's own per-layer kernel timings on the run's GPU and model
+    (calibration.import_llmservingsim + calibration.fit), when the profiler folder has them; None else."""
+    folder = shared / LSS_DIR / "profiler_perf" / f"{run_name}_bf16"
+    if not (folder / "meta.yaml").exists():
+        return None
+    from calibration import import_llmservingsim
+    out = work / f"{run_name}-layers"
+    path = work / f"{run_name}-layers.json"
+    if not path.exists():
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = import_llmservingsim.main([str(folder), "--out", str(out), "--fit", str(path)])
+        if rc != 0:
+            return None
+    return str(path)
 
 
 def _lss_metrics(req: pd.DataFrame) -> dict:
@@ -240,6 +261,14 @@ def summary(stages: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _percent(s: pd.DataFrame) -> pd.DataFrame:
+    t = s.copy()
+    for c in t.columns:
+        if "err" in c:
+            t[c] = t[c].map(lambda v: "" if pd.isna(v) else f"{v:+.1%}" if "median err" in c else f"{v:.1%}")
+    return t
+
+
 def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
     from experiments.report import md_table
     lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
@@ -249,7 +278,7 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
                   "Errors are simulated / real - 1; summaries over the sustained real stages (the saturated ones "
                   "show where the knee is, not a latency to match). TTFT is the simulator's own: the HTTP front "
                   "end of `vllm serve` is modelled separately.", "",
-                  md_table(s.round(3)), ""]
+                  md_table(_percent(s)), ""]
         cols = ["run", "stage", "rate", "cost_model", "real_class", "sim_class"]
         for k in METRICS:
             cols += [f"real_{k}", f"sim_{k}"]

@@ -63,6 +63,9 @@ GPUS: dict[str, GPU] = {
             l2_bytes=72e6),
         GPU("rtx-pro-6000", 500e12, 1792e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
             l2_bytes=128e6),   # Blackwell, 96 GB GDDR7, est. memory; FLOP/s: half the sparse datasheet figures
+        # the Server Edition (passively cooled, 600 W): the same GB202 with 1,597 GB/s of GDDR7
+        GPU("rtx-pro-6000-server", 500e12, 1597e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
+            l2_bytes=128e6),
         GPU("mi300x", 1307.4e12, 5300e9, 205.8e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",
             l2_bytes=256e6),   # 192 GB HBM3, est. memory; l2: the 256 MB Infinity Cache
         GPU("mi325x", 1307.4e12, 6000e9, 274.4e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",
@@ -71,7 +74,7 @@ GPUS: dict[str, GPU] = {
 }
 # Other spellings people use for the same parts
 GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",
-               "rtx4090": "rtx-4090", "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000",
+               "rtx4090": "rtx-4090", "rtx-pro-6000-blackwell": "rtx-pro-6000",
                "h100-pcie-80gb": "h100-pcie"}
 INTERCONNECT_KINDS = ("nvlink", "pcie", "infinity_fabric")
 

@@ -36,19 +36,19 @@ class Efficiencies:
     # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
     # aiconfigurator's vLLM 0.24 tables: H100 0.86 + 3.3 us, H200 0.83 + 3.6 us, B200 0.77 + 2.9 us (A100,
     # vLLM 0.14: 0.74 + 5.1 us); vLLM 0.19's own qkv/o/gate_up/down timings (LLMServingSim profiler): RTX
-    # 4090 0.92 + 5.0 us, RTX PRO 6000 0.82 + 3.4 us. Middle of the Hopper/Blackwell/Ada figures.
+    # 4090 0.92 + 5.0 us, RTX PRO 6000 Server Edition 0.93 + 3.4 us. Near the median of the six (0.84).
     gemm_memory: float = 0.83
     gemm_fixed_s: float = 3.5e-6
     # Fused (flash) attention reaches roughly 50-70% of peak in prefill.
     attention_compute: float = 0.55
     # Paged decode attention (FlashAttention), the same fit over batch x context: H100 0.85 + 13.5 us per
     # kernel, H200 0.81 + 14.5 us, B200 0.87 + 10.5 us (aiconfigurator vLLM 0.24 generation_attention;
-    # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 0.80 +
-    # 14.5 us (LLMServingSim profiler, attention.csv, decode only).
+    # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 Server
+    # Edition 0.90 + 14.5 us (LLMServingSim profiler, attention.csv, decode only). Median of the six: 0.86.
     attention_memory: float = 0.85
     decode_attention_fixed_s: float = 14e-6   # per layer's kernel
     # RMSNorm (+ residual add), rotary, SiLU*mul: vLLM's fused CUDA kernels stream their tensors once. vLLM
-    # 0.19's silu_and_mul at 2,048 tokens moves 1.03x (RTX 4090) and 1.04x (RTX PRO 6000) of the DRAM
+    # 0.19's silu_and_mul at 2,048 tokens moves 1.03x (RTX 4090) and 1.17x (RTX PRO 6000 Server) of the DRAM
     # datasheet bandwidth (part of it from L2), RMSNorm more; 0.9 leaves room for GPUs with smaller L2.
     elementwise_memory: float = 0.90
     # TP all-reduce, latency + ring bytes / (link x efficiency) fitted to aiconfigurator's H100 tables from

@@ -29,7 +29,9 @@ NEED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_
 # device names (torch.cuda.get_device_name) and LLMServingSim's hardware labels -> costmodels.catalog
 DEVICE_NAMES = {"nvidia geforce rtx 4090": "rtx-4090", "rtx4090": "rtx-4090",
                 "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000",
-                "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000", "rtxpro6000": "rtx-pro-6000",
+                "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-server",
+                # LLMServingSim's label for the Server Edition its profiler ran on (meta.yaml: device name)
+                "rtxpro6000": "rtx-pro-6000-server",
                 "nvidia h100 80gb hbm3": "h100-sxm", "h100": "h100-sxm", "nvidia a100-sxm4-80gb": "a100-80gb",
                 "a100": "a100-80gb", "nvidia l40s": "l40s", "l40s": "l40s"}
 
