@@ -97,6 +97,11 @@ def profiler(shared: Path) -> None:
         if len(act):   # silu_and_mul: reads gate and up, writes their product
             moved = 2048 * 3 * 14336 * 2.0
             print(f"{name} silu_and_mul at 2,048 tokens: {moved / (act.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
+        norm = dense[(dense.layer == "layernorm") & (dense.tokens == 2048)]
+        if len(norm):   # fused residual add + RMSNorm: reads x and the residual, writes both
+            moved = 2048 * 4 * 4096 * 2.0
+            print(f"{name} fused add+RMSNorm at 2,048 tokens ({moved / 1e6:.0f} MB): "
+                  f"{moved / (norm.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
 
 
 def main(argv=None) -> int:

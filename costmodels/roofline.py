@@ -51,6 +51,9 @@ class Efficiencies:
     # 0.19's silu_and_mul at 2,048 tokens moves 1.03x (RTX 4090) and 1.17x (RTX PRO 6000 Server) of the DRAM
     # datasheet bandwidth (part of it from L2), RMSNorm more; 0.9 leaves room for GPUs with smaller L2.
     elementwise_memory: float = 0.90
+    # Fused RMSNorm at 2,048 tokens (67 MB, inside L2) moves 2.35x (RTX 4090, 72 MB L2) and 2.67x (RTX PRO
+    # 6000 Server, 128 MB L2) of the DRAM datasheet bandwidth (vLLM 0.19 per-layer timings, LLMServingSim).
+    l2_speedup: float = 2.4
     # TP all-reduce, latency + ring bytes / (link x efficiency) fitted to aiconfigurator's H100 tables from
     # 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 /
     # 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 / 0.60 / 0.62. vLLM runs the custom
@@ -189,11 +192,18 @@ class RooflineCostModel:
         return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
 
     def _elementwise_s(self, num_tokens: int, mlp_width: float) -> float:
-        """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
-        m, e = self.model, self.eff
-        bytes_ = self.dt * num_tokens * (2 * 2 * m.hidden_size + 2 * (self.q_dim + self.kv_dim)
-                                         + 3 * mlp_width + 2 * 3 * m.hidden_size)
-        return bytes_ / (self.gpu.hbm_bytes_per_s * e.elementwise_memory) + 5 * e.kernel_launch_s
+        """vLLM's fused elementwise kernels of one layer, each streaming its tensors once: two fused residual
+        add + RMSNorm (read x and the residual, write both), rotary on Q and K (in place), SiLU*mul (read
+        gate and up, write their product). A kernel whose tensors fit in L2 (a step's activations written by
+        the GEMM before it) runs at `l2_speedup` times the DRAM figure."""
+        m, e, dt = self.model, self.eff, self.dt
+        l2 = self.gpu.l2_bytes or 0.0
+        bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
+        t = 0.0
+        for count, width in ((2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)):
+            b = dt * num_tokens * width
+            t += count * (b / (bw * (e.l2_speedup if b <= l2 else 1.0)) + e.kernel_launch_s)
+        return t
 
     def _allreduce_s(self, num_tokens: int) -> float:
         """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm."""

@@ -36,6 +36,11 @@ DEVICE_NAMES = {"nvidia geforce rtx 4090": "rtx-4090", "rtx4090": "rtx-4090",
                 "a100": "a100-80gb", "nvidia l40s": "l40s", "l40s": "l40s"}
 
 
+# Hugging Face ids of the runs -> costmodels.catalog names (other ids resolve as costmodels.get_model does)
+MODEL_NAMES = {"meta-llama/Llama-3.1-8B": "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+               "meta-llama/Meta-Llama-3-8B": "llama-3-8b", "meta-llama/Llama-2-7b-hf": "llama-2-7b"}
+
+
 def is_run(path: Path) -> bool:
     return path.is_dir() and (path / REQUESTS).exists() and (path / META).exists()
 
@@ -106,7 +111,8 @@ def replay_point(run: RealRun, model: str | None = None, hardware=None) -> dict:
         engine["max_model_len"] = int(kw["max_model_len"])
     if kv.get("block_size"):
         engine["block_size"] = int(kv["block_size"])
-    point = {"model": model or kw.get("model") or run.meta.get("model_id"),
+    hf_id = kw.get("model") or run.meta.get("model_id")
+    point = {"model": model or MODEL_NAMES.get(hf_id, hf_id),
              "hardware": hardware if hardware is not None else gpu_of(run),
              "dtype": dtype, "tensor_parallel_size": int(kw.get("tensor_parallel_size") or 1), "engine": engine}
     dp = int(kw.get("data_parallel_size") or 1)
