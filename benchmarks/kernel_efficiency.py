@@ -8,7 +8,8 @@ KV >= 4 MB) in NVIDIA aiconfigurator's vLLM tables (the `aiconfigurator-core` pa
 the same two families in vLLM 0.19's own per-layer timings on an RTX 4090 and an RTX PRO 6000 Server
 Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-reduce (vLLM's custom
 all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff).
-Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines.
+Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
+adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
 from __future__ import annotations
 
@@ -104,9 +105,58 @@ def profiler(shared: Path) -> None:
                   f"{moved / (norm.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
 
 
+PRIOR_BEFORE = dict(gemm_memory=0.75, gemm_fixed_s=2e-6, attention_memory=0.70, decode_attention_fixed_s=2e-6,
+                    elementwise_memory=0.60, l2_speedup=1.0)   # the constants this prior replaced
+
+
+def op_comparison(shared: Path) -> str:
+    """The roofline's per-op terms (the replaced constants and the current ones) against vLLM 0.19's own
+    per-layer timings, op by op, as Markdown tables."""
+    from costmodels.catalog import get_gpu, get_model
+    from costmodels.profile import gemm_shapes
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    from experiments.report import md_table
+    model = get_model("llama-3.1-8b")
+    shp = gemm_shapes(model, 1)
+    ops = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+    out = []
+    for g, name in PROFILER_GPUS.items():
+        base = shared / "real-runs" / "llmservingsim" / "profiler_perf" / f"{g}_Llama-3.1-8B_bf16" / "tp1"
+        if not base.is_dir():
+            continue
+        dense, att = pd.read_csv(base / "dense.csv"), pd.read_csv(base / "attention.csv")
+        priors = {p: RooflineCostModel(model, get_gpu(name), 1, "bf16", eff=e)
+                  for p, e in (("before", Efficiencies(**PRIOR_BEFORE)), ("after", Efficiencies()))}
+        rows = []
+
+        def add(op, x, measured_us, priced):
+            row = {"op": op, "tokens / batch": x, "measured us": round(float(measured_us), 1)}
+            for p, m in priors.items():
+                v = priced(m) * 1e6
+                row[f"{p} us"], row[f"{p} err"] = round(v, 1), f"{v / measured_us - 1:+.0%}"
+            rows.append(row)
+        for layer, op in ops.items():
+            for t in (1, 64, 512, 2048):
+                meas = dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]
+                add(layer, t, meas, lambda m, t=t, op=op: m._gemm_s(t, *shp[op]))
+        for nd, kv in ((16, 1024), (64, 1024), (128, 2048), (256, 2048)):
+            meas = att[(att.prefill_chunk == 0) & (att.n_decode == nd) & (att.kv_decode == kv)].time_us.iloc[0]
+            add(f"decode attention, context {kv}", nd, meas,
+                lambda m, nd=nd, kv=kv: m._decode_attention_s(float(nd * kv), nd) / model.num_layers)
+        for t in (64, 512, 2048):   # a layer has two norms, one rotary, one SiLU*mul
+            one = lambda layer, t=t: dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]  # noqa: E731
+            add("elementwise (2 norms, rotary, silu_mul)", t, 2 * one("layernorm") + one("rotary_emb") + one("act_fn"),
+                lambda m, t=t: m._elementwise_s(t, model.intermediate_size))
+        out.append(f"### {name}: vLLM 0.19.0, Llama-3.1-8B, one layer (eager-mode timings, launch included)\n\n"
+                   + md_table(pd.DataFrame(rows)))
+    return "\n\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", help="the shared data folder (default: ../shared beside the checkout)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also print the roofline's per-op terms against vLLM 0.19's per-layer timings")
     a = ap.parse_args(argv)
     from costmodels import aic
     root = aic.tables_root()
@@ -118,6 +168,8 @@ def main(argv=None) -> int:
                                                    if (p / "real-runs").is_dir()), None)
     if shared is not None and (shared / "real-runs").is_dir():
         profiler(shared)
+        if a.compare:
+            print(op_comparison(shared))
     else:
         print("no ../shared/real-runs: profiler fits skipped")
     return 0
