@@ -33,7 +33,7 @@ MODEL_NAMES = {"meta-llama/Llama-3.1-8B": "llama-3.1-8b", "meta-llama/Meta-Llama
 GPU_NAMES = {"RTX4090": "rtx-4090", "RTXPRO6000": "rtx-pro-6000-server", "H100": "h100-sxm", "A100": "a100-80gb"}
 
 
-class ImportError_(ValueError):
+class ProfilerFolderError(ValueError):
     """A profiler folder that cannot be read; the message names the file."""
 
 
@@ -41,11 +41,11 @@ def _csv(path: Path, need: set) -> pd.DataFrame:
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:
-        raise ImportError_(f"{path}: no such file") from None
+        raise ProfilerFolderError(f"{path}: no such file") from None
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ImportError_(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+        raise ProfilerFolderError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
     if not need <= set(df.columns):
-        raise ImportError_(f"{path}: lacks {', '.join(sorted(need - set(df.columns)))}")
+        raise ProfilerFolderError(f"{path}: lacks {', '.join(sorted(need - set(df.columns)))}")
     return df
 
 
@@ -54,9 +54,9 @@ def import_profiler(folder: Path, model: ModelShape, tp: int = 1) -> tuple[list[
     try:
         meta = yaml.safe_load((folder / "meta.yaml").read_text()) or {}
     except FileNotFoundError:
-        raise ImportError_(f"{folder / 'meta.yaml'}: no such file (not an LLMServingSim profiler folder)") from None
+        raise ProfilerFolderError(f"{folder / 'meta.yaml'}: no such file (not an LLMServingSim profiler folder)") from None
     except (OSError, yaml.YAMLError) as e:
-        raise ImportError_(f"{folder / 'meta.yaml'}: unreadable ({str(e).splitlines()[0]})") from None
+        raise ProfilerFolderError(f"{folder / 'meta.yaml'}: unreadable ({str(e).splitlines()[0]})") from None
     d = folder / f"tp{tp}"
     dense = _csv(d / "dense.csv", {"layer", "tokens", "time_us"})
     attn = _csv(d / "attention.csv", {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"})
@@ -98,7 +98,7 @@ def import_profiler(folder: Path, model: ModelShape, tp: int = 1) -> tuple[list[
             rows.append({"family": "sampling", "m": int(seqs), "latency_s": s, "status": "ok",
                          "bytes": 2 * 4.0 * seqs * model.vocab_size})   # fp32 logits read and written
     if not rows:
-        raise ImportError_(f"{d}: no rows of a known layer")
+        raise ProfilerFolderError(f"{d}: no rows of a known layer")
     info = {"source": "llmservingsim profiler", "model": model.name, "gpu": meta.get("hardware"),
             "device_name": meta.get("gpu"), "tp": tp, "dtype": "bf16",
             "framework": f"vllm {meta.get('vllm_version')}", "engine_effective": meta.get("engine_effective"),
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         model = get_model(model_name)
         gpu = get_gpu(args.gpu or GPU_NAMES.get(str(meta.get("hardware")), str(meta.get("hardware"))))
         rows, info = import_profiler(args.folder, model, args.tp)
-    except (CatalogError, ImportError_) as e:
+    except (CatalogError, ProfilerFolderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     info["gpu"] = gpu.name
