@@ -22,7 +22,7 @@ import numpy as np
 from costmodels.catalog import GPU, CatalogError, ModelShape
 from costmodels.deployment import WEIGHT_BYTES, Deployment
 from costmodels.profile import prefill_coords
-from costmodels.tablegrid import TableFamily, family
+from costmodels.tablegrid import TableFamily, family, table_guard
 from costmodels.roofline import RooflineCostModel
 
 GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
@@ -293,19 +293,26 @@ class AicCostModel(RooflineCostModel):
         self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
         if self.mla_modules:   # the MLA module rows include the attention projections
             self.attn_gemms = []
+        self.guard = {}
+        for name, reason in table_guard(self).items():   # cells far off the physics: the prior instead
+            self._g.pop(name, None)
+            self.guard[name] = reason
+        self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
                                                   "alltoall", "elementwise", "sampling", "overheads")
                    if not any(t.startswith(f) for t in self.grids["sources"])
                    and not (self.mla_modules and f in ("prefill_attn", "decode_attn"))}
-        sources.update(self.grids["sources"])
+        sources.update({f: v for f, v in self.grids["sources"].items() if f not in self.guard})
+        sources.update({f: f"roofline prior (table guard: {why})" for f, why in self.guard.items()})
         if self.wb != self.dt and "gemm_weights" not in sources:
             sources["gemm_weights"] = f"roofline prior (no {self.deployment.weight_format(self.model)} GEMM rows)"
         return {**super().describe(), "kind": "aic",
                 "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "
                           f"{self.grids['provenance']['framework']} {self.grids['provenance']['version']})",
                 "provenance": self.grids["provenance"], "family_sources": sources,
+                "table_guard": dict(self.guard) or "every table family within its bounds",
                 "held_out_error": {f: v["held_out"] for f, v in self.grids["families"].items()}}
 
     def _gemm_s(self, m, n, k, wb=None):
