@@ -38,6 +38,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from commandline.argtypes import positive_float  # noqa: E402
+from commandline.outputs import OutputError, out_dir  # noqa: E402
+from commandline.parser import Parser  # noqa: E402
+
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
@@ -299,31 +303,33 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m benchmarks.gpu_fidelity", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/gpu-fidelity", help="folder for stages.csv, runs.csv, report.md")
     ap.add_argument("--shared", default=None, help="the shared data folder (default: ../shared)")
     ap.add_argument("--models", default="roofline,default",
                     help="cost models, comma-separated: roofline (datasheet prior), default (what a plain run picks)")
-    ap.add_argument("--max-stage-s", type=float, default=600.0,
+    ap.add_argument("--max-stage-s", type=positive_float, default=600.0,
                     help="simulate at most this many seconds of each H100 stage's arrivals (default 600)")
     ap.add_argument("--sets", default="h100,llmservingsim", help="which sets: h100, llmservingsim")
     a = ap.parse_args(argv)
     models = [m for m in a.models.split(",") if m]
     bad = [m for m in models if m not in ("roofline", "default")]
-    if bad:
-        print(f"--models: unknown cost model {bad[0]!r}; expected roofline or default", file=sys.stderr)
-        return 2
-    if not (a.max_stage_s > 0):
-        print(f"--max-stage-s: expected a positive number of seconds, got {a.max_stage_s}", file=sys.stderr)
-        return 2
+    if bad or not models:
+        ap.error(f"argument --models: unknown cost model {(bad or [''])[0]!r}; expected roofline and/or default")
+    sets = [x for x in a.sets.split(",") if x]
+    if not sets or any(x not in ("h100", "llmservingsim") for x in sets):
+        ap.error(f"argument --sets: expected h100 and/or llmservingsim, got {a.sets!r}")
+    try:
+        out_dir(a.out)   # before minutes of replay
+    except OutputError as e:
+        ap.error(str(e))
     shared = find_shared(a.shared)
     if shared is None or not (shared / "real-runs").is_dir():
         print("gpu_fidelity: no ../shared/real-runs beside the checkout (or --shared): nothing to replay, skipped")
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    sets = a.sets.split(",")
     stages = runs = pd.DataFrame()
     with tempfile.TemporaryDirectory() as work:   # the models' config.json files, for the sweep points
         if "h100" in sets and (shared / STAGES_CSV).exists():

@@ -13,7 +13,6 @@ adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from commandline.parser import Parser  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
 
 TABLE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200-sxm", "a100_sxm": "a100-80gb"}
@@ -153,11 +153,13 @@ def op_comparison(shared: Path) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m benchmarks.kernel_efficiency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", help="the shared data folder (default: ../shared beside the checkout)")
     ap.add_argument("--compare", action="store_true",
                     help="also print the roofline's per-op terms against vLLM 0.19's per-layer timings")
     a = ap.parse_args(argv)
+    if a.shared and not (Path(a.shared) / "real-runs").is_dir():
+        ap.error(f"argument --shared: {a.shared} has no real-runs folder")
     from costmodels import aic
     root = aic.tables_root()
     if root is not None:

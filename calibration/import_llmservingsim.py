@@ -15,7 +15,6 @@ are left out (the profile prices the two parts separately). The timings were tak
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 from pathlib import Path
@@ -24,6 +23,10 @@ import pandas as pd
 import yaml
 
 from calibration import measurements
+from commandline.argtypes import positive_int
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_dir, out_file
+from commandline.parser import Parser
 from costmodels.catalog import CatalogError, ModelShape, get_gpu, get_model
 from costmodels.profile import attention_heads, gemm_shapes
 
@@ -109,23 +112,27 @@ def import_profiler(folder: Path, model: ModelShape, tp: int = 1) -> tuple[list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.import_llmservingsim", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m calibration.import_llmservingsim", description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="profiler/perf/<GPU>/<model>/<variant>/ (with meta.yaml, tp<N>/)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--model", help="catalog name or config.json (default: meta.yaml's model)")
     ap.add_argument("--gpu", help="catalog GPU name (default: meta.yaml's hardware)")
-    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tp", type=positive_int, default=1)
     ap.add_argument("--fit", type=Path, metavar="PROFILE.json", help="also fit and write this profile")
     args = ap.parse_args(argv)
     try:
+        out_dir(args.out, "--out")
+        if args.fit:
+            out_file(args.fit, "--fit")
+        if not args.folder.is_dir():
+            raise ProfilerFolderError(f"{args.folder}: no such profiler folder")
         meta = yaml.safe_load((args.folder / "meta.yaml").read_text()) if (args.folder / "meta.yaml").exists() else {}
         model_name = args.model or MODEL_NAMES.get(str(meta.get("model")), str(meta.get("model")))
         model = get_model(model_name)
         gpu = get_gpu(args.gpu or GPU_NAMES.get(str(meta.get("hardware")), str(meta.get("hardware"))))
         rows, info = import_profiler(args.folder, model, args.tp)
-    except (CatalogError, ProfilerFolderError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (CatalogError, ProfilerFolderError, OutputError) as e:
+        return refuse(e)
     info["gpu"] = gpu.name
     info["command"] = "python -m calibration.import_llmservingsim " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, info)
@@ -137,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="nothing: the measurements are written once every layer is read")
