@@ -10,7 +10,6 @@ says which is which. Built grids are cached as JSON under ~/.cache/batchsim/aic 
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from commandline.files import content_hash, write_json_atomic
 from costmodels.catalog import GPU, CatalogError, ModelShape
 from costmodels.deployment import WEIGHT_BYTES, Deployment
 from costmodels.profile import prefill_coords
@@ -133,7 +133,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
             hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
             if kind == "prefill":   # causal: 4 hd heads b isl keys-per-query FLOPs; read Q, K, V, write O
-                # (no L2 step: tried, it raised the H100/H200/B200 prefill p90s, e.g. H200 vLLM 6.9% -> 10.0%)
+                # (no L2 step for prefill: fitting one made the held-out prefill errors worse on the H100,
+                # H200 and B200 tables)
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
             else:   # stream K and V of the (windowed) context once per sequence, plus each sequence's own
@@ -148,8 +149,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 if len(rows):
                     cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
                     # The L2 step only for full attention: a window's KV per call reaches the L2 size only at
-                    # batches of hundreds, where per-sequence work, not streaming, sets the time; a step
-                    # fitted there (tried) moved L40S SGLang's window p90 from 10.8% to 17.0%.
+                    # batches of hundreds, where per-sequence work, not streaming, sets the time: a step
+                    # fitted there fits the wrong cause and made the window family's held-out error worse.
                     fam = {**base, "cap": cap, **({"l2_bytes": None} if w else {})}
                     out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, fam)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
@@ -262,8 +263,8 @@ def load_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vll
     the installed package's version)."""
     import importlib.metadata
     pkg = importlib.metadata.version("aiconfigurator-core")
-    key = json.dumps([asdict(model), gpu.name, asdict(d), framework, version, pkg, FORMAT], sort_keys=True)
-    path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    key = [asdict(model), gpu.name, asdict(d), framework, version, pkg, FORMAT]
+    path = cache_dir() / f"{content_hash(key, length=20)}.json"
     if path.exists():
         try:
             return json.loads(path.read_text())
@@ -275,9 +276,7 @@ def load_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vll
                            "publisher": "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), systems/data"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(grids))
-        tmp.replace(path)
+        write_json_atomic(path, grids, indent=None)
     except OSError:
         pass   # a read-only home: use the grids uncached
     return grids

@@ -30,8 +30,10 @@ def test_without_shared_data_it_skips(tmp_path, capsys):
 
 
 def test_bad_argument_is_one_line(tmp_path, capsys):
-    assert gpu_fidelity.main(["--models", "magic", "--shared", str(tmp_path)]) == 2
-    assert "--models" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:   # the shared parser's refusal: one line, exit 2
+        gpu_fidelity.main(["--models", "magic", "--shared", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--models" in err and err.count("\n") == 1
 
 
 def test_small_runs_end_to_end(tmp_path, capsys):
