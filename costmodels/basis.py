@@ -21,7 +21,8 @@ def batchsim_version() -> str:
 
 
 def _pct(v) -> str:
-    return f"{float(v):.1f}%"
+    """A held-out error as a percentage; a family with too few points to hold any out has none."""
+    return "none held out" if v is None else f"{float(v):.1f}%"
 
 
 def _profile_error(fit_report: dict) -> str:

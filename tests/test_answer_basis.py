@@ -127,3 +127,9 @@ def test_a_deployment_the_shipped_profile_cannot_price_is_warned_about():
     plain = resolve_point({"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": {"policy": "chunked_prefill"},
                            "workload": WORKLOAD})
     assert point_warnings(plain, point_cost_model(plain).describe()) == []
+
+
+def test_a_family_with_nothing_held_out_is_said_so():
+    from costmodels.basis import _profile_error
+    text = _profile_error({"gemm": {"held_out_median_ape": 2.0}, "sampling": {"held_out_median_ape": None}})
+    assert text == "median held-out error gemm 2.0%, sampling none held out"

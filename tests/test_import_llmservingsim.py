@@ -46,4 +46,4 @@ def test_cli_writes_measurements_and_bad_folder_is_one_line(tmp_path, capsys):
     assert imp.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "m2"), "--model", "llama-3.1-8b",
                      "--gpu", "rtx-4090"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "meta.yaml" in err[0]
+    assert len(err) == 1 and "nothing" in err[0]   # the folder that is not there, named
