@@ -14,8 +14,9 @@
 
 Per stage or run it prints real vs simulated TTFT mean/p99, per-token time ((E2E - TTFT) / (output - 1),
 the README's definition), E2E mean/p99 and throughput, each side's class (sustained or saturated), and
-the summary errors (median and p90 of |error|). TTFT is the simulator's own (engine plus the cost model's
-`request_latency_s`); the HTTP front end of `vllm serve` is modelled separately. Cost models: `roofline`
+the summary errors (median and p90 of |error|). TTFT is as a client measures it: the engine plus the
+serving front end (costmodels/frontend.py: `vllm serve` over HTTP for the H100 stages, which `vllm bench
+serve` drove; in-process AsyncLLM for the LLMServingSim runs, as they ran). Cost models: `roofline`
 (the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
 and they have the GPU, else the same prior). Writes stages.csv, runs.csv and report.md under --out.
 Without ../shared (or --shared) it says so and exits 0.
@@ -280,8 +281,8 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
         s = summary(stages)
         lines += ["## vLLM 0.15.1, H100 SXM stages", "",
                   "Errors are simulated / real - 1; summaries over the sustained real stages (the saturated ones "
-                  "show where the knee is, not a latency to match). TTFT is the simulator's own: the HTTP front "
-                  "end of `vllm serve` is modelled separately.", "",
+                  "show where the knee is, not a latency to match). TTFT includes the serving front end "
+                  "(costmodels/frontend.py), as a client measures it.", "",
                   md_table(_percent(s)), ""]
         cols = ["run", "stage", "rate", "cost_model", "real_class", "sim_class"]
         for k in METRICS:
