@@ -1,5 +1,5 @@
 """The README is a front door: the two set-up commands first and exact, short, and every file it points to
-exists (pages other packages add, docs/hardware.md and docs/fidelity/gpu/, are allowed to be missing)."""
+exists."""
 from __future__ import annotations
 
 import re
