@@ -12,11 +12,12 @@ import simpy
 from costmodels import load_cost_model
 from costmodels import deployment
 from costmodels.deployment import Deployment
+from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
 from experiments.fast import num_replicas as fast_replicas
-from experiments.tables import TableWriter, write_run_tables
+from experiments.tables import TableWriter, read_table, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -203,6 +204,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
+    add_binding(cfg, plan, requests, iterations, summary)
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
@@ -260,6 +262,23 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
         summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
 
 
+def add_binding(cfg: PointConfig, plan: MemoryPlan, requests: pd.DataFrame, iterations: pd.DataFrame | None,
+                summary: dict, tables_dir=None) -> None:
+    """What bound the run (experiments/binding.py), in place; the iterations are read back from
+    `tables_dir` when they were streamed there. Not for a disaggregated deployment (two kinds of replica)."""
+    if cfg.disaggregation is not None:
+        return
+    from experiments.binding import STEP_COLUMNS, binding_keys
+    if iterations is None:
+        iterations = read_table(Path(tables_dir), "iterations", STEP_COLUMNS)
+    roofline = None
+    if not (cfg.profile or "").startswith("constant"):   # the stub prices no GPU: no resources to name
+        d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
+        roofline = RooflineCostModel(cfg.model, cfg.gpu, deployment=d)
+    summary.update(binding_keys(cfg.policy, requests, iterations, num_usable_blocks(plan.num_gpu_blocks),
+                                plan.block_size, roofline))
+
+
 def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:
     """Prefix-cache hit counters (summary) and each request's cached prompt tokens (a column), in place."""
     summary.update(prefix_cache_stats(pools))
@@ -291,6 +310,7 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, cost_model.describe(), seed)
+    add_binding(cfg, plan, requests, iterations if writer is None else None, summary, tables_dir)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
     write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)
