@@ -19,7 +19,8 @@ LIMITS = ("demand", "max_num_seqs", "token_budget", "kv", "policy")
 DEMAND, SEQS, TOKENS, KV, POLICY = range(len(LIMITS))
 LIMIT_WORDS = {"demand": "demand (nothing waited)", "max_num_seqs": "the sequence cap (max_num_seqs)",
                "token_budget": "the token budget", "kv": "KV capacity",
-               "policy": "the scheduler's own rule (a batch in progress or an output reservation)"}
+               "policy": "the scheduler's own rule (a batch in progress or an output reservation)",
+               "compute": "the GPU's compute", "bandwidth": "the GPU's memory bandwidth"}
 
 # Each policy's names for its sequence cap and its per-step token budget, and whether it chunks prefills
 # (a chunking scheduler admits a prompt into any budget left; the others need the whole prompt to fit).
@@ -215,10 +216,11 @@ def admission_window(it: pd.DataFrame, last_arrival_s: float) -> np.ndarray:
 
 
 def binding_keys(policy, requests: pd.DataFrame, it: pd.DataFrame, num_blocks: int, block_size: int,
-                 roofline=None) -> dict:
+                 roofline=None, fell_behind: bool = False) -> dict:
     """The results-row keys of this module over the steps before the run drains (`admission_window`):
-    `binding` (the limit that held at the most of them), `bind_<limit>_steps` / `_time`, and with a
-    roofline of the deployment the `bound_*` keys (over every step)."""
+    `bind_<limit>_steps` / `_time`, with a roofline of the deployment the `bound_*` keys (over every step),
+    and `binding` (`binding_name`). `fell_behind`: the run did not keep up with its load (unstable, or
+    every request at once)."""
     served = requests.loc[requests["status"] != "rejected", SERVED_COLUMNS]
     if not len(it) or not len(served):
         return {}
@@ -226,10 +228,35 @@ def binding_keys(policy, requests: pd.DataFrame, it: pd.DataFrame, num_blocks: i
     watermark = int(getattr(policy, "watermark", 0.0) * num_blocks)   # vLLM V0 keeps 1% free at admission
     codes = step_limits(window, served, admission_limits(policy), num_blocks, block_size, watermark)
     out = limit_fractions(codes, window, idle_time_s(window))
-    out["binding"] = max(LIMITS, key=lambda name: out[f"bind_{name}_steps"])
     if roofline is not None:
         out.update(step_bounds(roofline, it, block_size))
+    out["binding"] = binding_name(out, fell_behind)
     return out
+
+
+GPU_LIMITS = ("compute", "bandwidth")
+# A limit that leaves a request waiting at one step in ten sets the queueing tail (p99 TTFT is the worst 1%
+# of requests): it binds even when nothing waited at most steps. Confirmed or refuted per point by
+# experiments.diagnose, which relaxes it.
+QUEUE_STEPS_SHARE = 0.10
+
+
+def binding_name(keys: dict, fell_behind: bool) -> str:
+    """The limit other than demand that held at the most steps, if it held at QUEUE_STEPS_SHARE of them,
+    else demand; but when the run fell behind its load and either nothing
+    waited (the backlog sat in running prefills) or the steps are no longer memory-bound with the weights
+    as their largest term, the GPU itself: 'compute' or 'bandwidth', as most of the steps' time was bound
+    (`step_bound`). A bigger batch pays only for what a step shares out, the weights read once per step;
+    past that, admitting more adds work that costs as much per request as before."""
+    top = max(LIMITS[1:], key=lambda name: keys[f"bind_{name}_steps"])
+    if keys[f"bind_{top}_steps"] < QUEUE_STEPS_SHARE:
+        top = "demand"
+    if not fell_behind or "bound_weights_frac" not in keys or top == "policy":
+        return top
+    weights_lead = keys["bound_weights_frac"] >= max(keys[f"bound_{k}_frac"] for k in RESOURCES if k != "cpu")
+    if top != "demand" and keys["step_bound"] == "memory" and weights_lead:
+        return top
+    return "compute" if keys["step_bound"] == "compute" else "bandwidth"
 
 
 def binding_sentence(row, load: str = "") -> str:
@@ -237,9 +264,16 @@ def binding_sentence(row, load: str = "") -> str:
     name = row.get("binding") if hasattr(row, "get") else None
     if not isinstance(name, str) or name not in LIMIT_WORDS:
         return ""
-    steps = row.get(f"bind_{name}_steps", float("nan"))
+    steps = row.get(f"bind_{name}_steps", float("nan"))  # (a GPU limit has none: not read for it)
     where = f"at {load} " if load else ""
-    if name == "demand":
+    if name in GPU_LIMITS:
+        top = max(LIMITS, key=lambda k: row.get(f"bind_{k}_steps", 0.0))
+        held = (f"nothing waited in {row.get('bind_demand_steps', 0.0):.0%} of steps (the backlog was in running "
+                "prefills)" if top == "demand" else
+                f"{LIMIT_WORDS[top]} held back a waiting request in {row.get(f'bind_{top}_steps', 0.0):.0%} of steps, "
+                "but the weights are not what the steps spend most on, so a bigger batch would not pay")
+        words = f"{where}{LIMIT_WORDS[name]} binds: the run fell behind its load; {held}"
+    elif name == "demand":
         words = f"{where}demand binds: in {steps:.0%} of steps nothing waited to be admitted"
     else:
         words = f"{where}{LIMIT_WORDS[name]} binds: in {steps:.0%} of steps a waiting request was not admitted"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,8 +276,9 @@ def add_binding(cfg: PointConfig, plan: MemoryPlan, requests: pd.DataFrame, iter
     if not (cfg.profile or "").startswith("constant"):   # the stub prices no GPU: no resources to name
         d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
         roofline = RooflineCostModel(cfg.model, cfg.gpu, deployment=d)
+    fell_behind = bool(summary.get("unstable")) or math.isinf(summary.get("offered_rate_per_s") or 0.0)
     summary.update(binding_keys(cfg.policy, requests, iterations, num_usable_blocks(plan.num_gpu_blocks),
-                                plan.block_size, roofline))
+                                plan.block_size, roofline, fell_behind))
 
 
 def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:
