@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.binding import LIMITS
-from experiments.plots import _save, plt
+from experiments.plots import _title, _write, plt
 
 LIMIT_COLORS = {"demand": "#cfd8dc", "max_num_seqs": "#1f77b4", "token_budget": "#ff7f0e", "kv": "#d62728",
                 "policy": "#9467bd"}
@@ -19,8 +19,8 @@ def _load_text(v) -> str:
 
 
 def binding_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, subtitle: str) -> Path:
-    """`curves`: label -> results rows with `bind_<limit>_steps` columns and `load_col`; one panel per
-    label, one stacked bar per load (mean over seeds)."""
+    """`curves`: label -> results rows with `bind_<limit>_steps` columns, `binding` and `load_col`; one
+    panel per label, one stacked bar per load (mean over seeds), the limit named under each bar."""
     fig, axes = plt.subplots(len(curves), 1, figsize=(7.5, 1.2 + 2.1 * len(curves)), squeeze=False, sharex=False)
     for ax, (label, df) in zip(axes[:, 0], curves.items()):
         shares = df.groupby(load_col)[[f"bind_{k}_steps" for k in LIMITS]].mean().sort_index()
@@ -30,13 +30,14 @@ def binding_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, 
             v = 100 * shares[f"bind_{k}_steps"].fillna(0.0)
             ax.bar(x, v, bottom=bottom, color=LIMIT_COLORS[k], label=k, width=0.7)
             bottom += v
-        ax.set_xticks(list(x), [_load_text(v) for v in shares.index])
+        named = df.groupby(load_col)["binding"].agg(lambda b: "/".join(sorted(set(map(str, b))))).sort_index()
+        ax.set_xticks(list(x), [f"{_load_text(v)}\n{named.get(v, '')}" for v in shares.index], fontsize=8)
         ax.set_ylim(0, 100)
         ax.set_ylabel("% of steps", fontsize=9)
         ax.set_title(label, fontsize=9)
     axes[-1, 0].set_xlabel("arrival rate (requests/s)" if load_col.endswith("rate_per_s") else load_col)
     handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=len(LIMITS), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
-    fig.subplots_adjust(bottom=0.12)
-    return _save(fig, path, f"What held back a waiting request, by load\n{subtitle}")
+    fig.legend(handles, names, loc="lower center", ncol=len(LIMITS), fontsize=8, frameon=False)
+    fig.suptitle(_title(f"What held back a waiting request, by load (the binding limit under each bar)\n{subtitle}"),
+                 fontsize=10)
+    return _write(fig, path, rect=(0, 0.05, 1, 1))

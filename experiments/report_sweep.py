@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import plots
-from experiments.binding_report import append_binding_section
+from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
                                 md_table)
@@ -59,7 +59,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     if g:
         made.append(g)
     (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
-    made += append_binding_section(out, results, grid_keys, setup)   # experiments/binding_report.py
+    made += append_why_sections(out, results, grid_keys, setup)   # experiments/why_report.py
     return made
 
 

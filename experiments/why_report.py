@@ -1,0 +1,47 @@
+"""The capacity-planning answers a sweep's report gains (called once, after summary.md is written): what binds
+at each point (experiments/binding_report.py) and, for traffic whose rate changes over time, offered against
+achieved load over time (experiments/load_plot.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from experiments.binding_report import append_binding_section
+from experiments.load_plot import load_over_time
+from experiments.tables import read_table
+from workloads.synthetic import parse_arrival
+
+MAX_PANELS = 4
+
+
+def time_varying_runs(out: Path, results: pd.DataFrame) -> dict:
+    """label -> (arrivals, finishes, rate profile) of the first seed's points whose rate changes over time."""
+    runs = {}
+    for _, r in results[results["seed"] == results["seed"].iloc[0]].iterrows():
+        d = out / "points" / r["point"]
+        try:
+            arrival = yaml.safe_load((d / "config.yaml").read_text())["workload"]["arrival"]
+        except (OSError, KeyError, TypeError):
+            continue
+        if not isinstance(arrival.get("rate_per_s"), dict) or len(runs) == MAX_PANELS:
+            continue
+        profile = parse_arrival({"process": arrival["process"], "rate_per_s": arrival["rate_per_s"]}).rate_profile
+        req = read_table(d, "requests", ["arrival_s", "finish_s", "status"])
+        fin = req[req["status"] == "finished"]
+        runs[str(r.get("label", r["point"]))] = (req["arrival_s"].to_numpy(float), fin["finish_s"].to_numpy(float),
+                                                 profile)
+    return runs
+
+
+def append_why_sections(out: Path, results: pd.DataFrame, grid_keys: list[str], setup: str) -> list[Path]:
+    """Figures made (paths); summary.md gains their sections."""
+    made = append_binding_section(out, results, grid_keys, setup)
+    runs = time_varying_runs(out, results)
+    if runs:
+        p = load_over_time(runs, out / "plots" / "load_over_time.png", setup)
+        made.append(p)
+        with open(out / "summary.md", "a") as f:
+            f.write(f"\n## Offered vs achieved load over time\n\n![{p.stem}](plots/{p.name})\n")
+    return made
