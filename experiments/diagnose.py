@@ -157,7 +157,8 @@ def table_text(df: pd.DataFrame) -> str:
     show = df.copy()
     for m, _ in METRICS:
         show[m] = [f"{v:,.3g}" if pd.notna(v) else "n/a" for v in show[m]]
-        show[f"{m}_gain"] = [f"{v:+.1%}" if pd.notna(v) else "" for v in show[f"{m}_gain"]]
+        show[f"{m}_gain"] = [f"{v:+.1%}" if pd.notna(v) and c != "baseline" else ""
+                             for v, c in zip(show[f"{m}_gain"], show["change"])]
     cols = ["change"] + [c for m, _ in METRICS for c in (m, f"{m}_gain")] + ["moves"]
     return show[cols].to_string(index=False)
 
