@@ -22,6 +22,7 @@ from experiments.tables import TableWriter, read_table, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.gateway import gateway_counts
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
@@ -136,6 +137,7 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
                         **dataclasses.asdict(cfg.cluster.router)}} if cfg.cluster is not None else {}),
         **(disaggregation.resolved_keys(cfg) if cfg.disaggregation is not None else {}),
         **({"slo": dataclasses.asdict(cfg.slo)} if cfg.slo is not None else {}),
+        **({"gateway": dataclasses.asdict(cfg.gateway)} if cfg.gateway is not None else {}),
     }
 
 
@@ -160,7 +162,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
-        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
+        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
+        gateway=cfg.gateway)
     num_stages = pipeline_stages(cfg, cost_model)
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py; never with stages)
         handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
@@ -251,6 +254,8 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
                     "cost_model": cost_model.describe().get("kind", "?")})
     summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
     summary["rejected_reasons"] = rejected_reasons(requests)
+    if cfg.gateway is not None:   # what admission control ended (simcore/gateway.py)
+        summary.update(gateway_counts(requests.loc[requests["status"] == "rejected", "reject_reason"]))
     add_goodput(cfg, requests, summary)
     summary["flags"] = flag_words(summary)
 

@@ -14,6 +14,7 @@ import simpy
 from simcore.apply import ReplicaMechanics
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
+from simcore.gateway import Deadlines, refusal, watch
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog, IterationRecord
 from simcore.mechanics import SimulationError, is_decode, reject_reason, samples, take_sample
@@ -36,6 +37,7 @@ class EngineLimits:
     # Prefill instance of a disaggregated deployment (simcore/disagg.py): a request that sampled its first
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
+    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
 
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -87,6 +89,12 @@ class Engine(ReplicaMechanics):
         self.executor = executor
         self._wake: simpy.Event | None = None
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
+        self.in_step = False
+        self.deadlines = None   # admission control (simcore/gateway.py): queue and client deadlines
+        self.abandoning: list[Request] = []   # abandoned while their step runs; they leave when it ends
+        if limits.gateway is not None and limits.gateway.has_deadlines:
+            self.deadlines, self.deadline_wake = Deadlines(limits.gateway), None
+            env.process(watch(self))
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -97,6 +105,8 @@ class Engine(ReplicaMechanics):
         self.requests[spec.request_id] = req
         self.log.arrival(spec, self.replica_id, self.env.now)
         reason = self._reject_reason(spec)
+        if reason is None and self.limits.gateway is not None:
+            reason = refusal(self.limits.gateway, len(self.waiting), len(self.waiting) + len(self.running))
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
             self.log.done(req, self.replica_id)
@@ -104,7 +114,31 @@ class Engine(ReplicaMechanics):
                 self.on_done(req)
             return
         self.waiting.append(req)
+        if self.deadlines is not None:
+            self.deadlines.add(req, self.env.now)
+            if self.deadline_wake is not None and not self.deadline_wake.triggered:
+                self.deadline_wake.succeed()
         self._wake_up()
+
+    def end_at_gateway(self, req: Request, reason: str) -> None:
+        """A gateway deadline passed (simcore/gateway.py): `req` leaves with `reason` now, or, running in
+        the step in flight, when that step ends."""
+        if req.status is Status.RUNNING and self.in_step:
+            req.reject_reason = reason
+            self.abandoning.append(req)
+            return
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.pool.free(req)
+        else:
+            self.waiting.remove(req)
+            if req.status is Status.SWAPPED:
+                self.swap_space.num_used_blocks -= req.num_blocks
+                req.num_blocks = 0
+        req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
+        self.log.done(req, self.replica_id)
+        if self.on_done:
+            self.on_done(req)
 
     # ---- disaggregation: a request prefilled on another engine (simcore/disagg.py) ----
     def received(self, req: Request) -> None:
@@ -184,7 +218,9 @@ class Engine(ReplicaMechanics):
                 duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
             else:  # real hardware: measured wall time of this very batch (see __init__)
                 duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
+            self.in_step = True
             yield env.timeout(duration_s)
+            self.in_step = False
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:
                 self._check_invariants()
@@ -211,7 +247,7 @@ class Engine(ReplicaMechanics):
             else:
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
-            if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
+            if req.num_computed_tokens == req.num_tokens and req.reject_reason is None:  # caught up: sample
                 if take_sample(req, now, log):
                     done.append(req)
                 elif handoff:
@@ -236,6 +272,10 @@ class Engine(ReplicaMechanics):
                 req.status = Status.FINISHED
             self.draining.clear()
         num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
+        for req in self.abandoning:   # their clients left during the step (simcore/gateway.py)
+            reason, req.reject_reason = req.reject_reason, None
+            self.end_at_gateway(req, reason)
+        self.abandoning.clear()
         log.iteration(IterationRecord(
             start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled), len(batch.preempt),
             len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks, self.replica_id))
