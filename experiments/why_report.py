@@ -1,6 +1,6 @@
 """The capacity-planning answers a sweep's report gains (called once, after summary.md is written): what binds
-at each point (experiments/binding_report.py) and, for traffic whose rate changes over time, offered against
-achieved load over time (experiments/load_plot.py)."""
+at each point (experiments/binding_report.py), what a gateway refused against the tail it kept, and, for
+traffic whose rate changes over time, offered against achieved load over time (experiments/load_plot.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,9 +35,44 @@ def time_varying_runs(out: Path, results: pd.DataFrame) -> dict:
     return runs
 
 
+def gateway_sentence(r) -> str:
+    """What a gateway refused against the tail it kept, for a results row with gateway counts ('' if none)."""
+    if "num_gateway_refused" not in r or pd.isna(r["num_gateway_refused"]):
+        return ""
+    n = int(r["num_requests"])
+    ended = int(r["num_gateway_refused"] + r["num_dropped"] + r["num_abandoned"])
+    words = (f"the gateway ended {ended:,} of {n:,} requests ({ended / n:.0%}: {int(r['num_gateway_refused']):,} "
+             f"refused with a 429, {int(r['num_dropped']):,} dropped in the queue, {int(r['num_abandoned']):,} "
+             f"abandoned by their clients); the {int(r['num_finished']):,} served had p99 TTFT "
+             f"{r['ttft_p99_ms']:,.0f} ms")
+    if "goodput_rps" in r and pd.notna(r.get("goodput_rps")):
+        words += f"; goodput {r['goodput_rps']:.2f} req/s ({r['slo_attainment']:.0%} of all requests within the SLO)"
+    return words[0].upper() + words[1:] + "."
+
+
+def gateway_section(results: pd.DataFrame) -> list[str]:
+    if "num_gateway_refused" not in results.columns:
+        return []
+    lines = ["## Admission control", "",
+             "Per point, what the gateway refused, dropped or let clients abandon, against the latency of what it "
+             "served; points without a gateway show the tail it would protect against.", ""]
+    for _, r in results.iterrows():
+        sentence = gateway_sentence(r)
+        label = str(r.get("label", r["policy"]))
+        lines.append(f"- **{label}** (`{r['point']}`): " + (sentence or
+                     f"No gateway: p99 TTFT {r['ttft_p99_ms']:,.0f} ms over {int(r['num_finished']):,} served"
+                     + (f"; goodput {r['goodput_rps']:.2f} req/s ({r['slo_attainment']:.0%} within the SLO)"
+                        if "goodput_rps" in r and pd.notna(r.get("goodput_rps")) else "") + "."))
+    return lines + [""]
+
+
 def append_why_sections(out: Path, results: pd.DataFrame, grid_keys: list[str], setup: str) -> list[Path]:
     """Figures made (paths); summary.md gains their sections."""
     made = append_binding_section(out, results, grid_keys, setup)
+    lines = gateway_section(results)
+    if lines:
+        with open(out / "summary.md", "a") as f:
+            f.write("\n" + "\n".join(lines))
     runs = time_varying_runs(out, results)
     if runs:
         p = load_over_time(runs, out / "plots" / "load_over_time.png", setup)

@@ -39,3 +39,11 @@ def test_diurnal_example(tmp_path):
     assert resolved["workload"]["arrival"]["rate_per_s"] == {"diurnal": {"mean": 8, "peak_to_trough": 4,
                                                                          "period_s": 3600}}
     assert resolved["workload"]["arrival"]["peak_rate_per_s"] > 12.7
+
+
+def test_gateway_example(tmp_path):
+    f = reduced("gateway.yaml", tmp_path, num_requests=300)
+    md = run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert r["num_gateway_refused"].iloc[0] == 0 and r["num_gateway_refused"].is_monotonic_increasing
+    assert "## Admission control" in md and "refused with a 429" in md

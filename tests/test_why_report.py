@@ -28,3 +28,15 @@ def test_a_changing_rate_gets_its_load_over_time(tmp_path):
     made = sweep_report(sweep, tmp_path, res.results)
     assert (tmp_path / "plots" / "load_over_time.png") in made
     assert "## Offered vs achieved load over time" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_gateway_trade_is_stated_per_point(tmp_path):
+    sweep = {**copy.deepcopy(SATURATED), "name": "g", "seeds": [0], "slo": {"ttft_ms": 1000}}
+    sweep["grid"] = {"gateway": [None, {"max_waiting": 10}]}
+    res = run_sweep(sweep, tmp_path, jobs=1, progress=False)
+    sweep_report(sweep, tmp_path, res.results)
+    text = (tmp_path / "summary.md").read_text()
+    # 40 requests at t = 0, 2 sequences at a time: with a queue of 10, 40 - 2... every arrival comes before
+    # the first decision, so 10 queue and 30 are refused
+    assert "No gateway: p99 TTFT" in text
+    assert "The gateway ended 30 of 40 requests (75%: 30 refused with a 429, 0 dropped" in text
