@@ -23,6 +23,7 @@ from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
 from simcore.gateway import gateway_counts
+from experiments.autoscaling_run import autoscaled_cluster, autoscaling_keys
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
@@ -138,6 +139,7 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
         **(disaggregation.resolved_keys(cfg) if cfg.disaggregation is not None else {}),
         **({"slo": dataclasses.asdict(cfg.slo)} if cfg.slo is not None else {}),
         **({"gateway": dataclasses.asdict(cfg.gateway)} if cfg.gateway is not None else {}),
+        **({"autoscaling": cfg.autoscaling} if cfg.autoscaling is not None else {}),
     }
 
 
@@ -185,8 +187,14 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
             engines = [PipelinedEngine(env, cfg.policy, cost_model, limits, log, replica_id=i, num_stages=num_stages)
                        for i in range(num_replicas)]
         else:
+            if cfg.autoscaling is not None:   # every replica it may start, idle until it does
+                num_replicas = cfg.autoscaling["max_replicas"]
             engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
-        submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
+        if cfg.autoscaling is not None:   # simcore/autoscaler.py
+            scaler = autoscaled_cluster(cfg, engines, len(gen.specs))
+            submit = scaler.submit
+        else:
+            submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
     closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
@@ -209,6 +217,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     add_binding(cfg, plan, requests, iterations, summary)
+    if cfg.autoscaling is not None:
+        per_replica = cfg.deployment.gpus_per_replica if cfg.deployment else cfg.tensor_parallel_size
+        summary.update(autoscaling_keys(scaler, requests, cfg.autoscaling.get("gpu_price_per_hour"), per_replica))
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
@@ -229,7 +240,8 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
         summary.update(disaggregation.summary_keys(requests, replicas, disagg, cfg))
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
-        summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
+        summary.update(cluster_summary(summary, replicas),
+                       router=cfg.cluster.router.name if cfg.cluster is not None else "round_robin")
     return requests, summary, replicas
 
 
