@@ -1,5 +1,6 @@
 """The capacity-planning answers a sweep's report gains (called once, after summary.md is written): what binds
-at each point (experiments/binding_report.py), what a gateway refused against the tail it kept, and, for
+at each point (experiments/binding_report.py), what a gateway refused against the tail it kept, what an
+autoscaled fleet cost against fixed ones, and, for
 traffic whose rate changes over time, offered against achieved load over time (experiments/load_plot.py)."""
 from __future__ import annotations
 
@@ -66,10 +67,30 @@ def gateway_section(results: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
+def autoscaling_section(results: pd.DataFrame) -> list[str]:
+    """Per point with autoscaling: GPU-hours, cost, SLO attainment and replicas, so that an autoscaled point
+    reads against fixed ones (min_replicas = max_replicas) of the same sweep."""
+    if "gpu_hours" not in results.columns:
+        return []
+    lines = ["## Autoscaling", "", "GPU-hours count every replica from its start to its leaving; a fixed fleet is "
+             "min_replicas = max_replicas.", ""]
+    for _, r in results.iterrows():
+        if pd.isna(r.get("gpu_hours")):
+            continue
+        cost = f", cost {r['cost']:,.2f}" if "cost" in r and pd.notna(r.get("cost")) else ""
+        slo = (f"; {r['slo_attainment']:.1%} of requests within the SLO" if "slo_attainment" in r
+               and pd.notna(r.get("slo_attainment")) else "")
+        lines.append(f"- **{r.get('label', r['policy'])}** (`{r['point']}`): {r['gpu_hours']:.3f} GPU-hours{cost}; "
+                     f"{r['replicas_mean']:.2f} replicas on average, {int(r['replicas_peak'])} at most "
+                     f"({int(r['num_scale_ups'])} started, {int(r['num_scale_downs'])} drained){slo}; p99 TTFT "
+                     f"{r['ttft_p99_ms']:,.0f} ms.")
+    return lines + [""]
+
+
 def append_why_sections(out: Path, results: pd.DataFrame, grid_keys: list[str], setup: str) -> list[Path]:
     """Figures made (paths); summary.md gains their sections."""
     made = append_binding_section(out, results, grid_keys, setup)
-    lines = gateway_section(results)
+    lines = gateway_section(results) + autoscaling_section(results)
     if lines:
         with open(out / "summary.md", "a") as f:
             f.write("\n" + "\n".join(lines))

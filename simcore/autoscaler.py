@@ -174,6 +174,6 @@ class AutoscaledCluster(Cluster):
             n += {"start": 1, "leave": -1}.get(ev.kind, 0) + (1 if ev.kind == "serve" and ev.time_s == 0.0 else 0)
             if out and out[-1][0] == ev.time_s:
                 out[-1] = (ev.time_s, n)
-            else:
+            elif not out or out[-1][1] != n:
                 out.append((ev.time_s, n))
         return out

@@ -47,3 +47,11 @@ def test_gateway_example(tmp_path):
     r = pd.read_csv(tmp_path / "out" / "results.csv")
     assert r["num_gateway_refused"].iloc[0] == 0 and r["num_gateway_refused"].is_monotonic_increasing
     assert "## Admission control" in md and "refused with a 429" in md
+
+
+def test_autoscaling_example(tmp_path):
+    f = reduced("autoscaling.yaml", tmp_path, num_requests=400)
+    md = run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(r["replicas_peak"])[1:] == [4, 2] and (r["gpu_hours"] > 0).all()
+    assert "## Autoscaling" in md and "GPU-hours" in md
