@@ -14,7 +14,7 @@ import sys
 
 from costmodels.catalog import CatalogError, get_gpu, get_model
 from costmodels.profile import GEMM_OPS, ProfileCostModel, read_profile
-from costmodels.registry import PROFILES_DIR, load_cost_model
+from costmodels.selection import PROFILES_DIR, load_cost_model
 
 KERNELS = [(f"gemm_{op} m={m}", "gemm", op, m) for op in (*GEMM_OPS, "lm_head") for m in (1, 64, 512, 4096, 16384)]
 ATTENTION = [("prefill_attn 1x512", "prefill_attn", 1, 512), ("prefill_attn 1x4096", "prefill_attn", 1, 4096),
@@ -63,7 +63,8 @@ def _not_profile(p) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
-    if "--config" in argv or (first is not None and _looks_like_run(first)):
+    runs_options = {"--config", "--profile", "--out"}   # fidelity.compare's options: real runs were meant
+    if any(a.split("=")[0] in runs_options for a in argv) or (first is not None and _looks_like_run(first)):
         from calibration.moved import forward   # real runs: fidelity's command now
         forward("calibration.compare RUN ...", "fidelity.compare", argv)
     ap = argparse.ArgumentParser(prog="python -m calibration.compare", description=__doc__.splitlines()[0])

@@ -3,7 +3,7 @@ prior, and (from calibration) measured profiles."""
 from costmodels.catalog import GPUS, MODELS, CatalogError, get_gpu, get_model
 from costmodels.deployment import Deployment
 from costmodels.profile import ProfileCostModel
-from costmodels.registry import cost_model, load_cost_model
+from costmodels.selection import cost_model, load_cost_model
 from costmodels.roofline import Efficiencies, RooflineCostModel, activation_reserve_bytes, weight_bytes
 
 __all__ = ["GPUS", "MODELS", "CatalogError", "get_gpu", "get_model", "Deployment", "Efficiencies", "RooflineCostModel",

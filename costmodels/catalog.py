@@ -177,19 +177,24 @@ def get_gpu(name: str) -> GPU:
 
 
 def get_model(name_or_path: str) -> ModelShape:
-    """A catalog name, or the path of a Hugging Face config.json (or a folder holding one)."""
+    """A catalog name, the path of a Hugging Face config.json (or a folder holding one), or a name either
+    stands for (costmodels/model_names.py: 'meta-llama/Llama-3.1-8B-Instruct' is llama-3.1-8b)."""
     if name_or_path.lower() in MODELS:
         return MODELS[name_or_path.lower()]
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
     from costmodels.hfconfig import model_from_hf_config, packaged_config
+    from costmodels.model_names import catalog_alias, packaged_alias, unknown_model_message
     if path.suffix == ".json" or path.exists():
         return model_from_hf_config(path)
-    if packaged_config(name_or_path) is not None:   # "Qwen/Qwen3-30B-A3B": a config.json the [aic] extra ships
-        return model_from_hf_config(packaged_config(name_or_path))
-    raise CatalogError(f"unknown model {name_or_path!r}; known: {', '.join(MODELS)}, a config.json path, "
-                       f"or a Hugging Face id whose config the [aic] extra ships")
+    alias = catalog_alias(name_or_path, MODELS)
+    if alias is not None:
+        return MODELS[alias]
+    hf_id = name_or_path if packaged_config(name_or_path) is not None else packaged_alias(name_or_path)
+    if hf_id is not None:   # "Qwen/Qwen3-30B-A3B": a config.json the [aic] extra ships
+        return model_from_hf_config(packaged_config(hf_id))
+    raise CatalogError(unknown_model_message(name_or_path, list(MODELS)))
 
 
 def with_max_model_len(model: ModelShape, max_model_len: int) -> ModelShape:

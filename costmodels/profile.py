@@ -171,6 +171,12 @@ class Overheads:
     per_request_s: float
     per_layer_s: float = 0.0
     source: str = "roofline prior"
+    # Fixed time per request outside the steps (front end before the scheduler, output processing after):
+    # an engine's cost, not a kernel's, so no kernel timing measures it. A profile without its own figure
+    # takes the prior's (Efficiencies.request_latency_s, measured on real vLLM); leaving it out would let
+    # each closed-loop user's next request reach the scheduler exactly at a step boundary, never mid-step,
+    # and understate TTFT by up to a step.
+    request_latency_s: float = Efficiencies.request_latency_s
 
 
 class ProfileCostModel:
@@ -190,7 +196,8 @@ class ProfileCostModel:
         self.sampling = LogGrid.from_dict(fam["sampling"])
         o = profile["overheads"]
         self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
-                                   float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
+                                   float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")),
+                                   float(o.get("request_latency_s", Efficiencies.request_latency_s)))
         # Tables and memos of pure functions of counts: a run prices millions of steps from a few thousand
         # distinct token counts and batch sizes. Per-token-count terms are priced TABLE_BLOCK counts at a
         # time (one vectorised lookup per grid, bitwise equal to the scalar formulas in `_dense_layer_s`
@@ -211,7 +218,12 @@ class ProfileCostModel:
                 "family_sources": p.get("family_sources", {}),
                 "overheads": {"per_step_s": self.overheads.per_step_s,
                               "per_request_s": self.overheads.per_request_s,
-                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source}}
+                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source,
+                              "request_latency_s": self.overheads.request_latency_s}}
+
+    @property
+    def request_latency_s(self) -> float:
+        return self.overheads.request_latency_s
 
     def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""

@@ -30,7 +30,7 @@ from workloads.synthetic import Workload, parse_workload
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
             "engine", "workload", "grid", "cluster", "disaggregation", "slo", "gateway", "autoscaling",
-            "search", "capacity"}  # validated by experiments.search / experiments.capacity; not part of a point
+            "search", "capacity"}  # validated by experiments.search / experiments.capacity_plan; not part of a point
 TOP_KEYS |= set(DEPLOYMENT_KEYS)  # precision and parallelism: parsed by costmodels.deployment
 
 

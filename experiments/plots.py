@@ -49,9 +49,9 @@ def _log_scale(ax, which: str) -> None:
 
 
 def _title(title: str) -> str:
-    """Headline, then the setup wrapped to the figure's width."""
+    """Headline, then the setup and what the figure rests on, each wrapped to the figure's width."""
     head, _, rest = title.partition("\n")
-    return head + ("\n" + "\n".join(textwrap.wrap(rest, 90)) if rest else "")
+    return head + "".join("\n" + "\n".join(textwrap.wrap(part, 100)) for part in rest.split("\n") if part)
 
 
 def _save(fig, path: Path, title: str) -> Path:
@@ -88,20 +88,31 @@ def _by_load(df: pd.DataFrame, load_col: str, col: str) -> pd.DataFrame:
     return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max()}).sort_index()
 
 
+LINE_STATS = {"max": "worst seed", "median": "median over seeds", "mean": "mean over seeds"}
+
+
 def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str, path: Path, subtitle: str,
-                    slo_ms: float | None = None, answers: dict[str, float | None] | None = None) -> Path:
-    """One line per policy/configuration (mean over seeds, band = min..max), the SLO and each found maximum."""
+                    slo_ms: float | None = None, answers: dict[str, float | None] | None = None,
+                    line: str = "mean") -> Path:
+    """One line per policy/configuration, the SLO and each found maximum. `line` says what the line is
+    (LINE_STATS: the search draws the seed its rule judges, e.g. the worst one when every seed must pass);
+    with several seeds each seed's value is a small dot, so nothing the rule saw is hidden."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    what = LINE_STATS[line]
+    many = any(df.groupby(load_col)[metric].size().max() > 1 for df in curves.values() if len(df))
     for i, (label, df) in enumerate(curves.items()):
-        s = _by_load(df, load_col, metric)
+        s = df.groupby(load_col)[metric].agg(line).sort_index()
         c = _color(label, i)
-        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=label)
-        ax.fill_between(s.index, s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
+        ax.plot(s.index, s.values, "o-", ms=3.5, color=c, label=f"{label} ({what})" if many else label)
+        if many:
+            ax.plot(df[load_col], df[metric], ".", ms=3, color=c, alpha=0.35)
         best = (answers or {}).get(label)
         if best is not None and not math.isnan(best) and best in s.index:
             ax.axvline(best, color=c, ls=":", lw=1)
-            ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k",
+            ax.plot([best], [s.loc[best]], "*", ms=14, color=c, mec="k",
                     label=f"{label} max: {best:,.4g}")
+    if many:
+        ax.plot([], [], ".", color="grey", alpha=0.5, label="each seed")
     if slo_ms is not None:
         ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {pretty_metric(metric)} = {slo_ms:g} ms")
     _log_scale(ax, "y")
@@ -115,10 +126,11 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
 def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, subtitle: str,
                        answers: dict[str, float | None] | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    many = any(df.groupby(load_col)["output_tok_per_s"].size().max() > 1 for df in curves.values() if len(df))
     for i, (label, df) in enumerate(curves.items()):
         s = _by_load(df, load_col, "output_tok_per_s")
         c = _color(label, i)
-        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=label)
+        ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=f"{label} (mean over seeds)" if many else label)
         best = (answers or {}).get(label)
         if best is not None and not math.isnan(best) and best in s.index:
             ax.plot([best], [s.loc[best, "mean"]], "*", ms=14, color=c, mec="k", label=f"{label} at its SLO max")

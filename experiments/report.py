@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from costmodels.basis import rests_on
 from experiments import plots
-from experiments.capacity import CapacitySpec, replicas_curve
+from experiments.capacity_plan import CapacitySpec, replicas_curve
 from experiments.config import set_dotted
 from experiments.search import pretty_metric
 from experiments.search_run import SearchResult, comparison_load, gantt_load
@@ -36,6 +37,11 @@ def md_table(df: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def with_basis(setup: str, bases) -> str:
+    """A figure's subtitle: the setup, then (on its own line) what the figure rests on."""
+    return f"{setup}\n{rests_on(bases)}"
 
 
 def describe_setup(sweep: dict) -> str:
@@ -87,11 +93,19 @@ def label_of(grid_values: dict, policy: str, grid_keys: list[str]) -> str:
     return _label({**grid_values, "policy": policy}, grid_keys)
 
 
-def _requests_cdf_input(d: Path) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """(TTFT of the finished requests in ms, (distinct ITL gaps in ms, counts)) of the run saved in `d`."""
-    req = read_table(d, "requests", ["status", "ttft_s"])
-    ttft = (req.loc[req["status"] == "finished", "ttft_s"] * 1e3).to_numpy()
-    return ttft, read_itl_ms(d)
+def _requests_cdf_input(d: Path, spec=None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(TTFT of the finished requests in ms, (distinct ITL gaps in ms, counts)) of the run saved in `d`.
+    With a closed-loop search's `spec` (warm-up "auto"), TTFT counts the requests the search measures:
+    each user's first request (all sent at t = 0) and the last ones are left out, as in
+    experiments.search.steady_state_metrics."""
+    req = read_table(d, "requests", ["request_id", "status", "ttft_s"])
+    fin = req[req["status"] == "finished"]
+    if spec is not None and spec.is_integer and spec.warmup == "auto":
+        import json
+        users, n = int(json.loads((d / "summary.json").read_text())["value"]), len(req)
+        if n >= 3 * users:
+            fin = fin[(fin["request_id"] >= users) & (fin["request_id"] < n - users)]
+    return (fin["ttft_s"] * 1e3).to_numpy(), read_itl_ms(d)
 
 
 def _replica0(df: pd.DataFrame) -> pd.DataFrame:
@@ -152,25 +166,29 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
                   cap_spec: CapacitySpec | None) -> list[Path]:
     spec, grid_keys = res.spec, list((sweep.get("grid") or {}).keys())
     load_col = spec.over.split(".")[-1]
-    setup = describe_setup(sweep)
     labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
+    setup = with_basis(describe_setup(sweep), search_bases(res, labels))
     curves = {labels[g]: df for g, df in res.points.groupby("grid_point", sort=False)}
     answers = {labels[r.grid_point]: r.max_value for r in res.searches.itertuples()}
     made = []
     for i, (metric, limit) in enumerate(spec.slo_ms):
         name = "latency_vs_load.png" if i == 0 else f"latency_vs_load_{metric}.png"
-        made.append(plots.latency_vs_load(curves, load_col, metric, out / "plots" / name, setup, limit, answers))
+        made.append(plots.latency_vs_load(curves, load_col, metric, out / "plots" / name, setup, limit, answers,
+                                          line="max" if spec.confidence == "all" else "median"))
     made.append(plots.throughput_vs_load(curves, load_col, out / "plots" / "throughput_vs_load.png", setup, answers))
     made.append(plots.throughput_latency(curves, load_col, list(spec.slo_ms), out / "plots" / "throughput_latency.png",
                                          setup))
+    window = ("steady state as the search measures it (each user's first and last requests left out)"
+              if spec.is_integer and spec.warmup == "auto" else "all requests")
     at_answer = {}
     for gi, o in res.outcomes.items():
         v = o.best if o.best is not None else spec.lo
         if (gi, v) in res.details:
             at_answer[f"{labels[f'g{gi:03d}']} at {v:g}"] = res.details[(gi, v)]
     if at_answer:
-        made.append(plots.latency_cdfs({k: _requests_cdf_input(d) for k, d in at_answer.items()},
-                                       out / "plots" / "latency_cdf.png", f"each at its SLO maximum; {setup}"))
+        made.append(plots.latency_cdfs({k: _requests_cdf_input(d, spec) for k, d in at_answer.items()},
+                                       out / "plots" / "latency_cdf.png",
+                                       f"each at its SLO maximum, {window}; {setup}"))
     v = comparison_load(spec, res.outcomes, {p.index: p for p in res.grid_points})
     same_load = {labels[f"g{gi:03d}"]: d for (gi, val), d in sorted(res.details.items()) if val == v}
     if same_load:
@@ -194,6 +212,23 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
     return made
 
 
+def search_bases(res: SearchResult, labels: dict) -> dict:
+    """label -> the cost-model line each searched point rests on (search.csv's cost_model_basis)."""
+    if "cost_model_basis" not in res.searches:
+        return {}
+    return {labels[r.grid_point]: r.cost_model_basis for r in res.searches.itertuples()}
+
+
+def seed_spread_text(row, spec) -> str:
+    """'seeds alone pass up to 152-160 users' (or one figure when they agree); '' without the columns."""
+    lo, hi = getattr(row, "seed_max_low", math.nan), getattr(row, "seed_max_high", math.nan)
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) or row.seeds < 2:
+        return ""
+    fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
+    return (f"each seed alone passes up to {fmt(lo)}" if lo == hi else
+            f"seeds alone pass up to {fmt(lo)}-{fmt(hi)}") + " (among the loads searched)"
+
+
 def answer_sentence(row, spec, label: str) -> str:
     unit = spec.unit
     fmt = (lambda v: f"{v:,.0f}") if spec.is_integer else (lambda v: f"{v:,.3g}")
@@ -207,8 +242,16 @@ def answer_sentence(row, spec, label: str) -> str:
     slo_vals = ", ".join(f"{pretty_metric(m)} {getattr(row, f'{m}_at_max'):,.0f} ms" for m, _ in spec.slo_ms)
     if row.max_value == 1 and spec.is_integer:
         unit = "concurrent user"
+    inp = getattr(row, "input_tok_per_s", math.nan)
+    inp = f"{inp:,.0f} input and " if inp is not None and not pd.isna(inp) else ""
     s = (f"**{label}**: {fmt(row.max_value)} {unit} at {spec.slo_text}, "
-         f"{row.output_tok_per_s:,.0f} output tok/s ({row.throughput_rps:,.2f} requests/s); worst seed {slo_vals}")
+         f"{inp}{row.output_tok_per_s:,.0f} output tok/s ({row.throughput_rps:,.2f} requests/s); worst seed {slo_vals}")
+    spread = seed_spread_text(row, spec)
+    if spread:
+        s += f"; {spread}"
+    sat = getattr(row, "saturation_rps", math.nan)
+    if sat is not None and not pd.isna(sat):
+        s += f"; saturates at {sat:,.3g} requests/s"
     if row.status == "above_range":
         s += "; still passing at the top of the range, so the true maximum is higher"
     elif not pd.isna(row.first_fail):
@@ -228,9 +271,13 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
     spec = res.spec
     lines = [f"# {sweep.get('name', 'sweep')}: maximum load within the SLO", "",
              describe_setup(sweep) + ".", "",
+             f"**Rests on** the {rests_on(search_bases(res, labels))}.", "",
              f"Searched `{spec.over}` over [{spec.lo:g}, {spec.hi:g}] for the largest load meeting "
              f"{spec.slo_text}; {spec.rule_text} (seeds: {res.searches['seeds'].iloc[0]}). Tolerance: "
-             f"{'exact to one user' if spec.is_integer and spec.tolerance <= 1 else f'{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative'}.",
+             + ("one user between the answer and the first failing load" if spec.is_integer and spec.tolerance <= 1
+                else f"{spec.tolerance:g} absolute / {spec.rel_tolerance:.0%} relative")
+             + "; that is the search's step, not the answer's precision: each answer says how far the seeds "
+             "alone would go, and the p99 at one load varies from seed to seed.",
              ""]
     if spec.is_integer and spec.warmup == "auto":
         lines += ["Latency is measured in steady state: each user's first request (all sent at t = 0) and the "
@@ -239,8 +286,10 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
     lines += ["## Answers", ""]
     for r in res.searches.itertuples():
         lines.append("- " + answer_sentence(r, spec, labels[r.grid_point]))
-    cols = ["policy", "status", "max_value", "first_fail", "throughput_rps", "output_tok_per_s"]
+    cols = ["policy", "status", "max_value", "first_fail", "seed_max_low", "seed_max_high", "throughput_rps",
+            "saturation_rps", "input_tok_per_s", "output_tok_per_s", "prefill_time_share"]
     cols += [f"{m}_at_max" for m, _ in spec.slo_ms] + ["num_loads", "note"]
+    cols = [c for c in cols if c in res.searches.columns or c == "policy"]
     tab = res.searches.copy()
     tab["policy"] = [labels[g] for g in tab["grid_point"]]
     lines += ["", md_table(tab[cols]), "",
@@ -256,13 +305,16 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
                 continue
             cost = ""
             if cap_spec.gpu_price_per_hour is not None:
-                cost = (f", {r.cost_per_hour:,.2f}/hour, {r.cost_per_million_output_tokens:,.3f} per million "
-                        "output tokens")
+                cost = (f", {r.cost_per_hour:,.2f}/hour: per million tokens {r.cost_per_million_input_tokens:,.3f} "
+                        f"input, {r.cost_per_million_output_tokens:,.3f} output, "
+                        f"{r.cost_per_million_total_tokens:,.3f} total")
             lines.append(f"- **{labels[r.grid_point]}**: {int(r.replicas)} replicas ({int(r.gpus)} GPUs) at "
                          f"{r.capacity_rps_per_replica:,.3g} requests/s each{cost}." + (f" {r.note}." if r.note else "")
                          + _check_sentence(r, res.spec, cap_spec))
         show = [c for c in ("policy", "capacity_rps_per_replica", "replicas", "gpus", "utilization",
-                            "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo",
+                            "input_tok_per_s", "output_tok_per_s", "prefill_time_share", "cost_per_hour",
+                            "cost_per_million_input_tokens", "cost_per_million_output_tokens",
+                            "cost_per_million_total_tokens", "check_meets_slo",
                             *[f"check_{m}" for m, _ in res.spec.slo_ms]) if c in cap.columns]
         t = cap.copy()
         t["policy"] = [labels[g] for g in t["grid_point"]]

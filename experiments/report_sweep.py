@@ -11,13 +11,16 @@ from experiments import plots
 from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
-                                md_table)
+                                md_table, with_basis)
+from costmodels.basis import rests_on
 
 
 def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     swept = list((sweep.get("grid") or {}).keys())  # a mapping swept whole shows up as its dotted columns
     grid_keys = [c for c in results.columns if c in swept or any(c.startswith(k + ".") for k in swept)]
     setup = describe_setup(sweep)
+    if "cost_model_basis" in results:   # every figure says what it rests on
+        setup = with_basis(setup, {_label(r, grid_keys): r["cost_model_basis"] for _, r in results.iterrows()})
     first = results[results["seed"] == results["seed"].iloc[0]]
     load_keys = [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)]
     others = [k for k in grid_keys if k != "engine.policy" and k not in load_keys]
@@ -82,6 +85,9 @@ def policy_ratio(results: pd.DataFrame, by: list[str], num: str = "continuous", 
 
 def _sweep_md(sweep, results, grid_keys, others, made) -> str:
     lines = [f"# {sweep.get('name', 'sweep')}", "", describe_setup(sweep) + ".", ""]
+    if "cost_model_basis" in results:
+        bases = {_label(r, grid_keys): r["cost_model_basis"] for _, r in results.iterrows()}
+        lines += [f"**Rests on** the {rests_on(bases)}.", ""]
     by = [k for k in grid_keys if k != "engine.policy"]
     for num in ("continuous", "chunked_prefill"):
         ratio = policy_ratio(results, by, num)
@@ -92,7 +98,8 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
                               for _, r in ratio.iterrows())
             lines += [f"Output throughput, {num} / static: {words}.", "", md_table(ratio), ""]
     cols = ["label", *[k for k in grid_keys if k.endswith(LOAD_SUFFIXES)], "seed", "offered_rate_per_s",
-            "throughput_rps", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms",
+            "throughput_rps", "input_tok_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms",
+            "tpot_p99_ms",
             "mean_running", "kv_usage_max", "num_preemptions", "num_rejected", "unstable"]
     lines += trust_section(results, [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)])
     lines += ["## Results", "", md_table(results[[c for c in cols if c in results.columns]]), "",

@@ -17,7 +17,7 @@ def imports_frozen():
     moved out of the collector's sight (`gc.freeze`). pandas, pyarrow and matplotlib create some 150,000
     objects that live as long as the process; the collector, triggered every 700 allocations, would walk
     them again and again, and once more all at once when re-enabled (0.3 s of CPU at 100k requests, 0.13 s
-    at 2,000, measured side by side; see the README's speed section). Reference counting still frees what
+    at 2,000, measured side by side; see docs/speed.md). Reference counting still frees what
     is dropped."""
     was_enabled = gc.isenabled()
     gc.disable()
@@ -35,9 +35,12 @@ def imports_frozen():
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 with imports_frozen():
+    from commandline.progress import PROGRESS_MODES
+    from costmodels.basis import rests_on
     from costmodels.catalog import CatalogError
     from experiments.config import ConfigError, expand, load_sweep_file
-    from experiments.simulate import check_runnable
+    from experiments.config_warnings import point_warnings
+    from experiments.simulate import check_runnable, point_cost_model
     from experiments.sweep import run_sweep, summary_table, untrusted_lines
     from experiments.tables import TABLE_FORMATS
     from simcore.engine import SimulationError
@@ -77,9 +80,10 @@ def check_out_dir(out: Path) -> None:
 
 def validate(sweep: dict) -> None:
     """Resolve the whole sweep file (points, and the search and capacity blocks) and check each point's
-    memory plan and cost model, without running anything."""
+    memory plan and cost model, without running anything; print a warning line (stderr) for each setting
+    that runs but may not mean what it seems (experiments/config_warnings.py)."""
     if "search" in sweep:
-        from experiments.capacity import parse_capacity
+        from experiments.capacity_plan import parse_capacity
         from experiments.search import parse_search
         from experiments.search_run import grid_points
         points = grid_points(sweep, parse_search(sweep.get("search")))[0]
@@ -87,8 +91,21 @@ def validate(sweep: dict) -> None:
             parse_capacity(sweep["capacity"])
     else:
         points = expand(sweep)
+    warned = []
     for cfg in {id(p.config): p.config for p in points}.values():
         check_runnable(cfg)
+        for line in point_warnings(cfg, point_cost_model(cfg).describe()):
+            if line not in warned:
+                warned.append(line)
+    for line in warned:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def point_bases(results) -> dict:
+    """point -> the cost-model line its results rest on (results.csv's cost_model_basis)."""
+    if "cost_model_basis" not in results:
+        return {}
+    return dict(zip(results["point"], results["cost_model_basis"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", choices=TABLE_FORMATS, default="parquet",
                     help="format of each run's requests, iterations and itl tables (default: parquet; "
                          "results.csv is always CSV)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                    help="how progress is shown: a bar, plain lines (every ~10 s or 10%%, for logs), or none; "
+                         "auto (the default): a bar on a terminal, plain lines otherwise")
+    ap.add_argument("--quiet", action="store_true", help="no progress output (the same as --progress none)")
     args = ap.parse_args(argv)
+    progress = "none" if args.quiet else args.progress
     try:
         sweep = load_sweep_file(args.sweep)
         out = Path(args.out) if args.out else Path("results") / str(sweep.get("name") or Path(args.sweep).stem)
@@ -110,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(out)
         if "search" in sweep:
             with imports_frozen():
-                from experiments.plan import run_and_report
-            text = run_and_report(sweep, out, args.jobs, not args.quiet, args.dask, not args.no_plots, args.tables)
+                from experiments.search_and_plan import run_and_report
+            text = run_and_report(sweep, out, args.jobs, progress, args.dask, not args.no_plots, args.tables)
         else:
             if "capacity" in sweep:
                 raise ConfigError("capacity: needs a search block (search.over: workload.arrival.rate_per_s) "
                                   "to find each replica's SLO-limited capacity")
-            result = run_sweep(sweep, out, jobs=args.jobs, progress=not args.quiet, dask_address=args.dask,
+            result = run_sweep(sweep, out, jobs=args.jobs, progress=progress, dask_address=args.dask,
                                table_format=args.tables)
             skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
             text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
@@ -126,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                     from experiments.report_sweep import sweep_report
                 sweep_report(sweep, out, result.results)
                 text += f"; plots and summary.md in {out}"
+            text += f"\nrests on the {rests_on(point_bases(result.results))}"
             notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
             if notes:
                 text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "

@@ -210,13 +210,18 @@ def bracket_then_bisect(spec: SearchSpec) -> Generator[float, bool, Outcome]:
 # ---- what one simulation says about the SLO ----
 
 def steady_state_metrics(requests: pd.DataFrame, itl_gaps_s, itl_end_s, concurrency: int | None,
-                         warmup: str = "auto") -> dict:
+                         warmup: str = "auto", iterations: pd.DataFrame | None = None) -> dict:
     """Latency percentiles and throughput over the measured requests.
 
     Closed loop with warmup "auto": users send requests in id order, so ids [0, N) are each user's first
     request (all sent at t = 0, a burst no steady state has) and the last N ids run while users run out of
     work. Both are dropped; ITL and throughput count the window from the arrival of request N to the last
     send, when all N users are active (half-open: (t0, t1]). Otherwise every request and the whole run count.
+
+    Both sides of the work: `input_tok_per_s` counts the prompts whose first token came in the window (a
+    prompt is done when its first token is), `output_tok_per_s` the tokens made in it. With `iterations`,
+    `prefill_time_share` is the share of the window's GPU time spent in steps that carry prefill tokens
+    (mixed steps count as prefill: a chunked-prefill step is priced as one pass), the rest decode-only.
     """
     fin = requests[requests["status"] == "finished"]
     n = len(requests)
@@ -238,6 +243,13 @@ def steady_state_metrics(requests: pd.DataFrame, itl_gaps_s, itl_end_s, concurre
            "throughput_rps": float(requests["finish_s"].between(t0, t1, inclusive="right").sum() / span_s)
            if span_s > 0 else math.nan,
            "output_tok_per_s": float((in_win.sum() + firsts) / span_s) if span_s > 0 else math.nan}
+    prompts = requests.loc[requests["first_token_s"].between(t0, t1, inclusive="right"), "prompt_tokens"]
+    out["input_tok_per_s"] = float(prompts.sum() / span_s) if span_s > 0 else math.nan
+    if iterations is not None and len(iterations):
+        steps = iterations[(iterations["start_s"] > t0) & (iterations["start_s"] <= t1)]
+        busy = float(steps["duration_s"].sum())
+        prefill = float(steps.loc[steps["prefill_tokens"] > 0, "duration_s"].sum())
+        out["prefill_time_share"] = prefill / busy if busy > 0 else math.nan
     out.update(stats_ms("ttft", fin["ttft_s"]))
     out.update(stats_ms("itl", gaps[in_win]))
     out.update(stats_ms("tpot", fin["tpot_s"]))

@@ -29,13 +29,14 @@ from experiments.executors import open_executor
 from experiments.config import ConfigError, Point, expand, set_dotted
 from experiments.search import (Outcome, SearchSpec, bracket_then_bisect, parse_search, pretty_metric,
                                 steady_state_metrics)
-from experiments.simulate import SimResult, simulate
+from costmodels.basis import cost_model_basis
+from experiments.simulate import SimResult, point_cost_model, simulate
 from experiments.tables import write_run_tables
 from simcore.engine import SimulationError
 from workloads.errors import WorkloadError
 from workloads.synthetic import OPEN_LOOP_PROCESSES
 
-METRICS_VERSION = 2  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
+METRICS_VERSION = 3  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
 GANTT_USERS = 16
 RUN_COLUMNS = ("num_requests", "num_rejected", "rejected_reasons", "num_clipped_prompts", "num_preemptions",
                "mean_running", "mean_waiting", "kv_usage_max", "ttft_p99_ms", "throughput_rps", "output_tok_per_s",
@@ -70,7 +71,7 @@ def evaluate_load(raw: dict, spec: SearchSpec, value: float, seed: int) -> dict:
     cfg = load_config(raw, spec, value)
     sim = simulate(cfg, seed)
     conc = int(value) if spec.is_integer else None
-    row = steady_state_metrics(sim.requests, sim.itl_gaps_s, sim.itl_end_s, conc, spec.warmup)
+    row = steady_state_metrics(sim.requests, sim.itl_gaps_s, sim.itl_end_s, conc, spec.warmup, sim.iterations)
     row.update({f"run_{k}": sim.summary[k] for k in RUN_COLUMNS})
     row["wall_s"] = round(time.perf_counter() - t0, 3)
     return row
@@ -80,7 +81,9 @@ def run_detail(raw: dict, spec: SearchSpec, value: float, seed: int) -> SimResul
     return simulate(load_config(raw, spec, value), seed)
 
 
-def _hash(raw: dict, spec: SearchSpec, seed: int, kind: str) -> str:
+def evaluation_key(raw: dict, spec: SearchSpec, seed: int, kind: str) -> str:
+    """The key a saved evaluation is stored with: a rerun reuses it only if the configuration, seed, kind of
+    run ('search', 'detail', 'capacity-check'), warm-up rule and metrics version are all the same."""
     return content_hash({"raw": raw, "seed": seed, "kind": kind, "warmup": spec.warmup, "metrics": METRICS_VERSION})
 
 
@@ -107,7 +110,7 @@ def grid_points(sweep: dict, spec: SearchSpec) -> tuple[list[Point], list[int]]:
     return [p for p in expanded if p.seed == seeds[0]], seeds
 
 
-def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool = True,
+def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None, progress: bool | str = True,
                dask_address: str | None = None, table_format: str = "parquet") -> SearchResult:
     """Search every grid point of `sweep` (which has a `search:` block); see the module docstring.
     `table_format`: how the detail runs' tables are saved ('parquet' or 'csv')."""
@@ -158,8 +161,8 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
                 while todo:
                     gi, value, seed = todo.popleft()
                     raw = load_config(by_index[gi].raw, spec, value)
-                    f, h = cache_file(gi, value, seed), _hash(raw, spec, seed, "search")
-                    cached = _read_json(f)
+                    f, h = cache_file(gi, value, seed), evaluation_key(raw, spec, seed, "search")
+                    cached = read_saved(f)
                     if cached is not None and cached.get("config_hash") == h:
                         num_reused += 1
                         tell(gi, value, seed, cached["metrics"], True)
@@ -183,7 +186,7 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
                         raise type(e)(f"{by_index[gi].config.policy.name} at {spec.over}={value:g}, seed {seed}: "
                                       f"{e}") from None
                     if f is not None:
-                        _write_json(f, {"config_hash": h, "metrics": row})
+                        save_evaluation(f, {"config_hash": h, "metrics": row})
                     tell(gi, value, seed, row, False)
         finally:
             if bar is not None:
@@ -200,6 +203,7 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
                          "load_passes": verdict, **r})
     points_df = pd.DataFrame(rows)
     searches = _summary_rows(spec, points, outcomes, results, seeds)
+    searches["cost_model_basis"] = [point_basis(p) for p in points]
     if out is not None:
         points_df.to_csv(out / "search_points.csv", index=False)
         searches.to_csv(out / "search.csv", index=False)
@@ -220,8 +224,11 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
                "max_num_seqs": getattr(p.config.policy, "max_num_seqs", math.nan),
                "note": o.message}
         at = results.get((p.index, o.best), {}) if o.best is not None else {}
-        for k in ("throughput_rps", "output_tok_per_s", "run_mean_running", "run_kv_usage_max"):
-            row[k.replace("run_", "")] = float(np.mean([r[k] for r in at.values()])) if at else math.nan
+        for k in ("throughput_rps", "input_tok_per_s", "output_tok_per_s", "prefill_time_share",
+                  "run_mean_running", "run_kv_usage_max"):
+            row[k.replace("run_", "")] = float(np.mean([r.get(k, math.nan) for r in at.values()])) if at else math.nan
+        row.update(seed_spread(spec, p.index, results, seeds))
+        row["saturation_rps"] = saturation_rps(p.index, results)
         for m, _ in spec.slo_ms:  # the worst seed at the answer: the figure the rule vouches for
             row[f"{m}_at_max"] = float(np.max([r[m] for r in at.values()])) if at else math.nan
         if o.status == "infeasible":  # say by how much the lowest load misses
@@ -241,6 +248,36 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
     return pd.DataFrame(rows)
 
 
+def seed_spread(spec: SearchSpec, gi: int, results: dict, seeds: list[int]) -> dict:
+    """How far each seed alone would go: per seed, the highest load the search ran that this seed passes
+    with every lower load it ran also passing. The rule's answer is what all seeds (or the confidence
+    rule) agree on; this is the spread behind it, among the loads the search happened to run."""
+    loads = sorted(v for (g, v) in results if g == gi)
+    best = []
+    for s in seeds:
+        top = math.nan
+        for v in loads:
+            r = results[(gi, v)].get(s)
+            if r is None or not spec.meets_slo(r):
+                break
+            top = v
+        best.append(top)
+    finite = [b for b in best if not math.isnan(b)]
+    return {"seed_max_low": min(finite) if finite else math.nan, "seed_max_high": max(finite) if finite else math.nan}
+
+
+def saturation_rps(gi: int, results: dict) -> float:
+    """The knee: the most requests per second any load of the search finished (mean over seeds), whether
+    or not it met the SLO. Past it, more load only lengthens the queue."""
+    rates = [np.mean([r["throughput_rps"] for r in rs.values()]) for (g, _), rs in results.items() if g == gi and rs]
+    return float(max(rates)) if rates else math.nan
+
+
+def point_basis(point: Point) -> str:
+    """What the point's answers rest on: its cost model, in one line (costmodels/basis.py)."""
+    return cost_model_basis(point_cost_model(point.config))
+
+
 def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: int, out: Path | None,
                  table_format: str = "parquet") -> dict:
     """Full runs for plots: each grid point at its answer (or the low end, when infeasible); and all grid
@@ -255,15 +292,15 @@ def _run_details(pool, spec: SearchSpec, by_index: dict, outcomes: dict, seed: i
     found, futures = {}, {}
     for gi, value in sorted(wanted):
         d = out / "search" / f"g{gi:03d}" / f"detail-{_label(spec, value)}"
-        h = _hash(load_config(by_index[gi].raw, spec, value), spec, seed, "detail")
-        if (_read_json(d / "summary.json") or {}).get("config_hash") == h:
+        h = evaluation_key(load_config(by_index[gi].raw, spec, value), spec, seed, "detail")
+        if (read_saved(d / "summary.json") or {}).get("config_hash") == h:
             found[(gi, value)] = d
         else:
             futures[pool.submit(run_detail, by_index[gi].raw, spec, value, seed)] = (gi, value, d, h)
     for fut, (gi, value, d, h) in futures.items():
         sim = fut.result()
         write_run_tables(d, sim.requests, sim.iterations, sim.itl_gaps_s, table_format)
-        _write_json(d / "summary.json", {**sim.summary, "config_hash": h, "seed": seed,
+        save_evaluation(d / "summary.json", {**sim.summary, "config_hash": h, "seed": seed,
                                          "policy": by_index[gi].config.policy.name, "value": value})
         found[(gi, value)] = d
     return found
@@ -297,7 +334,8 @@ def flat(grid_values: dict) -> dict:
             for k, v in grid_values.items()}
 
 
-def _read_json(f: Path | None) -> dict | None:
+def read_saved(f: Path | None) -> dict | None:
+    """A saved evaluation, or None when there is none (or it is unreadable: it is then redone)."""
     if f is None:
         return None
     try:
@@ -306,13 +344,12 @@ def _read_json(f: Path | None) -> dict | None:
         return None
 
 
-def _write_json(f: Path, data: dict) -> None:
+def save_evaluation(f: Path, data: dict) -> None:
     f.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(f, data)   # an evaluation is either saved or absent
 
 
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, unit="search", desc="search", dynamic_ncols=True)
+def _bar(total: int, progress):
+    """`progress`: a commandline.progress mode (auto, bar, plain, none) or True/False (auto/none)."""
+    from commandline.progress import progress_bar
+    return progress_bar(progress, total, "search", "searches")

@@ -11,6 +11,7 @@ import pandas as pd
 import simpy
 
 from costmodels import load_cost_model
+from costmodels.basis import cost_model_basis
 from costmodels import deployment
 from costmodels.deployment import Deployment
 from costmodels.roofline import RooflineCostModel
@@ -63,7 +64,7 @@ class _TimedGaps(list):
 
 def point_cost_model(cfg: PointConfig):
     """`profile: "constant:per_step_s=0.01,per_token_s=1e-5"` injects the constant-cost stub (answers known
-    by hand, used by the search tests); anything else goes to the cost-model registry."""
+    by hand, used by the search tests); anything else to costmodels.selection."""
     if cfg.profile is not None and cfg.profile.split(":")[0] == "constant":
         params = {}
         for item in filter(None, cfg.profile.partition(":")[2].split(",")):
@@ -263,7 +264,9 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
     achieved load and stability, reject reasons, goodput, and the `flags` words (simcore/metrics.py)."""
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
-                    "cost_model": cost_model.describe().get("kind", "?")})
+                    "cost_model": cost_model.describe().get("kind", "?"),
+                    "cost_model_basis": cost_model_basis(cost_model)})
+    summary["input_tok_per_s"] = summary["total_tok_per_s"] - summary["output_tok_per_s"]   # the prompts' side
     summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
     summary["rejected_reasons"] = rejected_reasons(requests)
     if cfg.gateway is not None:   # what admission control ended (simcore/gateway.py)

@@ -96,7 +96,7 @@ def _load_finished(out_dir: Path, point: Point) -> dict | None:
 
 
 def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None = None,
-              progress: bool = True, keep_in_memory: bool | None = None,
+              progress: bool | str = True, keep_in_memory: bool | None = None,
               dask_address: str | None = None, table_format: str = "parquet") -> SweepResult:
     """Run a sweep mapping (as loaded from YAML). With `out_dir`, every finished point is saved and a rerun
     resumes; without it, everything stays in memory (`SweepResult.points`), as a notebook wants.
@@ -184,11 +184,10 @@ def _write_results(out: Path, points: list[Point], rows: dict[str, dict]) -> Non
     write_csv_atomic(out / "results.csv", df)
 
 
-def _progress_bar(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, initial=initial, unit="point", desc="sweep", dynamic_ncols=True)
+def _progress_bar(total: int, initial: int, progress):
+    """`progress`: a commandline.progress mode (auto, bar, plain, none) or True/False (auto/none)."""
+    from commandline.progress import progress_bar
+    return progress_bar(progress, total, "sweep", "points", initial)
 
 
 def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:

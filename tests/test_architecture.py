@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # sits beside the engine, not above it; fidelity runs real engines and replays them through experiments.
 ALLOWED = {
     "commandline": set(),
-    "costmodels": {"commandline"},
+    "costmodels": {"simcore", "commandline"},   # a cost model implements simcore.costmodel's interface
     "simcore": {"commandline"},
     "policies": {"simcore"},
     "workloads": {"simcore", "commandline"},

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from experiments.capacity import CapacitySpec, parse_capacity, plan, replicas_needed
+from experiments.capacity_plan import CapacitySpec, parse_capacity, plan, replicas_needed
 from experiments.config import ConfigError
 
 
@@ -56,3 +56,20 @@ def test_concurrency_search_falls_back_to_throughput_and_says_so():
 def test_bad_capacity_blocks_name_the_key(block, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse_capacity(block)
+
+
+def test_plan_prices_both_sides_of_the_work():
+    """Code completion: long prompts, short answers. The input side's figures must be there to read."""
+    s = searches()
+    s["input_tok_per_s"] = [9.8 * 1500, math.nan]
+    s["cost_model_basis"] = ["measured profile X", "measured profile X"]
+    cap = plan(s, "workload.arrival.rate_per_s", {"g000": 1, "g001": 1},
+               CapacitySpec(target_rps=50, gpu_price_per_hour=2.5, headroom=0.2), [])
+    ok = cap.iloc[0]
+    per_hour = ok["cost_per_hour"]
+    assert ok["input_tokens_per_request"] == pytest.approx(1500)
+    assert ok["output_tokens_per_request"] == pytest.approx(200)
+    assert ok["input_tok_per_s"] == pytest.approx(50 * 1500)
+    assert ok["cost_per_million_input_tokens"] == pytest.approx(per_hour / (50 * 1500 * 3600) * 1e6)
+    assert ok["cost_per_million_total_tokens"] == pytest.approx(per_hour / (50 * 1700 * 3600) * 1e6)
+    assert list(cap["cost_model_basis"]) == ["measured profile X"] * 2

@@ -304,7 +304,7 @@ def test_vectorised_roofline_equals_step_time_bitwise():
 
 
 def test_profile_cost_model_prices_from_sums_bitwise():
-    from costmodels.registry import load_cost_model
+    from costmodels.selection import load_cost_model
     try:
         profile = load_cost_model("llama-3-8b__h100-sxm__tp1__bf16", get_model("llama-3-8b"), get_gpu("h100-sxm"))
     except Exception as e:   # the shipped profile is data: skip cleanly without it

@@ -155,7 +155,7 @@ def test_replay_uses_the_runs_send_times(calib):
 
 def test_stepfit_terms_are_validated(tmp_path):
     from costmodels.catalog import CatalogError, get_gpu, get_model
-    from costmodels.registry import load_cost_model
+    from costmodels.selection import load_cost_model
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "batchsim-stepfit/1", "terms": {"per_step_s": -1}}))
     with pytest.raises(CatalogError, match="per_step_s must be a non-negative number"):
@@ -222,7 +222,7 @@ def test_moe_fit_recovers_the_expert_term_that_the_dense_terms_cannot_follow():
 
 def test_moe_step_model_round_trips_and_bad_moe_is_one_error(tmp_path):
     from costmodels.catalog import CatalogError, get_gpu, get_model
-    from costmodels.registry import load_cost_model
+    from costmodels.selection import load_cost_model
     from costmodels.stepmodel import MoeTerm, StepFitCostModel, stepfit_from_json
     m = StepFitCostModel(tuple(TRUE.get(t, 0.0) for t in TERMS), dtype="fp32", moe=MoeTerm(*MOE, 3e-4))
     back = stepfit_from_json(json.loads(json.dumps(m.to_json())))

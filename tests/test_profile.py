@@ -10,7 +10,7 @@ import pytest
 
 from costmodels import CatalogError, get_gpu, get_model, load_cost_model
 from costmodels.profile import LogGrid, ProfileCostModel, prefill_coords
-from costmodels.registry import PROFILES_DIR, shipped_profiles
+from costmodels.selection import PROFILES_DIR, shipped_profiles
 from costmodels.roofline import RooflineCostModel
 
 LLAMA = get_model("llama-3-8b")
@@ -64,7 +64,24 @@ def test_quickstart_setup_auto_selects_the_measured_h100_profile(h100):
     assert isinstance(h100, ProfileCostModel)
     assert d["kind"] == "profile" and d["measured_on"] == "h100-sxm"
     assert d["provenance"]["source"] == "aiconfigurator"
-    assert set(d["overheads"]) == {"per_step_s", "per_request_s", "per_layer_s", "source"}
+    assert set(d["overheads"]) == {"per_step_s", "per_request_s", "per_layer_s", "source", "request_latency_s"}
+
+
+def test_a_profile_without_its_own_request_latency_takes_the_priors(h100):
+    """The front end's fixed time per request is an engine cost no kernel timing measures: a profile
+    that lacks it must not price requests as reaching the scheduler exactly at a step boundary."""
+    assert h100.request_latency_s == RooflineCostModel(LLAMA, H100).request_latency_s > 0
+
+
+def test_the_shipped_profile_is_chosen_by_architecture_not_by_name():
+    """Llama-3.1-8B has Llama-3-8B's layers (only the context length differs): same profile, same prices."""
+    from costmodels.catalog import get_model
+    llama31 = load_cost_model(None, get_model("llama-3.1-8b"), get_gpu("h200-sxm"))
+    llama3 = load_cost_model(None, LLAMA, get_gpu("h200-sxm"))
+    assert isinstance(llama31, ProfileCostModel)
+    assert llama31.describe()["source"] == llama3.describe()["source"]
+    step = {"prefill": [(757, 0)], "decode": [1000] * 64}
+    assert llama31.step_time_s(**step) == llama3.step_time_s(**step)
 
 
 def test_no_profile_falls_back_to_roofline_and_says_so(monkeypatch):

@@ -37,7 +37,7 @@ def test_grid_slice_needs_every_axis_but_the_last():
 
 @pytest.fixture(scope="module")
 def profile():
-    from costmodels.registry import load_cost_model
+    from costmodels.selection import load_cost_model
     try:
         return load_cost_model("llama-3-8b__h100-sxm__tp1__bf16", get_model("llama-3-8b"), get_gpu("h100-sxm"))
     except Exception as e:   # the shipped profile is data: skip cleanly without it

@@ -7,7 +7,7 @@ at 1/replicas of the rate, so one replica's answer carries over. Headroom keeps 
 (1 - headroom) of that capacity. Ignored: routing smarter than random (it helps a little), prefix-cache
 affinity, autoscaling lag, and bursts of gamma traffic (splitting thins them, so the plan is conservative).
 A search over concurrency has no arrival rate; its closed-loop throughput at the answer stands in, and
-the table says so. With `verify` (the default), experiments.plan then simulates each planned cluster at the
+the table says so. With `verify` (the default), experiments.search_and_plan then simulates each planned cluster at the
 target load behind a real router and reports whether it meets the SLO.
 """
 from __future__ import annotations
@@ -72,7 +72,9 @@ def plan(searches: pd.DataFrame, over: str, tp_by_point: dict[str, int], spec: C
             cap = math.nan
         else:
             basis_note = ""
-        tok_per_req = s["output_tok_per_s"] / s["throughput_rps"] if s["throughput_rps"] else math.nan
+        rps = s["throughput_rps"]
+        tok_per_req = s["output_tok_per_s"] / rps if rps else math.nan
+        in_per_req = s.get("input_tok_per_s", math.nan) / rps if rps else math.nan
         n = replicas_needed(spec.target_rps, cap, spec.headroom)
         tp = int(tp_by_point[s["grid_point"]])
         gpus = n * tp if n is not None else None
@@ -83,16 +85,30 @@ def plan(searches: pd.DataFrame, over: str, tp_by_point: dict[str, int], spec: C
                "target_rps": spec.target_rps, "headroom": spec.headroom, "replicas": n,
                "tensor_parallel_size": tp, "gpus": gpus,
                "utilization": spec.target_rps / (n * cap) if n else math.nan,
-               "output_tokens_per_request": tok_per_req}
-        if spec.gpu_price_per_hour is not None and gpus is not None:
-            cost_h = gpus * spec.gpu_price_per_hour
-            row["cost_per_hour"] = cost_h
-            row["cost_per_million_output_tokens"] = cost_h / (spec.target_rps * tok_per_req * 3600) * 1e6
-        elif spec.gpu_price_per_hour is not None:
-            row["cost_per_hour"] = row["cost_per_million_output_tokens"] = math.nan
+               "input_tokens_per_request": in_per_req, "output_tokens_per_request": tok_per_req,
+               "input_tok_per_s": spec.target_rps * in_per_req, "output_tok_per_s": spec.target_rps * tok_per_req,
+               "prefill_time_share": s.get("prefill_time_share", math.nan),
+               "saturation_rps_per_replica": s.get("saturation_rps", math.nan)}
+        if spec.gpu_price_per_hour is not None:
+            row.update(token_costs(gpus * spec.gpu_price_per_hour if gpus is not None else math.nan,
+                                   spec.target_rps, in_per_req, tok_per_req))
         row["note"] = basis_note
+        row["cost_model_basis"] = s.get("cost_model_basis", "")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def token_costs(cost_per_hour: float, rps: float, input_per_request: float, output_per_request: float) -> dict:
+    """The hour's price spread over the tokens served in it: per million input (prompt), output and total
+    tokens. Each is the whole GPU cost over one side's tokens, so the input and output figures are not
+    shares that add up: a prompt-heavy workload (code completion) is best read by the input one."""
+    def per_million(tokens_per_request):
+        per_hour = rps * tokens_per_request * 3600
+        return cost_per_hour / per_hour * 1e6 if per_hour > 0 else math.nan
+    return {"cost_per_hour": cost_per_hour,
+            "cost_per_million_input_tokens": per_million(input_per_request),
+            "cost_per_million_output_tokens": per_million(output_per_request),
+            "cost_per_million_total_tokens": per_million(input_per_request + output_per_request)}
 
 
 def replicas_curve(capacity_rps: float, headroom: float, max_rps: float, num: int = 200) -> tuple[list, list]:

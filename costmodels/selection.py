@@ -1,7 +1,13 @@
 """Choose the cost model for a simulation: a measured profile (named, a file, or the shipped one matching
-model, GPU, TP and dtype), else the roofline prior, which then says so in `describe()`."""
+the model's architecture, GPU, TP and dtype), else NVIDIA's kernel tables with the [aic] extra, else the
+roofline prior; each says what it is in `describe()` (costmodels/basis.py turns that into one line).
+
+A shipped profile is chosen by architecture, not by name: Llama-3-8B and Llama-3.1-8B have the same layers
+and differ only in their context length and rope scaling, which no step price depends on (the context
+length bounds prompts and the memory plan, both priced from the simulated model's own shape)."""
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from costmodels import aic
@@ -24,6 +30,27 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
+def same_architecture(a: ModelShape, b: ModelShape) -> bool:
+    """Every field a step's price depends on is equal: all but the name and the context length."""
+    skip = {"name", "max_model_len"}
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)
+
+
+def shipped_profile_path(model: ModelShape, gpu: str, tp: int, dtype: str) -> Path | None:
+    """The shipped profile for `model` (by name, else for a catalog model of the same architecture) on
+    `gpu` at this TP and dtype; None when there is none."""
+    path = PROFILES_DIR / f"{shipped_profile_name(model.name, gpu, tp, dtype)}.json"
+    if path.exists():
+        return path
+    from costmodels.catalog import MODELS
+    for other in MODELS.values():
+        if other.name != model.name and same_architecture(other, model):
+            path = PROFILES_DIR / f"{shipped_profile_name(other.name, gpu, tp, dtype)}.json"
+            if path.exists():
+                return path
+    return None
+
+
 def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 1, dtype: str = "bf16",
                     deployment: Deployment | None = None):
     """`profile`: "roofline" forces the datasheet prior; "aic[:framework[:version]]" builds one from the
@@ -39,8 +66,8 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
     if profile is not None and profile.split(":")[0] == "aic":
         return aic.aic_cost_model(profile, model, gpu, d)
     if profile is None:
-        path = PROFILES_DIR / f"{shipped_profile_name(model.name, gpu.name, tp, dtype)}.json"
-        if not path.exists() or d != Deployment(dtype=dtype, tensor_parallel_size=tp):
+        path = shipped_profile_path(model, gpu.name, tp, dtype)
+        if path is None or d != Deployment(dtype=dtype, tensor_parallel_size=tp):
             if aic.tables_root() is not None and gpu.name in aic.GPU_DIRS:   # the [aic] extra is installed
                 try:
                     return aic.aic_cost_model("aic", model, gpu, d)

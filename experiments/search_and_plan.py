@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.capacity import CapacitySpec, parse_capacity, plan
+from experiments.capacity_plan import CapacitySpec, parse_capacity, plan
 from experiments.executors import open_executor
-from experiments.report import answer_sentence, label_of, md_table, search_report
+from experiments.report import answer_sentence, label_of, md_table, search_bases, search_report
+from costmodels.basis import rests_on
 from experiments.search import parse_search
-from experiments.search_run import SearchResult, _hash, _read_json, _write_json, evaluate_load, run_search
+from experiments.search_run import SearchResult, evaluate_load, evaluation_key, read_saved, run_search, save_evaluation
 
 
-def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool = True,
+def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bool | str = True,
                    dask_address: str | None = None, make_plots: bool = True, table_format: str = "parquet") -> str:
     parse_search(sweep.get("search"))  # fail on a bad block before any work
     cap_spec = parse_capacity(sweep["capacity"]) if "capacity" in sweep else None
@@ -34,10 +35,14 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
     lines = [f"{res.spec.rule_text}; {len(res.points)} simulations"
              + (f" ({res.num_reused} reused from an earlier run)" if res.num_reused else "")]
     lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]
+    lines.append(f"rests on the {rests_on(search_bases(res, labels))}")
     if cap is not None:
-        show = [c for c in ("grid_point", "policy", "capacity_rps_per_replica", "replicas", "gpus",
-                            "cost_per_hour", "cost_per_million_output_tokens", "check_meets_slo") if c in cap.columns]
-        lines += ["", "capacity plan:", md_table(cap[show])]
+        show = [c for c in ("configuration", "capacity_rps_per_replica", "replicas", "gpus",
+                            "cost_per_hour", "cost_per_million_input_tokens", "cost_per_million_output_tokens",
+                            "cost_per_million_total_tokens", "check_meets_slo")
+                if c in cap.columns or c == "configuration"]
+        table = cap.assign(configuration=[labels[g] for g in cap["grid_point"]])   # the answers' own labels
+        lines += ["", "capacity plan:", md_table(table[show])]
     lines.append(f"\nresults in {out}/search.csv, search_points.csv"
                  + (", capacity.csv" if cap is not None else "") + (", summary.md, plots/" if make_plots else ""))
     return "\n".join(lines)
@@ -61,8 +66,8 @@ def verify_plan(res: SearchResult, cap: pd.DataFrame, spec: CapacitySpec, out: P
         raw["cluster"] = {"num_replicas": n, "router": spec.router}
         raw["workload"]["num_requests"] = int(raw["workload"]["num_requests"]) * n
         f = out / "capacity" / f"{r['grid_point']}-x{n}-{spec.router}.json"
-        h = _hash({**raw, "rate": spec.target_rps}, res.spec, seed, "capacity-check")
-        cached = _read_json(f)
+        h = evaluation_key({**raw, "rate": spec.target_rps}, res.spec, seed, "capacity-check")
+        cached = read_saved(f)
         if cached is not None and cached.get("config_hash") == h:
             found[i] = cached["metrics"]
         else:
@@ -73,7 +78,7 @@ def verify_plan(res: SearchResult, cap: pd.DataFrame, spec: CapacitySpec, out: P
                        for i, (raw, _, _) in tasks.items()}
             for i, fut in futures.items():
                 found[i] = fut.result()
-                _write_json(tasks[i][1], {"config_hash": tasks[i][2], "metrics": found[i]})
+                save_evaluation(tasks[i][1], {"config_hash": tasks[i][2], "metrics": found[i]})
     cap = cap.copy()
     cap["check_router"] = [spec.router if i in found else None for i in cap.index]
     cap["check_meets_slo"] = [res.spec.meets_slo(found[i]) if i in found else None for i in cap.index]

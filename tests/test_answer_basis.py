@@ -1,0 +1,129 @@
+"""Every answer names what it rests on, and the search states both sides of the work and its spread:
+the console, summary.md, results.csv, search.csv, capacity.csv and every plot's title are read back."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments import plots, run
+
+PROFILE = "measured profile llama-3-8b__h100-sxm__tp1__bf16"
+WORKLOAD = {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 1},
+            "prompt_tokens": {"dist": "lognormal", "median": 1500, "sigma": 0.3, "max": 4096},
+            "output_tokens": {"dist": "lognormal", "median": 50, "sigma": 0.3, "max": 256}}
+
+
+@pytest.fixture
+def titles(monkeypatch):
+    seen = []
+    real = plots._title
+
+    def record(title):
+        seen.append(title)
+        return real(title)
+    monkeypatch.setattr(plots, "_title", record)
+    return seen
+
+
+def sweep_file(tmp_path, **extra):
+    sweep = {"name": "basis", "seeds": [0, 1], "model": "meta-llama/Llama-3-8B-Instruct", "hardware": "h100-sxm",
+             "engine": {"policy": "chunked_prefill"}, "workload": WORKLOAD, **extra}
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump(sweep))
+    return f
+
+
+def test_a_search_and_plan_name_their_cost_model_everywhere(tmp_path, capsys, titles):
+    f = sweep_file(tmp_path, search={"over": "workload.arrival.rate_per_s", "slo": {"ttft_p99_ms": 400},
+                                     "range": [1, 16], "rel_tolerance": 0.25},
+                   capacity={"target_rps": 20, "gpu_price_per_hour": 2.5, "verify": False})
+    assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--progress", "plain"]) == 0
+    out, err = capsys.readouterr()
+    assert f"rests on the cost model: {PROFILE}" in out and "median held-out error" in out
+    assert "input and" in out and "saturates at" in out
+    assert "\r" not in err and "search: 1 of 1 searches done (100%)" in err   # plain lines, not a bar
+    s = pd.read_csv(tmp_path / "out" / "search.csv").iloc[0]
+    assert s["cost_model_basis"].startswith(PROFILE)
+    assert s["input_tok_per_s"] > 10 * s["output_tok_per_s"]           # 1,500-token prompts, 50-token answers
+    assert 0 < s["prefill_time_share"] <= 1
+    assert s["max_value"] <= s["seed_max_low"] <= s["seed_max_high"]   # every seed passes what all seeds pass
+    assert s["saturation_rps"] >= s["throughput_rps"]
+    cap = pd.read_csv(tmp_path / "out" / "capacity.csv").iloc[0]
+    assert cap["cost_model_basis"].startswith(PROFILE)
+    assert cap["cost_per_million_input_tokens"] < cap["cost_per_million_output_tokens"]
+    assert cap["cost_per_million_total_tokens"] < cap["cost_per_million_input_tokens"]
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert f"**Rests on** the cost model: {PROFILE}" in md and "per million tokens" in md
+    assert "not the answer's precision" in md
+    assert titles and all("cost model: measured profile" in t for t in titles), titles
+    assert any("each at its SLO maximum, all requests" in t for t in titles)   # open loop: no warm-up to drop
+
+
+def test_a_plain_sweep_names_its_cost_model_in_results_console_summary_and_plots(tmp_path, capsys, titles):
+    f = sweep_file(tmp_path, seeds=[0], profile="roofline")
+    assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "rests on the cost model: roofline prior of batchsim" in out
+    res = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert res["cost_model_basis"].str.startswith("roofline prior").all()
+    assert list(res["input_tok_per_s"] + res["output_tok_per_s"]) == pytest.approx(list(res["total_tok_per_s"]))
+    assert (res["input_tok_per_s"] > 10 * res["output_tok_per_s"]).all()   # 1,500-token prompts, 50-token answers
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "**Rests on** the cost model: roofline prior" in md and "| input_tok_per_s |" in md
+    assert titles and all("cost model: roofline prior" in t for t in titles)
+
+
+def test_silent_corners_warn_in_one_line(tmp_path, capsys):
+    f = sweep_file(tmp_path, seeds=[0], data_parallel_size=2, hardware="h200-sxm",
+                   profile="llama-3-8b__h100-sxm__tp1__bf16")
+    assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet", "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: data_parallel_size: 2 ranks, but one engine is simulated (no cluster:)" in err
+    assert "warning: profile: measured on h100-sxm, simulating hardware h200-sxm" in err
+
+
+def test_the_search_cdf_counts_the_requests_the_search_measured(tmp_path):
+    """Closed loop: each user's first request (the t = 0 burst) and the last ones are not in the CDF at the
+    answer, as they are not in the search's p99."""
+    import json
+
+    import numpy as np
+
+    from experiments.report import _requests_cdf_input
+    from experiments.search import parse_search
+    from experiments.tables import write_run_tables
+    users, n = 4, 20
+    ttft = np.where(np.arange(n) < users, 9.0, 0.1)     # the burst: 9 s
+    ttft[-users:] = 5.0                                  # the tail: 5 s
+    req = pd.DataFrame({"request_id": np.arange(n), "status": "finished", "ttft_s": ttft})
+    write_run_tables(tmp_path, req, None, ([], []), "csv")
+    (tmp_path / "summary.json").write_text(json.dumps({"value": users}))
+    spec = parse_search({"over": "workload.arrival.concurrency", "slo": {"ttft_p99_ms": 200}, "range": [1, 8]})
+    measured, _ = _requests_cdf_input(tmp_path, spec)
+    assert sorted(measured) == [100.0] * (n - 2 * users)
+    everything, _ = _requests_cdf_input(tmp_path)          # a plain sweep's CDF keeps every request
+    assert len(everything) == n
+
+
+def test_answers_resting_on_different_cost_models_say_so():
+    from costmodels.basis import rests_on
+    one = rests_on({"a": "measured profile X", "b": "measured profile X"})
+    assert one == "cost model: measured profile X"
+    two = rests_on({"llama": "measured profile X", "qwen": "NVIDIA kernel tables: Y"})
+    assert "llama: measured profile X" in two and "qwen: NVIDIA kernel tables: Y" in two
+    assert "different cost models" in two and "profile:" in two
+
+
+def test_a_deployment_the_shipped_profile_cannot_price_is_warned_about():
+    from experiments.config import resolve_point
+    from experiments.config_warnings import point_warnings
+    from experiments.simulate import point_cost_model
+    cfg = resolve_point({"model": "llama-3.1-8b", "hardware": "h100-sxm", "kv_cache_dtype": "fp8",
+                         "engine": {"policy": "chunked_prefill"}, "workload": WORKLOAD})
+    lines = point_warnings(cfg, point_cost_model(cfg).describe())
+    assert any(line.startswith("a measured profile (llama-3-8b__h100-sxm__tp1__bf16) exists for llama-3.1-8b")
+               for line in lines), lines
+    plain = resolve_point({"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": {"policy": "chunked_prefill"},
+                           "workload": WORKLOAD})
+    assert point_warnings(plain, point_cost_model(plain).describe()) == []

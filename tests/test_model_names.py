@@ -1,0 +1,50 @@
+"""The names users type: aliases resolve, the listing command shows what is known, errors say what to install."""
+from __future__ import annotations
+
+import pytest
+
+from costmodels.catalog import CatalogError, get_model
+from costmodels.model_names import name_key, unknown_model_message
+from experiments import models
+
+
+@pytest.mark.parametrize("typed, catalog", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("meta-llama/Meta-Llama-3.1-8B", "llama-3.1-8b"),
+    ("Meta-Llama-3-8B-Instruct", "llama-3-8b"),
+    ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("LLAMA-3-8B", "llama-3-8b"),
+])
+def test_instruct_base_and_meta_names_resolve_to_the_catalog(typed, catalog):
+    assert get_model(typed).name == catalog
+
+
+def test_name_key_drops_organisation_meta_prefix_case_and_tuning_suffixes():
+    assert name_key("meta-llama/Meta-Llama-3.1-70B-Instruct") == "llama-3.1-70b"
+    assert name_key("mistralai/Mistral-7B-Instruct") == "mistral-7b"
+
+
+def test_unknown_model_names_the_catalog_and_the_extra(monkeypatch):
+    import costmodels.model_names as names
+    monkeypatch.setattr(names, "aic_configs_dir", lambda: None)
+    msg = unknown_model_message("gpt-5", ["llama-3-8b"])
+    assert "llama-3-8b" in msg and "[aic] extra" in msg and "pip install" in msg
+    with pytest.raises(CatalogError, match=r"unknown model 'gpt-5'.*\[aic\]"):
+        get_model("gpt-5")
+
+
+def test_models_command_lists_models_gpus_profiles_and_says_how_to_get_hf_ids(capsys):
+    assert models.main([]) == 0
+    out = capsys.readouterr().out
+    for name in ("llama-3.1-8b", "qwen2.5-7b", "h200-sxm", "l4", "llama-3-8b__h200-sxm__tp1__bf16"):
+        assert name in out
+    assert "Hugging Face ids" in out and "aliases" in out
+
+
+def test_models_command_lists_the_extras_hf_ids_when_installed(capsys):
+    pytest.importorskip("aiconfigurator_core")
+    assert models.main(["--hf"]) == 0
+    out = capsys.readouterr().out
+    assert "meta-llama/Meta-Llama-3.1-70B" in out and "_hf_quant" not in out
+    assert get_model("meta-llama/Llama-3.1-70B-Instruct").num_layers == 80   # an alias of a shipped id
