@@ -4,8 +4,9 @@ the roofline's terms whether a step's GPU time went to compute or to memory traf
 
 Read from the log after the run, not from utilisation or KV occupancy alone: the queue a step left behind
 (less the requests that arrived while it ran) is who the scheduler did not admit, and the step's own counts
-say which limit it stood at. Not modelled: which of several waiting requests was the head (the median prompt
-stands for it), and a prefill's cached context (prefill attention is priced as if none was cached).
+say which limit it stood at. Approximations: the head of the queue is taken in FCFS order (a priority
+scheduler's head may differ), and a prefill's cached context is not in the log (its attention is priced as
+if none was cached).
 """
 from __future__ import annotations
 
