@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from commandline.exits import run_main
+from commandline.parser import Parser
 from costmodels import RooflineCostModel, get_gpu, get_model, load_cost_model
 from costmodels.aic import GPU_DIRS, build_grids, tables_root
 from costmodels.catalog import CatalogError
@@ -75,7 +77,8 @@ def sanity_table() -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    Parser(prog="python -m benchmarks.aic_tables", description=__doc__.splitlines()[0]).parse_args(argv)
     if tables_root() is None:
         print("error: needs the [aic] extra (pip install -e '.[aic]')", file=sys.stderr)
         return 2
@@ -86,4 +89,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="the tables printed above")

@@ -5,9 +5,9 @@
 
 fidelity.validate first fits the whole-step model on its calibration runs (calibrate_stepfit: per
 policy a saturated run and closed-loop runs with 1, 2 and 4 users, on other seeds), the same runs and fit that
-`calibration.capture --device cpu --steps` does, then checks it on new runs of the same model: Poisson
+`fidelity.step_calibration --device cpu` does, then checks it on new runs of the same model: Poisson
 arrivals at 50% and 80% of the measured capacity and saturated runs, each repeated --repeats times round
-robin. `--profile calibrate` runs `calibration.capture --steps` in a separate process first and validates its
+robin. `--profile calibrate` runs `fidelity.step_calibration` in a separate process first and validates its
 stepfit.json instead: on a shared VM drift between the two processes can add a few % to the error.
 
 Targets: per-step median |error| <= 5% and p90 <= 15% for static, continuous and chunked prefill;
@@ -23,13 +23,16 @@ Exit status 0 when all pass, 1 otherwise. Timings depend on the machine; this is
 """
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from commandline.argtypes import positive_int
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 from fidelity.validate_report import RANGE_METRICS
 
 STEP_MEDIAN_PCT, STEP_P90_PCT, THROUGHPUT_PCT = 5.0, 15.0, 5.0
@@ -73,36 +76,48 @@ def check(out: Path, judged: str = "norm") -> list[tuple[str, bool | None, str]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m benchmarks.fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/fidelity-bench"))
     ap.add_argument("--profile", default="stepfit", help="stepfit (default): validate calibrates the whole-step "
                     "model first, in its own process, on other seeds and arrivals (OUT/stepfit.json); calibrate: "
-                    "first run `calibration.capture --device cpu --steps` into OUT/calibration, a separate process, "
+                    "first run `fidelity.step_calibration --device cpu` into OUT/calibration, a separate process, "
                     "and validate its stepfit.json; or any fidelity.validate --profile value")
-    ap.add_argument("--repeats", type=int, default=5, help="real runs per policy and load (at least 3)")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="real runs per policy and load (at least 3)")
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
-    ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--num-requests", type=positive_int, default=48)
     ap.add_argument("--raw", action="store_true", help="no --speed-normalise: judge raw step times")
     ap.add_argument("--check-only", action="store_true", help="only check an existing --out folder")
     ap.add_argument("extra", nargs="*", help="more fidelity.validate options (after --)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats: the real runs' range needs at least 3")
-    if not args.check_only:
+    if args.check_only:
+        missing = [f for f in ("step_errors.csv", "metrics.csv", "report.md") if not (args.out / f).is_file()]
+        if missing:
+            return refuse(f"--out {args.out}: --check-only needs a fidelity.validate output folder "
+                          f"(missing {', '.join(missing)})")
+    else:
+        try:
+            out_dir(args.out)
+        except OutputError as e:
+            return refuse(e)
         profile = args.profile
         if profile == "calibrate":
             calib = args.out / "calibration"
-            cmd = [sys.executable, "-m", "calibration.capture", "--model", "tiny", "--device", "cpu", "--steps",
-                   "--steps-requests", str(args.num_requests), "--out", str(calib)]
+            cmd = [sys.executable, "-m", "fidelity.step_calibration", "--model", "tiny", "--device", "cpu",
+                   "--num-requests", str(args.num_requests), "--out", str(calib)]
             print(" ".join(cmd[1:]), flush=True)
-            subprocess.run(cmd, check=True)
+            if subprocess.run(cmd).returncode:
+                return refuse(f"{' '.join(cmd[1:3])} failed (its error is above)")
             profile = str(calib / "stepfit.json")
         cmd = [sys.executable, "-m", "fidelity.validate", "--model", "tiny", "--device", "cpu",
                "--profile", profile, "--clock", args.clock, "--num-requests", str(args.num_requests),
                "--loads", "0.5,0.8", "--repeats", str(args.repeats), "--out", str(args.out),
                *([] if args.raw else ["--speed-normalise"]), *args.extra]
         print(" ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=True)
+        rc = subprocess.run(cmd).returncode
+        if rc:
+            return rc if rc == 130 else refuse(f"fidelity.validate failed, exit {rc} (its error is above)")
     rows = check(args.out, "raw" if args.raw else "norm")
     width = max(len(t) for t, _, _ in rows)
     for target, ok, detail in rows:
@@ -114,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="the validate runs that finished are in --out")

@@ -20,6 +20,9 @@ import sys
 import time
 
 from benchmarks.speed import ROOT, config, peak_rss_mb
+from commandline.argtypes import positive_int
+from commandline.exits import run_main
+from commandline.parser import Parser
 
 DEPLOYMENTS = {
     "single": ({}, 11.0),   # the reference: one replica, whose fast engine prices quiet stretches in bulk
@@ -53,15 +56,15 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-requests", type=int, default=20_000)
-    ap.add_argument("--repeats", type=int, default=3)
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog="python -m benchmarks.replicas", description=__doc__.splitlines()[0])
+    ap.add_argument("--num-requests", type=positive_int, default=20_000)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2])
-        return
+        return 0
     print(f"{args.num_requests:,} requests, {args.repeats} repeats alternating, CPU seconds of the engine alone "
           "(medians); speed-up = SimPy / fast per repeat, median")
     print(f"{'deployment':<13}{'fast cpu':>9}{'SimPy cpu':>10}{'speed-up':>9}{'iterations':>11}  identical")
@@ -75,7 +78,8 @@ def main() -> None:
         print(f"{name:<13}{statistics.median(r['cpu_s'] for r in fast):>9.2f}"
               f"{statistics.median(r['cpu_s'] for r in slow):>10.2f}{ratio:>8.1f}x"
               f"{fast[0]['summary']['num_iterations']:>11,}  {'yes' if identical else 'NO'}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, kept="the deployments printed above")

@@ -14,7 +14,6 @@ of workloads and steps compared and divergences by kind.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -23,6 +22,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from commandline.argtypes import non_negative_int, positive_int
+from commandline.exits import INTERRUPTED_RC, refuse, run_main
+from commandline.outputs import OutputError, out_file
+from commandline.parser import Parser
 from fidelity.vllm_scheduler import FEATURES, compare, latency_effect, random_case, run_ours, run_vllm
 from costmodels import cost_model
 from policies import Continuous
@@ -51,12 +54,17 @@ def summarize_effects(effects: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-workloads", type=int, default=1000)
-    ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--num-requests", type=int, default=24)
+    ap = Parser(prog="python -m benchmarks.scheduler_equivalence", description=__doc__.splitlines()[0])
+    ap.add_argument("--num-workloads", type=positive_int, default=1000)
+    ap.add_argument("--first-seed", type=non_negative_int, default=0)
+    ap.add_argument("--num-requests", type=positive_int, default=24)
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args(argv)
+    try:
+        if args.out:
+            out_file(args.out)   # before the comparisons, not after
+    except OutputError as e:
+        return refuse(e)
     try:
         random_case(0)  # cheap; the vLLM import below is the slow part
         run_vllm(random_case(0, ("tight_kv",), num_requests=2))
@@ -68,35 +76,41 @@ def main(argv: list[str] | None = None) -> int:
     num_steps = num_divergent = num_preemptions = num_preempting = 0
     by_kind, by_feature, divergent_by_feature = Counter(), Counter(), Counter()
     async_effects, continuous_effects, examples = [], [], []
-    for k in range(args.num_workloads):
-        seed = args.first_seed + k
-        case = random_case(seed, num_requests=args.num_requests)
-        feats = features_of(case)
-        by_feature.update(feats)
-        ours = run_ours(case)
-        sync = replace(case, async_scheduling=False)
-        theirs = run_vllm(sync)
-        num_steps += len(theirs)
-        n = sum(len(st.preempted) for st in theirs)
-        num_preemptions += n
-        num_preempting += n > 0
-        d = compare(ours, theirs)
-        if d is not None:
-            num_divergent += 1
-            by_kind["+".join(d.fields)] += 1
-            divergent_by_feature.update(feats)
-            if len(examples) < 5:
-                examples.append(f"seed {seed} {case.knobs()}: {d}")
-        if case.async_scheduling:
-            async_effects.append(latency_effect(ours, run_vllm(case), case, cm))
-        if not case.enable_chunked_prefill:
-            v0 = run_ours(case, Continuous(case.max_num_seqs, case.max_num_batched_tokens))
-            continuous_effects.append(latency_effect(v0, theirs, case, cm))
-        if (k + 1) % 50 == 0 or k + 1 == args.num_workloads:
-            print(f"[{k + 1}/{args.num_workloads}] {num_steps:,} steps, {num_divergent} divergent, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    num_done, interrupted = 0, False
+    try:
+        for k in range(args.num_workloads):
+            seed = args.first_seed + k
+            case = random_case(seed, num_requests=args.num_requests)
+            feats = features_of(case)
+            by_feature.update(feats)
+            ours = run_ours(case)
+            sync = replace(case, async_scheduling=False)
+            theirs = run_vllm(sync)
+            num_steps += len(theirs)
+            n = sum(len(st.preempted) for st in theirs)
+            num_preemptions += n
+            num_preempting += n > 0
+            d = compare(ours, theirs)
+            if d is not None:
+                num_divergent += 1
+                by_kind["+".join(d.fields)] += 1
+                divergent_by_feature.update(feats)
+                if len(examples) < 5:
+                    examples.append(f"seed {seed} {case.knobs()}: {d}")
+            if case.async_scheduling:
+                async_effects.append(latency_effect(ours, run_vllm(case), case, cm))
+            if not case.enable_chunked_prefill:
+                v0 = run_ours(case, Continuous(case.max_num_seqs, case.max_num_batched_tokens))
+                continuous_effects.append(latency_effect(v0, theirs, case, cm))
+            if (k + 1) % 50 == 0 or k + 1 == args.num_workloads:
+                print(f"[{k + 1}/{args.num_workloads}] {num_steps:,} steps, {num_divergent} divergent, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+            num_done = k + 1
+    except KeyboardInterrupt:   # Ctrl-C: the workloads compared so far are reported (and written)
+        interrupted = True
     result = {
-        "vllm_version": _vllm_version(), "num_workloads": args.num_workloads, "first_seed": args.first_seed,
+        "vllm_version": _vllm_version(), "num_workloads": num_done, "interrupted": interrupted,
+        "first_seed": args.first_seed,
         "num_requests_per_workload": args.num_requests, "num_steps_compared": num_steps,
         "num_preemptions": num_preemptions, "num_workloads_with_preemptions": num_preempting,
         "num_divergent_workloads": num_divergent, "divergences_by_kind": dict(by_kind),
@@ -111,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
-    return 0
+    return INTERRUPTED_RC if interrupted else 0
 
 
 def _vllm_version() -> str:
@@ -120,4 +134,4 @@ def _vllm_version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="nothing compared yet")

@@ -33,6 +33,10 @@ from pathlib import Path
 
 import yaml
 
+from commandline.argtypes import positive_int
+from commandline.exits import run_main
+from commandline.parser import Parser
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = {
     "model": "llama-3-8b", "hardware": "h100-sxm",
@@ -92,7 +96,12 @@ def end_to_end(policy: str, num_requests: int) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(sweep), "--out", str(Path(tmp) / "out"),
                                  "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except KeyboardInterrupt:   # the child is stopped before its temporary folder is removed under it
+            proc.kill()
+            proc.wait()
+            raise
         wall_s = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode:
@@ -146,13 +155,24 @@ def compare_cost_models(policies, num_requests: int, repeats: int) -> None:
                    (roof[0]["iterations"], 15), (prof[0]["iterations"], 14)), flush=True)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=100_000, help="size of sections 1 and 2 (default 100,000)")
-    ap.add_argument("--large", type=int, default=1_000_000, help="size of section 3 (default 1,000,000)")
-    ap.add_argument("--repeats", type=int, default=3)
+SECTIONS = "1234"
+
+
+def _sections(text: str) -> str:
+    # --sections: digits of sections this benchmark has, e.g. 24
+    if not text or any(c not in SECTIONS for c in text):
+        raise argparse.ArgumentTypeError(f"expected digits among {SECTIONS} (e.g. 24), got {text!r}")
+    return text
+
+
+def main(argv=None) -> int:
+    ap = Parser(prog="python -m benchmarks.speed", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=positive_int, default=100_000, help="size of sections 1 and 2 (default 100,000)")
+    ap.add_argument("--large", type=positive_int, default=1_000_000, help="size of section 3 (default 1,000,000)")
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--policies", nargs="+", default=list(BENCHMARKED_POLICIES), choices=BENCHMARKED_POLICIES)
-    ap.add_argument("--sections", default="1234", help="which sections to run (default: 1234)")
+    ap.add_argument("--sections", type=_sections, default=SECTIONS, help="which sections to run (default: 1234)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -162,7 +182,7 @@ def main(argv=None) -> None:
         else:
             res = search_run()
         print(json.dumps(res))
-        return
+        return 0
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall = elapsed, "
           "cpu = the child's own CPU time; they agree on an idle core)")
     if "1" in args.sections:
@@ -180,7 +200,8 @@ def main(argv=None) -> None:
               f"jobs=1): {r['max_users']} users, {r['num_simulations']} simulations in {r['wall_s']:.2f} s wall, "
               f"{r['cpu_s']:.2f} s cpu, peak {r['peak_mb']:.0f} MiB", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, kept="the sections printed above")

@@ -12,7 +12,7 @@ DeepSeek-V2 layout, MLA attention and MoE, in bf16):
 2. capacity: `--repeats` saturated runs (everything sent at t = 0; seed 0, validation lengths);
 3. below saturation: Poisson arrivals at 50% and 80% of the measured capacity, `--repeats` runs each,
    round robin (seed 0, validation lengths: longer prompts and outputs than the calibration's);
-4. `calibration.compare` of 2 and 3 with the profile.
+4. `fidelity.compare` of 2 and 3 with the profile.
 Targets: per-step time median <= 5%, p90 <= 15%; saturated throughput within 5%; below
 saturation every simulated p50/p99 TTFT, TPOT and E2E inside the real runs' range and within 5% of their
 median. Writes report.md and the folders of every step under --out; prints progress.
@@ -30,6 +30,10 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from commandline.argtypes import positive_int  # noqa: E402
+from commandline.exits import refuse, run_main  # noqa: E402
+from commandline.outputs import OutputError, out_dir  # noqa: E402
+from commandline.parser import Parser  # noqa: E402
 from experiments.report import md_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +126,7 @@ def one_shape(name: str, model, out: Path, args) -> dict:
     val = sweep(d / "val.yaml", n, 0, VALID_LENGTHS,
                 [{"process": "poisson", "rate_per_s": round(f * capacity, 3)} for f in (0.5, 0.8)], dtype)
     run("fidelity.vllm_run", *common, "--config", str(val), "--out", str(d / "val"), "--repeats", str(args.repeats))
-    run("calibration.compare", str(d / "sat"), str(d / "val"), "--profile", str(profile), "--out", str(d / "compare"))
+    run("fidelity.compare", str(d / "sat"), str(d / "val"), "--profile", str(profile), "--out", str(d / "compare"))
     return judge(name, d, profile, capacity)
 
 
@@ -146,30 +150,42 @@ def judge(name: str, d: Path, profile: Path, capacity: float) -> dict:
             "profile": profile.name}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _models(text: str) -> list[str]:
+    # --models: comma-separated names of SHAPES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown model shape {', '.join(unknown) or repr(text)}; "
+                                         f"known: {', '.join(SHAPES)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog="python -m benchmarks.vllm_fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/vllm-fidelity")
-    ap.add_argument("--models", default="tiny,wide8")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--num-requests", type=int, default=48)
-    ap.add_argument("--calib-repeats", type=int, default=2,
+    ap.add_argument("--models", type=_models, default="tiny,wide8", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--num-requests", type=positive_int, default=48)
+    ap.add_argument("--calib-repeats", type=positive_int, default=2,
                     help="repeats of each calibration point, round robin (averages the machine's drift)")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = ap.parse_args(argv)
+    try:
+        out = out_dir(args.out, create=True)
+    except OutputError as e:
+        return refuse(e)
     rows = []
     t0 = time.time()
-    for name in args.models.split(","):
+    for name in args.models:
         rows.append(one_shape(name, SHAPES[name], out, args))
         say(f"{name}: {rows[-1]}")
     df = pd.DataFrame(rows)
     text = ("# Fidelity against real vLLM V1 (CPU)\n\n" + md_table(df) +
             f"\n\nWall time {time.time() - t0:.0f} s. Command: python benchmarks/vllm_fidelity.py "
-            + " ".join(sys.argv[1:]) + "\n")
+            + " ".join(sys.argv[1:] if argv is None else argv) + "\n")
     (out / "report.md").write_text(text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="each finished run stays in its folder; rerun the same command to resume")

@@ -30,8 +30,14 @@ from calibration import allreduce, family_kernels, fit, grid, measurements
 from calibration.holdout import BAD_FIT_RC, add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
-from costmodels.catalog import GPUS, CatalogError, ModelShape, get_model
+from commandline.argtypes import positive_int
+from commandline.exits import refuse, run_main
+from costmodels.modelargs import check_tp, model_arg
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
+from costmodels.catalog import GPUS, CatalogError, ModelShape
 
+NOT_MEASURED = "not measured: interrupted"  # a point Ctrl-C came before
 PROBE_GEMM = (64, 256, 256)  # the CPU speed probe (capture): about 0.1 ms in fp32
 SLOW_PROBE = 1.1             # a pass whose probe took longer than this x its best ran on a slowed machine
 GPU_NAMES = {"H200": "h200-sxm", "H100": "h100-sxm", "A100-SXM4-40GB": "a100-40gb", "A100-SXM4-80GB": "a100-80gb",
@@ -101,7 +107,8 @@ def kernel(b: Builder, model: ModelShape, tp: int, p: dict):
 
 def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: str,
             progress: bool = True, repeats: int | None = None, notes: set | None = None,
-            clock: str = "wall", speed: dict | None = None, skipped: dict | None = None) -> list[dict]:
+            clock: str = "wall", speed: dict | None = None, skipped: dict | None = None,
+            stopped: dict | None = None) -> list[dict]:
     """Time every grid point; a point that fails (out of memory, unsupported kernel) is recorded, not fatal.
     The `repeats` timed runs of a point are split over the grid's `rounds` passes, each in its own
     seeded random order, so a shared machine's slow spells (seconds of a neighbour's load, up to 1.7x
@@ -109,7 +116,9 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
     timed before each point: a pass whose probe ran more than SLOW_PROBE x its best is slow, a point
     with only slow passes is timed again in up to `rounds` more passes, and only its passes at full
     speed count when it has any (`speed` receives how many had none). Kernel fallbacks taken are added
-    to `notes`, families this device cannot time to `skipped` (family -> why). `clock`: Timer's."""
+    to `notes`, families this device cannot time to `skipped` (family -> why). `clock`: Timer's. Ctrl-C
+    ends the capture with what was timed: `stopped` receives {"interrupted": True}, and points never timed
+    have status NOT_MEASURED."""
     b = Builder(device, dtype)
     warmup, default_repeats, rounds = grid.timing_settings(size)
     timer = Timer(device, warmup, repeats or default_repeats, clock=clock)
@@ -122,17 +131,24 @@ def capture(model: ModelShape, tp: int, dtype: str, device: torch.device, size: 
     passes: list[list[tuple[list[float], int, float]]] = [[] for _ in rows]   # per point: (times, launches, probe s)
     rng = np.random.default_rng(0)
     bar = tqdm(total=rounds * len(rows), desc="calibrating", unit="pt", disable=not progress, file=sys.stderr)
-    for r in range(2 * rounds):
-        if r < rounds:
-            todo = rng.permutation(len(rows)) if r else range(len(rows))
-        else:  # the points that have no pass at full speed yet
-            best = _best_probe(passes)
-            todo = [i for i, point in enumerate(passes) if point and not _full_speed(point, best)]
-            bar.total += len(todo)
-        for i in todo:
-            bar.update()
-            if rows[i]["status"] == "ok":
-                _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
+    try:
+        for r in range(2 * rounds):
+            if r < rounds:
+                todo = rng.permutation(len(rows)) if r else range(len(rows))
+            else:  # the points that have no pass at full speed yet
+                best = _best_probe(passes)
+                todo = [i for i, point in enumerate(passes) if point and not _full_speed(point, best)]
+                bar.total += len(todo)
+            for i in todo:
+                bar.update()
+                if rows[i]["status"] == "ok":
+                    _time_point(b, model, tp, rows[i], timer, per_round, probe, passes[i])
+    except KeyboardInterrupt:   # Ctrl-C: the points timed so far are kept, the others marked as never measured
+        if stopped is not None:
+            stopped["interrupted"] = True
+        for row, point in zip(rows, passes):
+            if row["status"] == "ok" and not point:
+                row["status"] = NOT_MEASURED
     bar.close()
     best = _best_probe(passes)
     for row, point in zip(rows, passes):
@@ -215,35 +231,40 @@ def roofline_report(rows: list[dict], gpu_name: str | None) -> list[str]:
             if pf > 1.0 or pb > 1.0:
                 line += "  ** ABOVE PEAK: timing bug (or data served from cache) **"
         lines.append(line)
-    failed = sum(r["status"] != "ok" for r in rows)
-    lines.append(f"{len(rows) - failed} points measured, {failed} failed (recorded with status)")
+    unmeasured = sum(r["status"] == NOT_MEASURED for r in rows)
+    failed = sum(r["status"] != "ok" for r in rows) - unmeasured
+    lines.append(f"{len(rows) - failed - unmeasured} points measured, {failed} failed (recorded with status)"
+                 + (f", {unmeasured} not measured (interrupted)" if unmeasured else ""))
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.capture", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m calibration.capture", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="catalog name or path of a Hugging Face config.json")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: time the per-GPU shards")
+    ap.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree: time the per-GPU shards")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: fp32 on cpu, bf16 on cuda")
     ap.add_argument("--grid", choices=["full", "small"], help="default: full on cuda, small on cpu")
     ap.add_argument("--gpu", help="catalog GPU the profile is for (default: detected; 'cpu' on CPU)")
-    ap.add_argument("--repeats", type=int, help="timed runs per point (default: 15)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (cpu; default 1: with more, "
+    ap.add_argument("--repeats", type=positive_int, help="timed runs per point (default: 15)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (cpu; default 1: with more, "
                     "a kernel waits whenever the OS deschedules one of them on a shared machine)")
     ap.add_argument("--clock", choices=["cpu", "wall"], help="cpu: the timing thread's CPU time (needs --threads "
                     "1; the default on cpu); wall: elapsed time")
     ap.add_argument("--no-fit", action="store_true")
     add_quality_options(ap)
     ap.add_argument("--steps", action="store_true", help=argparse.SUPPRESS)   # moved: python -m fidelity.step_calibration
-    ap.add_argument("--steps-requests", type=int, default=48, help=argparse.SUPPRESS)
+    ap.add_argument("--steps-requests", type=positive_int, default=48, help=argparse.SUPPRESS)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
-        model = get_model(args.model)
+        model = model_arg(args.model)
+        check_tp(model, args.tp)
     except CatalogError as e:
         ap.error(str(e))
+    if args.gpu and args.gpu != "cpu" and args.gpu.lower() not in GPUS:   # the fit needs its datasheet peaks
+        ap.error(f"--gpu {args.gpu}: not a catalog GPU (known: {', '.join(GPUS)}, or cpu)")
     if args.steps:
         ap.error("--steps: the whole-step calibration runs our own torch engine, which is fidelity's work now: "
                  f"python -m fidelity.step_calibration --model {args.model} --device {args.device} --out {args.out}")
@@ -253,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     args.clock = args.clock or ("cpu" if args.device == "cpu" and args.threads == 1 else "wall")
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
         ap.error("--clock cpu: needs --device cpu and --threads 1")
-    if args.threads < 1:
-        ap.error(f"--threads: expected at least 1, got {args.threads}")
     try:
         holdout_limits(args.max_holdout_error_pct)   # before minutes of capture, not after
     except ValueError as e:
         ap.error(str(e))
+    try:
+        out_dir(args.out)   # a file, a link loop or a read-only folder: said now, not after the capture
+    except OutputError as e:
+        return refuse(e)
     if args.device == "cpu" and argv is None:  # from the command line (tests call main(argv) in-process)
         from calibration.cpu_process import reexec_with_tunables
         reexec_with_tunables("calibration.capture", sys.argv[1:])
@@ -270,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     notes: set[str] = set()
     threads = torch.get_num_threads()
+    stopped: dict = {}
     try:
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
@@ -277,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         speed: dict = {}
         skipped: dict[str, str] = {}
         rows = capture(model, args.tp, args.dtype, device, size, progress=not args.quiet, repeats=args.repeats,
-                       notes=notes, clock=args.clock, speed=speed, skipped=skipped)
-        rows += capture_allreduce(model, args.tp, args.dtype, device, size, skipped)
+                       notes=notes, clock=args.clock, speed=speed, skipped=skipped, stopped=stopped)
+        interrupted = bool(stopped)
+        if not interrupted:
+            rows += capture_allreduce(model, args.tp, args.dtype, device, size, skipped)
     finally:
         torch.set_num_threads(threads)  # tests call main() in-process
     meta.update({"source": "calibration.capture", "model": model.name, "model_shape": dataclasses.asdict(model),
@@ -288,12 +314,19 @@ def main(argv: list[str] | None = None) -> int:
                  "skipped_families": skipped})
     if speed:
         meta["speed"] = speed
+    if interrupted:
+        meta["interrupted"] = True
     meta["command"] = "python -m calibration.capture " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     print("\n".join(roofline_report(rows, meta.get("catalog_gpu"))))
     for family, reason in skipped.items():
         print(f"skipped family {family}: {reason}")
     print(f"wrote {path} ({len(rows)} rows, {meta['capture_s']} s)")
+    if interrupted:
+        n = sum(r["status"] == NOT_MEASURED for r in rows)
+        print(f"interrupted: {len(rows) - n} points measured and kept in {path}, {n} not measured; no profile "
+              "fitted (rerun the command for a complete capture)", file=sys.stderr)
+        return 130
     rc = 0
     if not args.no_fit:
         quality = [f"--max-holdout-error-pct={x}" for x in args.max_holdout_error_pct or []]
@@ -303,4 +336,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (CatalogError, measurements.MeasurementError), kept="what was written to --out stays there")

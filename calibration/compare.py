@@ -7,11 +7,11 @@ representative shapes (ratio above 1: B predicts slower).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import sys
 
+from commandline.exits import refuse, run_main
+from commandline.parser import Parser
 from costmodels.catalog import CatalogError, get_gpu, get_model
 from costmodels.profile import GEMM_OPS, ProfileCostModel, read_profile
 from costmodels.selection import PROFILES_DIR, load_cost_model
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(a.split("=")[0] in runs_options for a in argv) or (first is not None and _looks_like_run(first)):
         from calibration.moved import forward   # real runs: fidelity's command now
         forward("calibration.compare RUN ...", "fidelity.compare", argv)
-    ap = argparse.ArgumentParser(prog="python -m calibration.compare", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m calibration.compare", description=__doc__.splitlines()[0])
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--model", help="default: the profiles' model")
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         tp, dtype = (ref["tp"], ref["dtype"]) if ref else (1, "bf16")
         costs = [load_cost_model(x, model, gpu or get_gpu("h100-sxm"), tp, dtype) for x in (args.a, args.b)]
     except CatalogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     rows = compare(*costs)
     if args.json:
         print(json.dumps([{"shape": n, "a_s": x, "b_s": y} for n, x, y in rows], indent=1))
@@ -104,4 +103,4 @@ def _gpus():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (CatalogError,))

@@ -14,7 +14,6 @@ curves, several GPUs a measured `allreduce` at the profile's TP (costmodels.prof
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,9 @@ from calibration import measurements
 from calibration.holdout import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
 from calibration.loggrid_fit import choose_knots, errors, fit_loggrid, monotone, split_interior
 from calibration.overheads import fit_overheads, prior_family
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_dir, out_file
+from commandline.parser import Parser
 from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
 from costmodels.profile import (ELEMENTWISE_PER_LAYER, ELEMENTWISE_PER_STEP, FORMAT, LogGrid,
                                 attention_heads, decode_coords, gemm_shapes, prefill_coords)
@@ -330,7 +332,7 @@ def report_lines(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.fit", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m calibration.fit", description=__doc__.splitlines()[0])
     ap.add_argument("measurements", type=Path, help="folder with measurements.csv and meta.json")
     ap.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     ap.add_argument("--gpu", help="catalog GPU name the profile is for (default: from meta.json)")
@@ -343,14 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         limits = holdout_limits(args.max_holdout_error_pct)
     except ValueError as e:
         ap.error(str(e))
+    if args.gpu and args.gpu != "cpu" and args.gpu.lower() not in GPUS:
+        ap.error(f"--gpu {args.gpu}: not a catalog GPU (known: {', '.join(GPUS)}, or cpu)")
     try:
+        out_file(args.out)
+        out_dir(args.report_dir or args.out.parent, "--report-dir" if args.report_dir else "--out")
         frame, meta = measurements.read(args.measurements)
         if args.name:
             meta["name"] = args.name
         profile, report, plots = build_profile(frame, meta, str(args.measurements), args.gpu)
-    except (measurements.MeasurementError, CatalogError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (measurements.MeasurementError, CatalogError, OutputError) as e:
+        return refuse(e)
     bad = bad_fits(report, limits)
     quality = {"max_holdout_error_pct": limits, "bad_families": bad,
                "kept_despite_bad_fit": bool(bad) and args.keep_bad_fit}
@@ -375,4 +380,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (measurements.MeasurementError, CatalogError))

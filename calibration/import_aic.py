@@ -14,7 +14,6 @@ sampling or whole-step timings.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -26,7 +25,12 @@ import pandas as pd
 import yaml
 
 from calibration import measurements
-from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape, get_model
+from commandline.argtypes import positive_int
+from commandline.exits import refuse, run_main
+from costmodels.modelargs import check_tp, model_arg
+from commandline.outputs import OutputError, out_dir, out_file
+from commandline.parser import Parser
+from costmodels.catalog import DTYPE_BYTES, GPUS, CatalogError, ModelShape
 from costmodels.profile import attention_heads, gemm_shapes
 
 TABLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
@@ -154,12 +158,12 @@ def import_tables(root: Path, gpu: str, model: ModelShape, tp: int, dtype: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.import_aic", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m calibration.import_aic", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", required=True, help="table folder name, e.g. h200_sxm or h100_sxm")
     ap.add_argument("--model", required=True, help="catalog name or path of a Hugging Face config.json")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--root", type=Path, help="tables root (default: installed aiconfigurator_core data)")
-    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tp", type=positive_int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=sorted(TABLE_DTYPES))
     ap.add_argument("--vllm", help="vLLM version folder of the tables (default: the newest with GEMM tables)")
     ap.add_argument("--keep-above-peak", action="store_true",
@@ -169,13 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or default_root()
     if root is None:
         ap.error("--root: no tables root given and no aiconfigurator_core package installed")
+    if not root.is_dir():
+        return refuse(f"--root {root}: no such folder")
+    if not (root / args.gpu).is_dir():
+        known = sorted(p.name for p in root.iterdir() if p.is_dir())
+        return refuse(f"--gpu {args.gpu}: no such kernel table folder in {root} "
+                      f"(there: {', '.join(known) or 'none'})")
     version = args.vllm or newest_version(root, args.gpu)
     try:
-        rows, meta = import_tables(root, args.gpu, get_model(args.model), args.tp, args.dtype, version,
-                                   args.keep_above_peak)
-    except CatalogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        model = model_arg(args.model)
+        check_tp(model, args.tp)
+        out_dir(args.out)
+        if args.fit:
+            out_file(args.fit, "--fit")
+        rows, meta = import_tables(root, args.gpu, model, args.tp, args.dtype, version, args.keep_above_peak)
+    except (CatalogError, OutputError) as e:
+        return refuse(e)
     meta["command"] = "python -m calibration.import_aic " + " ".join(sys.argv[1:] if argv is None else argv)
     path = measurements.write(args.out, rows, meta)
     counts = pd.Series([r["family"] for r in rows]).value_counts().to_dict()
@@ -190,4 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (CatalogError,))

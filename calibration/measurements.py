@@ -59,6 +59,20 @@ def write(out_dir: Path, rows: list[dict], meta: dict) -> Path:
     return out_dir / TABLE
 
 
+def _numbers(table: Path, column: pd.Series, name: str, whole: bool) -> pd.Series:
+    """A column as numbers (empty cells NaN): a cell that is not one, or a negative size or count, or a
+    fractional count, names its line and column."""
+    x = pd.to_numeric(column, errors="coerce")
+    wrong = (x.isna() & column.notna()) | (x < 0) | ((x != x.round()) & x.notna() if whole else False)
+    if wrong.any():
+        i = int(wrong.to_numpy().nonzero()[0][0])
+        what = "a whole number >= 0" if whole else "a number >= 0"
+        v = column.iloc[i]
+        raise MeasurementError(f"{table}: line {i + 2}: {name}: expected {what}, got "
+                               f"{repr(v) if isinstance(v, str) else f'{v:g}'}")
+    return x.astype("Int64") if whole else x.astype(float)
+
+
 def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
     """The successful rows of a measurements folder and its metadata."""
     in_dir = Path(in_dir)
@@ -72,12 +86,18 @@ def read(in_dir: Path) -> tuple[pd.DataFrame, dict]:
         meta = json.loads(meta_path.read_text())
     except (ValueError, OSError) as e:
         raise MeasurementError(f"{in_dir}: unreadable measurements ({str(e).splitlines()[0]})") from None
+    if not isinstance(meta, dict) or ("model" not in meta and not isinstance(meta.get("model_shape"), dict)) \
+            or not isinstance(meta.get("gpu", ""), str) or "gpu" not in meta:
+        raise MeasurementError(f"{meta_path}: expected a JSON object with model (or model_shape) and gpu, as "
+                               "calibration.capture writes it")
     for col in NEW_COLUMNS:
         if col not in frame.columns:
             frame[col] = float("nan")
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise MeasurementError(f"{table}: missing columns {missing}")
+    for col in (*INT_COLUMNS, "context_len", "latency_s", "p10_s", "p90_s", "flops", "bytes", "imbalance"):
+        frame[col] = _numbers(table, frame[col], col, whole=col in INT_COLUMNS)
     for col in ("op", "batch"):
         frame[col] = frame[col].astype(object).where(frame[col].notna(), "")
     ok = frame[(frame["status"] == "ok") & (frame["latency_s"] > 0)].reset_index(drop=True)

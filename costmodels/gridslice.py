@@ -1,7 +1,7 @@
 """A LogGrid (costmodels/profile.py) with every axis but the last held fixed: a 1-D lookup, scalar or
 vectorised over many values of the last axis, bitwise equal to the full grid's `__call__`.
 
-Why: a quiet stretch of decode steps (simcore/fastpath.py) prices thousands of steps of one batch size,
+Why: a quiet stretch of decode steps (simcore/fast/engine.py) prices thousands of steps of one batch size,
 and only the mean context changes; the leading axes' cells and weights are worked out once. Bitwise
 equality with the full grid (tests/test_profile_vectorised.py) keeps the fast path's tables identical to
 the SimPy engine's: the same float operations in the same order, elementwise; `math.log` / `math.exp` per

@@ -16,6 +16,14 @@ OPT = {"OPTForCausalLM"}
 KNOWN = DENSE | MOE | MLA | OPT
 # checkpoint quantisation (quantization_config.quant_method) -> the weight format priced
 QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4", "nvfp4": "nvfp4"}
+# NVIDIA ModelOpt checkpoints (quant_method "modelopt", or none) name their format in quant_algo
+MODELOPT_ALGOS = {"FP8": "fp8", "NVFP4": "nvfp4"}
+# AWQ and GPTQ: 4-bit integer weights in groups, each group with a 16-bit scale and a 4-bit zero point; vLLM
+# serves them with its Marlin kernels (awq_marlin, gptq_marlin), which dequantise in registers and multiply
+# in 16 bits. Priced as the "int4" weight format (costmodels/deployment.py) for groups of 128 weights (AWQ's
+# and most GPTQ checkpoints' size) or larger; smaller groups carry more scale bytes and are refused.
+INT4_METHODS = ("awq", "gptq", "awq_marlin", "gptq_marlin")
+MIN_INT4_GROUP = 128
 
 
 class _Config(dict):
@@ -53,6 +61,8 @@ def packaged_config(hf_id: str) -> Path | None:
 
 
 def model_from_hf_config(path: Path) -> ModelShape:
+    if Path(path).exists() and not Path(path).is_file():   # a pipe or a device would block the read
+        raise CatalogError(f"{path}: not a regular file (expected a model's config.json)")
     try:
         raw = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -90,7 +100,7 @@ def model_from_hf_config(path: Path) -> ModelShape:
         intermediate_size=c.need("intermediate_size_mlp", "intermediate_size"),  # Llama-4 dense layers
         vocab_size=c.need("vocab_size"), max_model_len=c.optional("max_position_embeddings", 4096),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), head_dim=c.optional("head_dim", None),
-        quantization=_quantization(raw), **_sliding(cfg, layers))
+        quantization=_quantization(raw, path), **_sliding(cfg, layers))
     if is_moe:
         fields.update(_moe(c, arch, layers))
     if is_mla:
@@ -139,9 +149,41 @@ def _sliding(cfg: dict, layers: int) -> dict:
     return {"sliding_window": int(window), "num_sliding_layers": num}
 
 
-def _quantization(raw: dict) -> str | None:
-    q = raw.get("quantization_config") or {}
-    method = q.get("quant_method")
+def _quantization(raw: dict, path) -> str | None:
+    """The weight format of a quantised checkpoint, or None for an unquantised one. A method the cost
+    models do not price is one line naming it: never priced as 16-bit weights."""
+    q = raw.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise CatalogError(f"{path}: quantization_config: expected an object with quant_method, got "
+                           f"{type(q).__name__} {str(q)[:40]!r}")
+    method, algo = q.get("quant_method"), q.get("quant_algo")
+    if method is not None and not isinstance(method, str):
+        raise CatalogError(f"{path}: quantization_config.quant_method: expected a string, got {method!r}")
+    method = (method or "").lower()
     if method == "fp8" and q.get("weight_block_size"):
         return "fp8_block"
-    return QUANT_METHODS.get(method) if method else None
+    if method in QUANT_METHODS:
+        return QUANT_METHODS[method]
+    if method in ("modelopt", "") and algo in MODELOPT_ALGOS:
+        return MODELOPT_ALGOS[algo]
+    if method in INT4_METHODS:
+        return _int4(q, method, path)
+    what = f"quant_method {method!r}" + (f" with quant_algo {algo!r}" if algo is not None else "") if method \
+        else "no quant_method" + (f" (quant_algo {algo!r})" if algo is not None else "")
+    raise CatalogError(f"{path}: quantization_config: {what} is not modelled; priced: "
+                       f"{', '.join(sorted(QUANT_METHODS))}, modelopt {'/'.join(MODELOPT_ALGOS)}, "
+                       f"{', '.join(INT4_METHODS)} (4-bit)")
+
+
+def _int4(q: dict, method: str, path) -> str:
+    bits = q.get("bits", q.get("w_bit"))           # transformers' AwqConfig / GPTQConfig, AutoAWQ's own
+    group = q.get("group_size", q.get("q_group_size", MIN_INT4_GROUP))
+    if bits != 4:
+        raise CatalogError(f"{path}: quantization_config.bits: {method} with {bits!r}-bit weights is not "
+                           "modelled (4-bit only)")
+    if isinstance(group, bool) or not isinstance(group, int) or not (group == -1 or group >= MIN_INT4_GROUP):
+        raise CatalogError(f"{path}: quantization_config.group_size: {group!r} is not modelled (-1 or at least "
+                           f"{MIN_INT4_GROUP}: smaller groups carry more scale bytes per weight)")
+    return "int4"

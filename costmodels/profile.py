@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
 from costmodels.roofline import Efficiencies
 
@@ -171,17 +172,18 @@ class Overheads:
     per_request_s: float
     per_layer_s: float = 0.0
     source: str = "roofline prior"
-    # Fixed time per request outside the steps (front end before the scheduler, output processing after):
-    # an engine's cost, not a kernel's, so no kernel timing measures it. A profile without its own figure
-    # takes the prior's (Efficiencies.request_latency_s, measured on real vLLM); leaving it out would let
-    # each closed-loop user's next request reach the scheduler exactly at a step boundary, never mid-step,
-    # and understate TTFT by up to a step.
-    request_latency_s: float = Efficiencies.request_latency_s
 
 
 class ProfileCostModel:
     """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` from a measured profile for
     one replica of `model` on `tp` GPUs of kind `gpu`. Same protocol as RooflineCostModel; seconds."""
+
+    # The serving front end's time per request, outside the steps the kernel timings price (tokenisation,
+    # HTTP, IPC, streaming: costmodels/frontend.py): an engine's cost, not a kernel's, so no kernel timing
+    # measures it. The same default as the roofline prior's: clients reach vLLM through `vllm serve`, as
+    # `vllm bench serve` does. Leaving it out would also let each closed-loop user's next request reach the
+    # scheduler exactly at a step boundary, never mid-step, and understate TTFT by up to a step.
+    frontend: FrontendLatency = HTTP_FRONTEND
 
     def __init__(self, profile: dict, model: ModelShape, gpu: GPU | None, tp: int = 1, dtype: str = "bf16",
                  source: str = "<dict>"):
@@ -196,8 +198,7 @@ class ProfileCostModel:
         self.sampling = LogGrid.from_dict(fam["sampling"])
         o = profile["overheads"]
         self.overheads = Overheads(float(o["per_step_s"]), float(o["per_request_s"]),
-                                   float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")),
-                                   float(o.get("request_latency_s", Efficiencies.request_latency_s)))
+                                   float(o.get("per_layer_s", 0.0)), str(o.get("source", "?")))
         # Tables and memos of pure functions of counts: a run prices millions of steps from a few thousand
         # distinct token counts and batch sizes. Per-token-count terms are priced TABLE_BLOCK counts at a
         # time (one vectorised lookup per grid, bitwise equal to the scalar formulas in `_dense_layer_s`
@@ -218,12 +219,8 @@ class ProfileCostModel:
                 "family_sources": p.get("family_sources", {}),
                 "overheads": {"per_step_s": self.overheads.per_step_s,
                               "per_request_s": self.overheads.per_request_s,
-                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source,
-                              "request_latency_s": self.overheads.request_latency_s}}
-
-    @property
-    def request_latency_s(self) -> float:
-        return self.overheads.request_latency_s
+                              "per_layer_s": self.overheads.per_layer_s, "source": self.overheads.source},
+                "frontend": self.frontend.describe()}
 
     def dense_layer_s(self, num_tokens: int) -> float:
         """GEMMs, elementwise work and TP all-reduces of one layer: depend on the token count only."""
@@ -270,7 +267,7 @@ class ProfileCostModel:
     def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum,
                          num_logits: int | None = None) -> float:
         """`step_time_s` from the count and the sum of the decode contexts, all decode attention depends
-        on (`decode_coords`); the fast path (simcore/fastpath.py) prices with it."""
+        on (`decode_coords`); the fast path (simcore/fast/engine.py) prices with it."""
         new = [n for n, _ in prefill]
         num_seqs = len(new) + num_decode
         num_tokens = sum(new) + num_decode

@@ -16,6 +16,7 @@ import numpy as np
 
 from costmodels.catalog import GPU, ModelShape
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
+from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels import deployment as _deployment
 
 
@@ -42,14 +43,12 @@ class Efficiencies:
     # is on by default on CUDA in vLLM 0.32 (vllm/config/vllm.py) and off on its CPU platform
     # (vllm/platforms/cpu.py); False prices a synchronous engine (vLLM V0, async_scheduling=False).
     async_scheduling: bool = True
-    # Fixed latency per request outside the engine's steps: the front end receiving the request and
-    # processing its input before the scheduler sees it, and output processing and streaming after its
-    # tokens leave the engine core (IPC between the processes, detokenisation). It adds to TTFT and E2E,
-    # not to TPOT or ITL (experiments.simulate applies it as `request_latency_s`). 2.3 ms: measured on real
-    # vLLM 0.32 through AsyncLLM on this project's CPU machine (README, Fidelity against real vLLM); an
-    # HTTP server in front (`vllm serve`) adds its own time, not measured here. Fit yours with
-    # fidelity.fit_engine.
-    request_latency_s: float = 2.3e-3
+    # Time per request outside the engine's steps, in the serving front end (costmodels/frontend.py): a
+    # fixed part and a part per prompt token (tokenisation), added to TTFT and E2E, not to TPOT or ITL.
+    # The default is vLLM's OpenAI-compatible HTTP server (`vllm serve`, as `vllm bench serve` clients
+    # reach it), measured on vLLM 0.32's CPU build; `frontend.IN_PROCESS` is AsyncLLM without a server.
+    # Sweep files override it under `engine.frontend`; fidelity.fit_engine fits its own.
+    frontend: FrontendLatency = HTTP_FRONTEND
 
 
 class RooflineCostModel:
@@ -60,7 +59,7 @@ class RooflineCostModel:
     experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's, and
     `per_step_s + per_request_s x sequences`, the CPU's; with async scheduling (vLLM V1's default on CUDA)
     the step takes the larger of the two, else their sum. `step_terms_s` returns each term (the overlap as
-    a negative `async_overlap`). Each request also pays `request_latency_s` outside the steps.
+    a negative `async_overlap`). Each request also pays `eff.frontend` (its front end) outside the steps.
 
     Pipeline parallelism: `step_time_s` is one batch through every stage back to back, plus one activation
     send between consecutive stages; `stage_times_s` prices each stage on its own, for the pipelined
@@ -254,8 +253,8 @@ class RooflineCostModel:
         return max(gpu, cpu) if isinstance(gpu, float) else np.maximum(gpu, cpu)  # elementwise: bitwise equal
 
     @property
-    def request_latency_s(self) -> float:
-        return self.eff.request_latency_s
+    def frontend(self) -> FrontendLatency:
+        return self.eff.frontend
 
     def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
         """A function of the decode context sum giving `step_time_sums_s((), num_seqs, sum, num_logits)`,

@@ -33,6 +33,8 @@ class ScaledCost:
 
     def __init__(self, base, real, faster):
         self.base, self.real, self.faster = base, real, faster
+        # the base's front end (costmodels/frontend.py), which simulate reads off the cost model
+        self.frontend = getattr(base, "frontend", None)
         self.request_latency_s = getattr(base, "request_latency_s", 0.0)
 
     def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from simcore.disagg import HANDOFF_COLUMNS, DisaggregatedCluster, KVLink
 from simcore.engine import Engine, EngineLimits
-from simcore.fastdisagg import FastDisagg
+from simcore.fast.disagg import FastDisagg
 from simcore.metrics import replicas_frame
 
 
@@ -29,7 +29,7 @@ def build(env, cfg, cost_model, limits: EngineLimits, log, kv_bytes_per_token: i
 
 
 def build_fast(cfg, cost_model, limits: EngineLimits, specs, closed) -> FastDisagg:
-    """The same deployment on the fast path (simcore/fastdisagg.py), with the same arguments as `build`."""
+    """The same deployment on the fast path (simcore/fast/disagg.py), with the same arguments as `build`."""
     d = cfg.disaggregation
     link = KVLink(d.link_bandwidth_gb_per_s * 1e9, d.link_latency_s)
     return FastDisagg(cfg.policy, cost_model, limits, specs, d.num_prefill_replicas, d.num_decode_replicas,

@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
 from policies import POLICIES
-from simcore.engine import PREEMPTION_MODES, engine_settings_error
+from simcore.limits import PREEMPTION_MODES, engine_settings_error
 
 DEFAULT_POLICY = "chunked_prefill"
 FAST_PATH_MODES = ("auto", "on", "off")
@@ -40,6 +41,8 @@ class EngineSettings:
     check_invariants: bool = True
     enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
+    frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
+                                              # None: the cost model's own
 
     def __post_init__(self):
         if self.block_size < 1:
@@ -63,8 +66,11 @@ KNOBS = {name: {f.name: f for f in dataclasses.fields(cls)} for name, cls in POL
 def parse_engine_settings(engine: dict) -> EngineSettings:
     """The engine-level keys of an `engine:` mapping, typed and checked."""
     values = {k: check_type(f"engine.{k}", engine[k], f.default, allow_none=f.default is None)
-              for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings)) if k in engine}
+              for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings))
+              if k in engine and k != "frontend"}
     try:
+        if engine.get("frontend") is not None:
+            values["frontend"] = parse_frontend(engine["frontend"], "engine.frontend")
         return EngineSettings(**values)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -1,9 +1,9 @@
-"""Choosing and running the fast path (simcore/fastpath.py) for one resolved point.
+"""Choosing and running the fast path (simcore/fast/engine.py) for one resolved point.
 
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
 policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
 preemption mode, prefix caching, priority scheduling, a cluster of replicas behind any router
-(simcore/fastcluster.py), prefill/decode disaggregation (simcore/fastdisagg.py); not pipeline
+(simcore/fast/cluster.py), prefill/decode disaggregation (simcore/fast/disagg.py); not pipeline
 parallelism, and no engine feature it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
 run is an error); `off` always runs the SimPy engine.
 """
@@ -17,8 +17,9 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
 from experiments import disaggregation
-from simcore.fastcluster import FastCluster
-from simcore.fastpath import STATUS_NAMES, FastEngine
+from simcore.fast.cluster import FastCluster
+from simcore.fast.engine import FastEngine
+from simcore.fast.log import STATUS_NAMES
 from simcore.log import ITERATION_COLUMNS
 from simcore.metrics import IterationTotals, ItlSamples, requests_frame_from_columns
 
@@ -113,8 +114,8 @@ class ColumnSpill:
 
 
 def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
-    """Simulate `specs` under `cfg` on the fast path, one engine, a cluster of them (simcore/fastcluster.py) or
-    a disaggregated deployment (simcore/fastdisagg.py):
+    """Simulate `specs` under `cfg` on the fast path, one engine, a cluster of them (simcore/fast/cluster.py) or
+    a disaggregated deployment (simcore/fast/disagg.py):
     (requests frame, iterations, ITL, the replicas' prefix-caching pools, the disaggregated deployment or
     None: its hand-offs) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the

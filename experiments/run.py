@@ -3,7 +3,6 @@ sweep (or, with a `search:` block, an SLO search per grid point, plus a capacity
 block), print its summary, and write plots and summary.md into the output folder."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import os
@@ -37,6 +36,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 with imports_frozen():
     from commandline.progress import PROGRESS_MODES
     from costmodels.basis import rests_on
+    from commandline.argtypes import positive_int
+    from commandline.outputs import OutputError, out_dir
+    from commandline.parser import Parser
     from costmodels.catalog import CatalogError
     from experiments.config import ConfigError, expand, load_sweep_file
     from experiments.config_warnings import point_warnings
@@ -49,33 +51,12 @@ with imports_frozen():
 USER_ERRORS = (ConfigError, CatalogError, WorkloadError, SimulationError)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad command-line arguments: one line (the usage is a --help away), exit 2, as every other bad input."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of worker processes, got {text!r}")
-    return n
-
-
 def check_out_dir(out: Path) -> None:
     """The output folder must be a folder we can write (created if missing): one line if not."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: the folder is not writable")
+        out_dir(out, create=True)
+    except OutputError as e:
+        raise ConfigError(str(e)) from None
 
 
 def validate(sweep: dict) -> None:
@@ -109,10 +90,10 @@ def point_bases(results) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m experiments.run", description=__doc__)
+    ap = Parser(prog="python -m experiments.run", description=__doc__)
     ap.add_argument("sweep", help="sweep YAML file")
     ap.add_argument("--out", help="output folder (default: results/<name>); rerunning into it resumes")
-    ap.add_argument("--jobs", type=_jobs, default=None, help="parallel worker processes (default: all cores)")
+    ap.add_argument("--jobs", type=positive_int, default=None, help="parallel worker processes (default: all cores)")
     ap.add_argument("--dask", metavar="ADDRESS", help="run on a Dask distributed scheduler (e.g. tcp://host:8786)")
     ap.add_argument("--no-plots", action="store_true", help="skip plots and summary.md")
     ap.add_argument("--tables", choices=TABLE_FORMATS, default="parquet",

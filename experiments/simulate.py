@@ -14,6 +14,7 @@ from costmodels import load_cost_model
 from costmodels.basis import cost_model_basis
 from costmodels import deployment
 from costmodels.deployment import Deployment
+from costmodels.frontend import NONE as NO_FRONTEND, FrontendLatency, frontend_of
 from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
@@ -30,7 +31,7 @@ from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
                              meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
 from simcore.pipeline import PipelinedEngine, add_pipeline_results, pipeline_error
-from simcore.replica import on_done_of, start_arrivals
+from simcore.wiring import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
 
 
@@ -155,10 +156,10 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
     cost_model = point_cost_model(cfg) if cost_model is None else cost_model
-    latency_s = float(getattr(cost_model, "request_latency_s", 0.0) or 0.0)
-    cfg = with_request_latency(cfg, latency_s)
+    frontend = cfg.engine.frontend or frontend_of(cost_model)
     gen = (generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size) if specs is None
            else GeneratedRequests(tuple(specs), 0, 0))
+    cfg = with_request_latency(cfg, frontend, gen.specs)
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     limits = EngineLimits(
         num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
@@ -171,7 +172,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py; never with stages)
         handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
         gen = dataclasses.replace(gen, specs=())
-        return _fast_result(cfg, plan, cost_model, gen, limits, seed, latency_s, tables_dir, table_format, handed)
+        return _fast_result(cfg, plan, cost_model, gen, limits, seed, frontend, tables_dir, table_format, handed)
     env = simpy.Environment()
     log = EngineLog()
     log.itl_gaps_s = _TimedGaps(env)
@@ -207,7 +208,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         raise SimulationError(f"{cfg.policy.name}: {stuck} requests never finished (engine stalled at "
                               f"t={env.now:.3f}s with {sum(len(e.waiting) for e in engines)} waiting, "
                               f"{sum(len(e.running) for e in engines)} running)")
-    requests = client_view(requests_frame(log), latency_s)
+    requests = with_frontend(requests_frame(log), frontend)
     iterations = iterations_frame(log)
     usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
     requests, summary, replicas = pooled_results(cfg, requests, iterations, log.itl_gaps_s, usable, num_replicas,
@@ -222,7 +223,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         per_replica = cfg.deployment.gpus_per_replica if cfg.deployment else cfg.tensor_parallel_size
         summary.update(autoscaling_keys(scaler, requests, cfg.autoscaling.get("gpu_price_per_hour"), per_replica))
     return SimResult(requests, iterations, summary,
-                     resolved_dict(cfg, plan, cost_model.describe(), seed), replicas,
+                     resolved_dict(cfg, plan, described(cost_model, frontend), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
 
 
@@ -246,13 +247,31 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
     return requests, summary, replicas
 
 
-def with_request_latency(cfg: PointConfig, latency_s: float) -> PointConfig:
-    """A cost model's fixed per-request latency (API server and input processing before the scheduler,
-    output processing and streaming after it) sits in a closed loop's cycle: a user's next request reaches
-    the engine that much later. Open-loop arrivals are unchanged (every request is shifted alike)."""
+def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency) -> pd.DataFrame:
+    """The request table as the client sees it: each request's front-end time (its prompt's) added to its
+    first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not."""
+    if frontend.is_zero:
+        return requests
+    if frontend.per_prompt_token_s == 0:
+        return client_view(requests, frontend.fixed_s)
+    return client_view(requests, frontend.latency_s(requests["prompt_tokens"].to_numpy(dtype=float)))
+
+
+def described(cost_model, frontend: FrontendLatency) -> dict:
+    """The cost model's description with the front end the run applied (its own or the sweep file's)."""
+    return {**cost_model.describe(), "frontend": frontend.describe()}
+
+
+def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) -> PointConfig:
+    """The front end's time per request (API server and input processing before the scheduler, output
+    processing and streaming after it) sits in a closed loop's cycle: a user's next request reaches the
+    engine that much later (the front end's time at the workload's mean prompt length: a closed loop's
+    users share one think time). Open-loop arrivals are unchanged (every request is shifted alike)."""
     w = cfg.workload
-    if latency_s <= 0 or not w.arrival.is_closed:
+    if frontend.is_zero or not w.arrival.is_closed:
         return cfg
+    mean_prompt = float(np.mean([s.num_prompt_tokens for s in specs])) if len(specs) else 0.0
+    latency_s = float(frontend.latency_s(mean_prompt))
     if hasattr(w, "think_time_s"):  # a trace replayed by closed-loop users
         return dataclasses.replace(cfg, workload=dataclasses.replace(w, think_time_s=w.think_time_s + latency_s))
     arrival = dataclasses.replace(w.arrival, think_time_s=w.arrival.think_time_s + latency_s)
@@ -309,7 +328,7 @@ def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None
 
 
 def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: EngineLimits, seed: int,
-                 latency_s: float = 0.0, tables_dir=None, table_format: str = "parquet",
+                 frontend: FrontendLatency = NO_FRONTEND, tables_dir=None, table_format: str = "parquet",
                  handed: list | None = None) -> SimResult:
     """The fast path's run, as the same SimResult (one engine, a cluster, a disaggregated deployment: see
     experiments/fast.py); with `tables_dir`, one engine's tables are written there instead (the same tables,
@@ -325,13 +344,13 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     finally:
         if writer is not None:
             writer.close()
-    requests = client_view(requests, latency_s)
+    requests = with_frontend(requests, frontend)
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
-    resolved = resolved_dict(cfg, plan, cost_model.describe(), seed)
+    resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)
     add_binding(cfg, plan, requests, iterations if writer is None else None, summary, tables_dir)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])

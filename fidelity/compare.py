@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 from costmodels.catalog import CatalogError
 from experiments.config import ConfigError, load_sweep_file
 from experiments.simulate import point_cost_model
 from fidelity.fit_engine import step_errors
 from fidelity.realruns import RealRunError, read_runs, replay, replay_config
+from fidelity.runchecks import failed_requests_line
 
 RUN_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                "e2e_p50_ms", "e2e_p99_ms", "throughput_rps")
@@ -69,14 +72,16 @@ def main_runs(args) -> int:
         if point is not None and point.get("grid"):
             raise ConfigError(f"--config {args.config}: give one point (no grid)")
         runs = [r for path in args.targets for r in read_runs(path)]
+        out = out_dir(args.out) if args.out else None   # checked before the replays, not after
         metrics, steps, kind = compare_runs(runs, point, args.profile)
-    except (RealRunError, ConfigError, CatalogError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (RealRunError, ConfigError, CatalogError, OutputError) as e:
+        return refuse(e)
     text = run_report(metrics, steps, kind, args)
+    failed = failed_requests_line(runs)
+    if failed:
+        text += "\n" + failed + "\n"
     print(text)
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         metrics.to_csv(out / "compare.csv", index=False)
         if len(steps):
@@ -108,7 +113,7 @@ def run_report(metrics, steps, kind: str, args) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m fidelity.compare", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m fidelity.compare", description=__doc__.splitlines()[0])
     ap.add_argument("targets", nargs="+", metavar="RUN")
     ap.add_argument("--config", help="POINT.yaml (default: the configuration vllm_run recorded)")
     ap.add_argument("--profile", help="cost model to simulate with (default: the point's own)")
@@ -117,8 +122,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_runs(parse_args(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if len(args.targets) == 2 and not (args.config or args.out) and _both_cost_models(args.targets):
+        from calibration import compare as cost_models   # two cost models, not runs: that command's work
+        return cost_models.main(argv)
+    return main_runs(args)
+
+
+def _both_cost_models(targets: list[str]) -> bool:
+    from calibration.compare import _looks_like_run
+    from costmodels.selection import PROFILES_DIR
+    return all(t == "roofline" or (PROFILES_DIR / f"{t}.json").exists() or
+               (t.endswith(".json") and not _looks_like_run(t)) for t in targets)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (RealRunError, ConfigError, CatalogError), kept="nothing written (compare writes at the end)")

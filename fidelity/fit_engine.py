@@ -30,7 +30,6 @@ profile is written as PROFILE.refused.json and the command exits 3, unless --kee
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -41,7 +40,13 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from commandline.argtypes import non_negative_float, positive_int
+from commandline.exits import refuse, run_main
+from commandline.outputs import OutputError, out_file
+from commandline.parser import Parser
+from costmodels.catalog import CatalogError
 from fidelity.realruns import RealRun, RealRunError, read_runs, replay, replay_config
+from fidelity.runchecks import failed_requests_line
 from fidelity.stepfit import TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_features
 from costmodels.stepmodel import MoeTerm
 from experiments.config import ConfigError, load_sweep_file
@@ -225,14 +230,16 @@ def _summarise_errors(rows: list[dict]) -> dict:
 
 # ---- the command ----
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m fidelity.fit_engine", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m fidelity.fit_engine", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="real runs (see the module docstring for the formats)")
     ap.add_argument("--out", required=True, help="the profile to write (PROFILE.json)")
     ap.add_argument("--config", help="POINT.yaml: the engine the runs ran (needed unless vllm_run recorded it)")
     ap.add_argument("--holdout", nargs="*", default=None, help="point labels (substrings) to leave out of the fit")
-    ap.add_argument("--max-step-error-pct", type=float, default=10.0)
-    ap.add_argument("--max-metric-error-pct", type=float, default=15.0)
-    ap.add_argument("--replay-iterations", type=int, default=200,
+    ap.add_argument("--max-step-error-pct", type=non_negative_float, default=10.0,
+                    help="refuse the fit above this held-out median step error (default 10)")
+    ap.add_argument("--max-metric-error-pct", type=non_negative_float, default=15.0,
+                    help="refuse the fit above this held-out median metric error (default 15)")
+    ap.add_argument("--replay-iterations", type=positive_int, default=200,
                     help="Nelder-Mead iterations of a fit by replay (runs without engine steps)")
     ap.add_argument("--keep-bad-fit", action="store_true", help="write the profile even when the thresholds fail")
     ap.add_argument("--no-moe-term", action="store_true",
@@ -254,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     try:
-        if out.is_dir():
-            raise FitError(f"--out {out}: is a folder; give the profile file to write (e.g. {out}/profile.json)")
+        out_file(out)   # a folder, a link loop or a read-only place: said now, not after the fit
         point = _point_config(args)
         runs = [r for path in args.runs for r in read_runs(path)]
         cfgs = [replay_config(r, point) for r in runs]
@@ -304,10 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         target = out if not bad or args.keep_bad_fit else out.with_suffix(".refused.json")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(data, indent=1, default=float))
-        report = write_report(target.with_suffix(".md"), model, rows, held, bad)
-    except (RealRunError, FitError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        report = write_report(target.with_suffix(".md"), model, rows, held, bad, failed_requests_line(runs))
+    except (RealRunError, FitError, ConfigError, CatalogError, OutputError) as e:
+        return refuse(e)
     print(report)
     if bad:
         print("\n" + "!" * 72 + "\nFIT REFUSED: " + "; ".join(bad) + "\n" + "!" * 72, file=sys.stderr)
@@ -329,7 +334,8 @@ def _bad(held: dict, args) -> list[str]:
     return bad
 
 
-def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: dict, bad: list[str]) -> str:
+def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: dict, bad: list[str],
+                 failed: str | None = None) -> str:
     lines = [f"# Step model fitted to real runs", "", f"Source: {model.source}", "",
              "| term | value |", "|---|---|"]
     lines += [f"| {t} | {c:.4g} |" for t, c in zip(TERMS, model.coefficients) if c]
@@ -350,6 +356,8 @@ def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: di
             if "step_median_ape_pct" in r and np.isfinite(r["step_median_ape_pct"]):
                 lines.append(f"| {Path(r['run']).name} | step time |APE median {r['step_median_ape_pct']}% | "
                              f"p90 {r['step_p90_ape_pct']}% | total {r['step_total_time_err_pct']:+}% |")
+    if failed:
+        lines += ["", failed]
     if bad:
         lines += ["", "**Refused:** " + "; ".join(bad)]
     text = "\n".join(lines) + "\n"
@@ -362,4 +370,5 @@ def _say(msg: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (RealRunError, FitError, ConfigError, CatalogError),
+             kept="nothing written (a fit is written only once it is complete)")

@@ -12,7 +12,8 @@ engine was instrumented, what each engine step did and how long it took. Formats
   and `first_token_s` + `finish_s` (or last_token_s), or `ttft_s`/`ttft_ms` + `e2e_s`/`e2e_ms`, or
   `token_times_s` (space-separated, every token); absolute times are made relative to the first send.
 
-Anything else, or requests without timestamps, is a one-line RealRunError naming the file.
+Anything else, requests without timestamps, or values no served request can have (fidelity/runchecks.py)
+is a one-line RealRunError naming the file, and the field and row where one is wrong.
 """
 from __future__ import annotations
 
@@ -27,13 +28,11 @@ import pandas as pd
 import yaml
 
 from experiments.tables import has_table, read_itl_ms, read_table, table_path
+from fidelity.runchecks import (RealRunError, check_gaps, check_requests, csv_line, csv_numbers, numbers,
+                                request_row)
 from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
-
-
-class RealRunError(ValueError):
-    """A real-run file that cannot be read; the message names it and fits on one line."""
 
 
 @dataclass
@@ -65,15 +64,18 @@ class RealRun:
 
 
 # ---- building the request table ----
-def _table(path, request_id, arrival, prompt, output, first, last, status=None, priority=None) -> pd.DataFrame:
+def _table(path, request_id, arrival, prompt, output, first, last, status=None, priority=None,
+           row=request_row) -> pd.DataFrame:
+    arrival = numbers(path, "send time (s)", arrival, row)
+    prompt, output = numbers(path, "prompt tokens", prompt, row), numbers(path, "output tokens", output, row)
+    first, last = numbers(path, "first-token time (s)", first, row), numbers(path, "last-token time (s)", last, row)
     n = len(arrival)
-    arrival = np.asarray(arrival, dtype=float)
     if n == 0:
         raise RealRunError(f"{path}: no requests")
-    first, last = np.asarray(first, dtype=float), np.asarray(last, dtype=float)
-    if not np.isfinite(arrival).all():
-        raise RealRunError(f"{path}: some requests lack a send/arrival time")
+    if not len(prompt) == len(output) == len(first) == len(last) == n:
+        raise RealRunError(f"{path}: per-request fields of different lengths")
     ok = np.isfinite(first) & np.isfinite(last)
+    check_requests(path, arrival, prompt, output, first, last, row)
     if not ok.any():
         raise RealRunError(f"{path}: requests lack token timestamps (need first- and last-token times)")
     t0 = arrival.min()
@@ -94,6 +96,8 @@ def read_runs(path: str | Path) -> list[RealRun]:
     p = Path(path)
     if not p.exists():
         raise RealRunError(f"{p}: no such run file or folder")
+    if not p.is_dir() and not p.is_file():   # a pipe or a device would block the read
+        raise RealRunError(f"{p}: not a regular file or folder")
     if p.is_dir():
         if has_table(p, "requests") and (p / "summary.json").exists():
             return [_read_vllm_run(p)]
@@ -126,6 +130,10 @@ def _read_vllm_run(d: Path) -> RealRun:
         config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else None
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise RealRunError(f"{d}: unreadable fidelity.vllm_run run ({e.__class__.__name__})") from None
+    if not isinstance(summary, dict):
+        raise RealRunError(f"{d / 'summary.json'}: expected a JSON object, got a JSON {type(summary).__name__}")
+    if config is not None and not isinstance(config, dict):
+        raise RealRunError(f"{d / 'config.yaml'}: expected a mapping (the point's configuration)")
     if isinstance(config, dict) and isinstance(config.get("model"), str) and not Path(config["model"]).exists():
         moved = d.parent.parent / "model" / "config.json"  # the output folder was moved: its own copy
         if moved.exists():
@@ -133,17 +141,29 @@ def _read_vllm_run(d: Path) -> RealRun:
     need = {"request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s"}
     if not need <= set(requests.columns):
         raise RealRunError(f"{table_path(d, 'requests')}: lacks {', '.join(sorted(need - set(requests.columns)))}")
+    _check_request_table(table_path(d, "requests"), requests)
     gaps = None
     if (d / "itl_gaps_ms.npy").exists():   # fidelity.vllm_run's every gap, in order
-        gaps = np.load(d / "itl_gaps_ms.npy").astype(float) / 1e3
+        try:
+            gaps = np.load(d / "itl_gaps_ms.npy", allow_pickle=False).astype(float).ravel() / 1e3
+        except (OSError, ValueError, TypeError) as e:
+            raise RealRunError(f"{d / 'itl_gaps_ms.npy'}: unreadable ({e.__class__.__name__})") from None
+        check_gaps(d / "itl_gaps_ms.npy", "gap", gaps, lambda j: f"gap {j}")
     elif has_table(d, "itl"):              # a simulated run saved by experiments.run: (gap, count) samples
         gaps = np.repeat(*read_itl_ms(d)) / 1e3
     steps = None
     if has_table(d, "iterations"):
         it = read_table(d, "iterations")
         if len(it) and {"prefill_json", "decode_json"} <= set(it.columns):
-            it["prefill"] = [[tuple(x) for x in json.loads(v)] for v in it["prefill_json"]]
-            it["decode"] = [json.loads(v) for v in it["decode_json"]]
+            path = table_path(d, "iterations")
+            for col in ("start_s", "duration_s"):
+                if col in it.columns:
+                    x = csv_numbers(path, it, col, lambda i: f"row {i}")
+                    if not (np.isfinite(x) & (x >= 0)).all():
+                        i = int(np.flatnonzero(~(np.isfinite(x) & (x >= 0)))[0])
+                        raise RealRunError(f"{path}: row {i}: {col}: expected seconds >= 0, got {x[i]:g}")
+            it["prefill"] = [[tuple(x) for x in v] for v in _json_lists(path, it, "prefill_json", 2)]
+            it["decode"] = _json_lists(path, it, "decode_json", 0)
             steps = it
     meta = {k: summary.get(k) for k in ("device", "vllm_version", "num_gpu_blocks", "repeat") if k in summary}
     meta["num_gpu_blocks"] = summary.get("num_gpu_blocks") or (config or {}).get("engine", {}).get("num_gpu_blocks", 1)
@@ -151,31 +171,67 @@ def _read_vllm_run(d: Path) -> RealRun:
     return RealRun(str(d), "vllm_run", requests, gaps, steps, config, label, meta)
 
 
+def _check_request_table(path: Path, requests: pd.DataFrame) -> None:
+    """A saved request table holds numbers in its time and token columns, and requests that can be."""
+    row = lambda i: f"row {i}"  # noqa: E731
+    cols = {c: csv_numbers(path, requests, c, row)
+            for c in ("arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s")}
+    check_requests(path, cols["arrival_s"], cols["prompt_tokens"], cols["output_tokens"], cols["first_token_s"],
+                   cols["finish_s"], row)
+
+
+def _json_lists(path: Path, table: pd.DataFrame, column: str, pair: int) -> list[list]:
+    """A JSON column of per-step lists: of [new, cached] token pairs (`pair` 2) or of numbers (0)."""
+    out = []
+    for i, v in enumerate(table[column]):
+        try:
+            x = json.loads(v)
+        except (TypeError, ValueError):
+            raise RealRunError(f"{path}: row {i}: {column}: not valid JSON ({str(v)[:40]!r})") from None
+        items = x if isinstance(x, list) else None
+        ok = items is not None and all(
+            (isinstance(e, list) and len(e) == pair and all(isinstance(n, (int, float)) and n >= 0 for n in e))
+            if pair else (isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0) for e in items)
+        if not ok:
+            want = "[[new, cached], ...] token counts" if pair else "[context, ...] token counts"
+            raise RealRunError(f"{path}: row {i}: {column}: expected a JSON list {want}, got {str(v)[:40]!r}")
+        out.append(x)
+    return out
+
+
 def _read_vllm_bench(p: Path, data: dict) -> RealRun:
-    try:
-        ttfts = np.asarray(data["ttfts"], dtype=float)
-        itls = data["itls"]
-        ins = np.asarray(data["input_lens"], dtype=int)
-        outs = np.asarray(data["output_lens"], dtype=int)
-    except KeyError as e:
-        raise RealRunError(f"{p}: vllm bench serve JSON lacks {e.args[0]!r}: rerun it with --save-detailed") from None
-    except (TypeError, ValueError) as e:
-        raise RealRunError(f"{p}: vllm bench serve JSON has malformed per-request lists ({e})") from None
+    for key in ("ttfts", "itls", "input_lens", "output_lens"):
+        if key not in data:
+            raise RealRunError(f"{p}: vllm bench serve JSON lacks {key!r}: rerun it with --save-detailed")
+    ttfts = numbers(p, "ttfts", data["ttfts"], unit="seconds")
+    ins, outs = numbers(p, "input_lens", data["input_lens"]), numbers(p, "output_lens", data["output_lens"])
+    itls = data["itls"]
+    if not isinstance(itls, list):
+        raise RealRunError(f"{p}: itls: expected a list of per-request lists of gaps (s), got "
+                           f"{type(itls).__name__}")
     starts = data.get("start_times")
     if starts is None:
         raise RealRunError(f"{p}: requests lack send times ('start_times'); rerun vllm bench serve with "
                            f"--save-detailed (vLLM >= 0.10)")
-    starts = np.asarray(starts, dtype=float)
+    starts = numbers(p, "start_times", starts, unit="seconds (a number, not a date)")
     errors = data.get("errors") or [""] * len(ins)
-    if not (len(ttfts) == len(itls) == len(ins) == len(outs) == len(starts)):
+    if not isinstance(errors, list) or not all(e is None or isinstance(e, str) for e in errors):
+        raise RealRunError(f"{p}: errors: expected a list of strings (empty for a request that succeeded)")
+    if not (len(ttfts) == len(itls) == len(ins) == len(outs) == len(starts) == len(errors)):
         raise RealRunError(f"{p}: per-request lists of different lengths")
+    if (ttfts < 0).any():
+        i = int(np.flatnonzero(ttfts < 0)[0])
+        raise RealRunError(f"{p}: request {i}: ttfts: a negative time to first token ({ttfts[i]:g} s)")
     gaps, last = [], []
-    for s, t, itl, e in zip(starts, ttfts, itls, errors):
-        ok = not e and t is not None and np.isfinite(t) and t > 0
-        g = [float(x) for x in (itl or [])] if ok else []
-        gaps.extend(g)
-        last.append(s + t + sum(g) if ok else np.nan)
-    first = np.where(np.array([not e for e in errors]) & (ttfts > 0), starts + ttfts, np.nan)
+    for i, (s, t, itl, e) in enumerate(zip(starts, ttfts, itls, errors)):
+        ok = not e and np.isfinite(t) and t > 0
+        if ok and itl is not None and not isinstance(itl, list):
+            raise RealRunError(f"{p}: request {i}: itls: expected a list of gaps (s), got {str(itl)[:40]!r}")
+        g = numbers(p, "itls", itl or [], lambda j: f"request {i} gap {j}", False, "seconds") if ok else np.array([])
+        check_gaps(p, "itls", g, lambda j: f"request {i} gap {j}")
+        gaps.extend(g.tolist())
+        last.append(s + t + g.sum() if ok else np.nan)
+    first = np.where(np.array([not e for e in errors], dtype=bool) & (ttfts > 0), starts + ttfts, np.nan)
     req = _table(p, np.arange(len(ins)), starts, ins, outs, first, last)
     meta = {k: data.get(k) for k in ("model_id", "request_rate", "burstiness", "max_concurrency", "date", "backend")}
     return RealRun(str(p), "vllm_bench", req, np.asarray(gaps), None, None, p.stem, meta)
@@ -194,7 +250,11 @@ def _get(d: dict, *paths):
 def _read_guidellm(p: Path, data: dict) -> list[RealRun]:
     runs = []
     for i, b in enumerate(data["benchmarks"]):
+        if not isinstance(b, dict):
+            raise RealRunError(f"{p}: benchmarks[{i}]: expected an object, got {type(b).__name__}")
         reqs = _get(b, "requests.successful") or []
+        if not isinstance(reqs, list) or not all(isinstance(r, dict) for r in reqs):
+            raise RealRunError(f"{p}: benchmarks[{i}].requests.successful: expected a list of request objects")
         if not reqs:
             continue
         start = [_get(r, "info.timings.request_start", "request_start_time", "start_time") for r in reqs]
@@ -202,17 +262,19 @@ def _read_guidellm(p: Path, data: dict) -> list[RealRun]:
         last = [_get(r, "info.timings.last_token_iteration", "last_token_time", "request_end_time", "end_time")
                 for r in reqs]
         ttft = [_get(r, "time_to_first_token_ms") for r in reqs]
-        first = [f if f is not None else (s + t / 1e3 if s is not None and t is not None else None)
-                 for f, s, t in zip(first, start, ttft)]
+        row = lambda j, i=i: f"benchmark {i} request {j}"  # noqa: E731
+        start_s = numbers(p, "request_start", start, row, unit="seconds (a number, not a date)")
+        ttft_s = numbers(p, "time_to_first_token_ms", ttft, row) / 1e3
+        first = [f if f is not None else s + t for f, s, t in zip(first, start_s, ttft_s)]
         prompt = [_get(r, "prompt_tokens", "input_metrics.total_tokens") for r in reqs]
         output = [_get(r, "output_tokens", "output_metrics.total_tokens") for r in reqs]
         if any(v is None for v in start):
             raise RealRunError(f"{p}: benchmark {i}: requests lack a start time (request_start)")
         if any(v is None for v in prompt + output):
             raise RealRunError(f"{p}: benchmark {i}: requests lack prompt/output token counts")
-        f = np.array([np.nan if v is None else v for v in first], dtype=float)
-        la = np.array([np.nan if v is None else v for v in last], dtype=float)
-        req = _table(p, np.arange(len(reqs)), start, prompt, output, f, la)
+        f = numbers(p, "first_token_iteration", first, row, unit="seconds")
+        la = numbers(p, "last_token_iteration", last, row, unit="seconds")
+        req = _table(p, np.arange(len(reqs)), start, prompt, output, f, la, row=row)
         strategy = _get(b, "args.strategy.type_", "config.strategy.type_", "scheduler.strategy.type_") or "?"
         rate = _get(b, "args.strategy.rate", "config.strategy.rate", "scheduler.strategy.rate")
         runs.append(RealRun(f"{p}#{i}", "guidellm", req, None, None, None, f"{p.stem}#{i}",
@@ -237,35 +299,45 @@ def _read_csv(p: Path) -> RealRun:
         found = next((n for n in names if n in df.columns), None)
         if found is None:
             raise RealRunError(f"{p}: no {want} column (accepted: {', '.join(names)})")
-        cols[want] = pd.to_numeric(df[found], errors="coerce").to_numpy(dtype=float)
+        cols[want] = csv_numbers(p, df, found)
     arrival = cols["arrival_s"]
     gaps = None
     if "first_token_s" in df.columns and ("finish_s" in df.columns or "last_token_s" in df.columns):
-        first = pd.to_numeric(df["first_token_s"], errors="coerce").to_numpy(dtype=float)
-        last = pd.to_numeric(df["finish_s" if "finish_s" in df.columns else "last_token_s"],
-                             errors="coerce").to_numpy(dtype=float)
+        first = csv_numbers(p, df, "first_token_s")
+        last = csv_numbers(p, df, "finish_s" if "finish_s" in df.columns else "last_token_s")
     elif any(c in df.columns for c in ("ttft_s", "ttft_ms")) and any(c in df.columns for c in ("e2e_s", "e2e_ms")):
         scale = lambda c: 1e-3 if c.endswith("_ms") else 1.0  # noqa: E731
         tc = "ttft_s" if "ttft_s" in df.columns else "ttft_ms"
         ec = "e2e_s" if "e2e_s" in df.columns else "e2e_ms"
-        first = arrival + pd.to_numeric(df[tc], errors="coerce").to_numpy(dtype=float) * scale(tc)
-        last = arrival + pd.to_numeric(df[ec], errors="coerce").to_numpy(dtype=float) * scale(ec)
+        first = arrival + csv_numbers(p, df, tc) * scale(tc)
+        last = arrival + csv_numbers(p, df, ec) * scale(ec)
     elif "token_times_s" in df.columns:
-        times = [np.array([float(x) for x in str(v).split()]) if isinstance(v, str) and v.strip() else np.array([])
-                 for v in df["token_times_s"]]
+        times = [_token_times(p, v, i) for i, v in enumerate(df["token_times_s"])]
         first = np.array([t[0] if len(t) else np.nan for t in times])
         last = np.array([t[-1] if len(t) else np.nan for t in times])
         gaps = np.concatenate([np.diff(t) for t in times]) if times else np.array([])
+        for i, t in enumerate(times):
+            check_gaps(p, "token_times_s", np.diff(t), lambda j, i=i: f"{csv_line(i)} token {j + 1}")
     else:
         raise RealRunError(f"{p}: requests lack token timestamps (need first_token_s + finish_s, ttft_s + e2e_s, "
                            f"or token_times_s columns)")
-    bad = ~np.isfinite(cols["prompt_tokens"]) | ~np.isfinite(cols["output_tokens"])
-    if bad.any():
-        raise RealRunError(f"{p}: line {int(np.flatnonzero(bad)[0]) + 2}: prompt/output tokens not a number")
     prio = pd.to_numeric(df["priority"], errors="coerce").fillna(0).to_numpy() if "priority" in df.columns else None
     req = _table(p, np.arange(len(df)), arrival, cols["prompt_tokens"], cols["output_tokens"], first, last,
-                 priority=prio)
+                 priority=prio, row=csv_line)
     return RealRun(str(p), "csv", req, gaps, None, None, p.stem, {})
+
+
+def _token_times(p: Path, cell, i: int) -> np.ndarray:
+    """One token_times_s cell: space-separated seconds, every token's arrival."""
+    if not isinstance(cell, str) or not cell.strip():
+        if isinstance(cell, (int, float)) and np.isfinite(cell):
+            return np.array([float(cell)])   # a one-token answer: pandas reads the lone time as a number
+        return np.array([])
+    try:
+        return np.array([float(x) for x in cell.split()])
+    except ValueError:
+        raise RealRunError(f"{p}: {csv_line(i)}: token_times_s: expected space-separated seconds, got "
+                           f"{cell[:40]!r}") from None
 
 
 # ---- replay through our engine ----

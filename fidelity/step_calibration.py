@@ -13,7 +13,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from commandline.exits import guarded, refuse, run_main
+from costmodels.modelargs import model_arg
+from commandline.outputs import OutputError, out_dir
+from costmodels.catalog import CatalogError
 from fidelity import validate
+from simcore.engine import SimulationError
 
 
 PROG = "python -m fidelity.step_calibration"
@@ -24,7 +29,7 @@ def calibrate_steps(model_name: str, device: str, out: Path, quiet: bool = False
     `extra`: more fidelity.validate options (workload size, policies)."""
     argv = ["--model", model_name, "--device", device, "--no-reexec", "--out", str(out),
             *(["--quiet"] if quiet else []), *extra]
-    argv = _with_cpu_clock(argv)
+    argv = _with_cpu_clock(argv)   # recorded as run: the clock options are part of how the steps were timed
     return calibrate(validate.parse_args(argv, prog=PROG), argv)
 
 
@@ -35,8 +40,7 @@ def _with_cpu_clock(argv: list[str]) -> list[str]:
 
 
 def calibrate(vargs, argv: list[str]) -> Path:
-    out = Path(vargs.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(vargs.out, create=True)
     backend = validate.make_backend(vargs, validate.build_config(vargs, vargs.policies[0], float("inf")))
     step_model = validate.calibrate_stepfit(vargs, backend, out / "stepfit_steps.csv")
     path = out / "stepfit.json"
@@ -48,24 +52,25 @@ def calibrate(vargs, argv: list[str]) -> Path:
     return path
 
 
+USER_ERRORS = (validate.ConfigError, CatalogError, SimulationError, OutputError)
+
+
 def main(argv: list[str] | None = None) -> int:
     from_cli = argv is None
     given = list(sys.argv[1:] if argv is None else argv)
     argv = _with_cpu_clock(given)
     try:
-        vargs = validate.parse_args(argv, prog=PROG, description=__doc__.splitlines()[0])
-    except validate.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        vargs = validate.parse_args(_with_cpu_clock(argv), prog=PROG, description=__doc__.splitlines()[0])
+        model_arg(vargs.model)
+        out_dir(vargs.out)   # before the runs, not after
+    except USER_ERRORS as e:
+        return refuse(e)
     if vargs.device == "cpu" and from_cli and not vargs.no_reexec:
         validate.reexec_with_tunables("fidelity.step_calibration", given)
-    try:
-        calibrate(vargs, argv)
-    except validate.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    from fidelity.torch_backend import BackendError
+    return guarded(lambda _: calibrate(vargs, _with_cpu_clock(argv)) and 0, None, (*USER_ERRORS, BackendError),
+                   kept="no step model written (it is fitted once every run has finished)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

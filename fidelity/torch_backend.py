@@ -24,7 +24,7 @@ from costmodels.catalog import ModelShape
 from policies import ChunkedPrefill
 from simcore.costmodel import ConstantCost
 from simcore.engine import EngineLimits
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from simcore.request import RequestSpec, Status
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

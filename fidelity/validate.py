@@ -15,7 +15,6 @@ to the kernel (thousands of page faults per torch step otherwise); --no-reexec s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,13 +32,18 @@ from fidelity.stepfit import (TERMS, StepFitCostModel, fit_overheads, fit_step_m
 from fidelity.validate_report import write_report
 from calibration.cpu_process import reexec_with_tunables
 from costmodels import load_cost_model
+from commandline.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from commandline.exits import refuse, run_main
+from costmodels.modelargs import model_arg
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 from costmodels.catalog import CatalogError, get_gpu
 from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
 from experiments.simulate import memory_plan
 from policies import POLICIES
 from simcore.engine import EngineLimits, SimulationError
 from simcore.metrics import iterations_frame, requests_frame, summarize
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from workloads.synthetic import generate
 
 DEFAULT_POLICIES = ("static", "continuous", "chunked_prefill")  # any registered policy may be named
@@ -321,7 +325,7 @@ def write_corrected_profile(args, cost_model, overheads, out: Path) -> Path | No
 
 
 def parse_args(argv, prog: str = "python -m fidelity.validate", description: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
+    ap = Parser(prog=prog, description=description or __doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="catalog name or path of a Hugging Face config.json")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--profile", default="stepfit", help="profile path/name, roofline, a saved step model, "
@@ -333,30 +337,30 @@ def parse_args(argv, prog: str = "python -m fidelity.validate", description: str
     ap.add_argument("--hardware", default="h100-sxm", help="catalog GPU the profile is looked up for")
     ap.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
                     help="default: the profile's dtype, else fp32 on cpu, bf16 on cuda")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on cpu)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: 1 on cpu)")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="time steps by the wall clock, "
                     "or (cpu, one thread) by the engine thread's CPU time: a shared machine's other work is "
                     "then not counted")
-    ap.add_argument("--num-requests", type=int, default=48)
-    ap.add_argument("--prompt-median", type=int, default=128)
-    ap.add_argument("--prompt-max", type=int, default=512)
-    ap.add_argument("--output-median", type=int, default=32)
-    ap.add_argument("--output-max", type=int, default=128)
-    ap.add_argument("--sigma", type=float, default=0.8, help="lognormal sigma of both length distributions")
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--chunk-tokens", type=int, default=512, help="chunked_prefill max_num_batched_tokens")
+    ap.add_argument("--num-requests", type=positive_int, default=48)
+    ap.add_argument("--prompt-median", type=positive_int, default=128)
+    ap.add_argument("--prompt-max", type=positive_int, default=512)
+    ap.add_argument("--output-median", type=positive_int, default=32)
+    ap.add_argument("--output-max", type=positive_int, default=128)
+    ap.add_argument("--sigma", type=non_negative_float, default=0.8, help="lognormal sigma of both length distributions")
+    ap.add_argument("--max-num-seqs", type=positive_int, default=32)
+    ap.add_argument("--chunk-tokens", type=positive_int, default=512, help="chunked_prefill max_num_batched_tokens")
     ap.add_argument("--decode-attention", choices=["per_seq", "batched"], default=None,
                     help="one attention call per decode, or all decodes in one masked call "
                     "(default: batched)")
-    ap.add_argument("--kv-tokens", type=int, default=65536, help="KV cache capacity in tokens (real and simulated)")
+    ap.add_argument("--kv-tokens", type=positive_int, default=65536, help="KV cache capacity in tokens (real and simulated)")
     ap.add_argument("--loads", default="0.5,0.8", help="fractions of the measured saturated capacity")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reference-every-s", type=float, default=0.5, help="how often to time the speed probe")
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--seed", type=non_negative_int, default=0)
+    ap.add_argument("--reference-every-s", type=positive_float, default=0.5, help="how often to time the speed probe")
     ap.add_argument("--speed-normalise", action="store_true", help="time the speed probe right before and "
                     "after every step and advance the engine by the step time at the baseline speed (for a "
                     "machine whose speed drifts within milliseconds; raw times are reported too)")
-    ap.add_argument("--step-repeats", type=int, default=3, help="with --speed-normalise: run each step's "
+    ap.add_argument("--step-repeats", type=positive_int, default=3, help="with --speed-normalise: run each step's "
                     "forward pass this many times back to back and take the median normalised time")
     ap.add_argument("--fit-overhead", action="store_true", help="refit per-step/per-request overheads")
     ap.add_argument("--no-reexec", action="store_true", help="do not re-execute with GLIBC_TUNABLES")
@@ -373,10 +377,10 @@ def parse_args(argv, prog: str = "python -m fidelity.validate", description: str
         ap.error(f"--loads: expected comma-separated fractions, got {args.loads!r}")
     if any(not 0 < x < 1.5 for x in args.loads):
         ap.error("--loads: each load must be a fraction of capacity in (0, 1.5)")
-    if args.repeats < 1:
-        ap.error("--repeats: must be at least 1")
-    if args.step_repeats < 1:
-        ap.error("--step-repeats: must be at least 1")
+    for low, high in (("prompt_median", "prompt_max"), ("output_median", "output_max")):
+        if getattr(args, low) > getattr(args, high):
+            ap.error(f"--{low.replace('_', '-')} {getattr(args, low)}: above --{high.replace('_', '-')} "
+                     f"{getattr(args, high)}")
     if args.device == "cpu" and args.threads is None:
         args.threads = 1  # one thread: steadier on a shared machine, and what --clock cpu needs
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
@@ -413,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:   # before minutes of real runs: a model, GPU or output folder the report could not use
+        model_arg(args.model)
+        get_gpu(args.hardware)
+        out_dir(args.out)
+    except (CatalogError, OutputError) as e:
+        return refuse(e)
     if args.device == "cpu" and not args.no_reexec:
         reexec_with_tunables("fidelity.validate", argv)
     try:
@@ -441,4 +451,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (ConfigError, CatalogError, SimulationError))

@@ -27,7 +27,6 @@ A finished run is never rerun: rerunning into DIR resumes (Ctrl-C keeps what fin
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import gc
@@ -46,6 +45,10 @@ import pandas as pd
 import yaml
 
 from commandline.files import write_csv_atomic, write_json_atomic
+from commandline.argtypes import non_negative_int, positive_int
+from commandline.exits import refuse
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 from costmodels.catalog import MODELS, CatalogError, get_model
 from experiments.config import ConfigError, Point, PointConfig, expand, load_sweep_file
 from experiments.simulate import memory_plan
@@ -54,6 +57,7 @@ from simcore.batch import split_shape
 from simcore.kvcache import num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
+from workloads.errors import WorkloadError
 from workloads.synthetic import generate
 
 TRACE_ENV = "BATCHSIM_VLLM_TRACE"  # fidelity.vllm_hooks reads it in the engine-core process
@@ -325,21 +329,18 @@ def tables(cfg: PointConfig, t0: float, recs: list[ClientRecord], steps: list[di
 
 # ---- the command ----
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m fidelity.vllm_run", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m fidelity.vllm_run", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="config.json (or its folder) or a catalog name")
     ap.add_argument("--config", help="a sweep file: its points' workloads and engine knobs")
     ap.add_argument("--workload", help="a request CSV (arrival_s, prompt_tokens, output_tokens, ...)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=positive_int, default=1)
     ap.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when torch sees a GPU")
     ap.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: fp32 on CPU, bf16 on CUDA")
-    ap.add_argument("--num-gpu-blocks", type=int, help="KV blocks (vLLM num_gpu_blocks_override)")
-    ap.add_argument("--warmup-requests", type=int, default=8)
+    ap.add_argument("--num-gpu-blocks", type=positive_int, help="KV blocks (vLLM num_gpu_blocks_override)")
+    ap.add_argument("--warmup-requests", type=non_negative_int, default=8)
     ap.add_argument("--verbose", action="store_true", help="keep vLLM's own INFO and WARNING logging")
-    args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
-    return args
+    return ap.parse_args(argv)
 
 
 def _import_vllm():
@@ -483,12 +484,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     try:
-        if out.exists() and not out.is_dir():
-            raise VllmRunError(f"--out {out}: exists and is not a folder")
+        out_dir(out)
         args.device = _device(args)
         args.dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
         model_config_json(args.model)  # a bad --model fails here, before anything is written
-        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:   # every point checked before anything is written to --out
+            args.model_dir = write_model_dir(args.model, Path(tmp))
+            for p in load_points(args):   # the workloads too: a bad trace is said now, not once vLLM is up
+                generate(p.config.workload, p.seed, p.config.model.max_model_len, p.config.engine.block_size)
+        out_dir(out, create=True)
         args.model_dir = write_model_dir(args.model, out.resolve())
         points = load_points(args)
         vllm, AsyncEngineArgs, AsyncLLM = _import_vllm()
@@ -507,9 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = provenance(vllm, args.device, args, argv)
         (out / "run.json").write_text(json.dumps(meta, indent=1))
         rows = asyncio.run(_serve(args, groups, out, meta, AsyncEngineArgs, AsyncLLM))
-    except (VllmRunError, ConfigError, CatalogError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (VllmRunError, ConfigError, CatalogError, OutputError, WorkloadError) as e:
+        return refuse(e)
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}/runs; rerun the same command to resume",
               file=sys.stderr)

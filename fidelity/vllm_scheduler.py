@@ -26,7 +26,7 @@ from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
 from simcore.kvcache import num_usable_blocks
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from simcore.request import RequestSpec, Status
 
 _GROUP_TOKEN, _UNIQUE_TOKEN = 10**9, 10**6  # token ids: shared prefixes, then per-request positions

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simcore.cluster import Cluster, ReplicaLoad
-from simcore.engine import SimulationError
+from simcore.errors import SimulationError
 from simcore.request import RequestSpec
 
 SIGNALS = ("waiting_per_replica", "running_per_replica", "kv_usage", "ttft_p99_s")

@@ -3,7 +3,7 @@
 The router sees a small load snapshot of every replica when a request arrives and picks one; the request
 then lives on that replica only. Modelled: routing on queue length, KV usage and cached prefixes.
 Ignored: network and router latency, retries, replicas of different sizes. Disaggregated prefill/decode pools:
-simcore/disagg.py. The same cluster without SimPy, event for event: simcore/fastcluster.py.
+simcore/disagg.py. The same cluster without SimPy, event for event: simcore/fast/cluster.py.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class Cluster:
 
     def route(self, spec: RequestSpec) -> int:
         """The replica for `spec`, picked from the replicas' state now (the SimPy engines', or the fast
-        cluster's replicas: simcore/fastcluster.py)."""
+        cluster's replicas: simcore/fast/cluster.py)."""
         i = self.router.route(spec, self.loads(spec), self.num_routed) if len(self.engines) > 1 else 0
         if not 0 <= i < len(self.engines):
             raise SimulationError(f"router {self.router.name} picked replica {i} of {len(self.engines)}")

@@ -1,7 +1,7 @@
 """The contract between the engine and a cost model: the time of one iteration from its shape alone."""
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 class CostModel(Protocol):
@@ -20,6 +20,29 @@ class CostModel(Protocol):
 
     def describe(self) -> dict:
         """Where the numbers come from (model kind, GPU, provenance), recorded with every result."""
+        ...
+
+
+@runtime_checkable
+class ContextSumPricing(Protocol):
+    """What a cost model offers when its decode price depends on the decode contexts only through their
+    count and sum (the roofline, the measured profile: attention reads every context's KV once). The fast
+    engine (simcore/fast/) then prices a step of lazy decoders without listing their contexts, and a quiet
+    stretch of decode steps in bulk. Any other cost model works there through `step_time_s`, only slower.
+    Each entry point must equal `step_time_s` on the same step, bitwise."""
+
+    def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum: int,
+                         num_logits: int | None = None) -> float:
+        """`step_time_s(prefill, decode, num_logits)` for any `decode` of that length and sum."""
+        ...
+
+    def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None) -> Callable[[int], float]:
+        """A function of the context sum: `step_time_sums_s((), num_seqs, sum, num_logits)`."""
+        ...
+
+    def decode_steps_time_s(self, num_seqs: int, context_sums, num_logits: int | None = None):
+        """Many decode-only steps at once: an array, element i `decode_step_time_fn(num_seqs,
+        num_logits)(context_sums[i])`."""
         ...
 
 

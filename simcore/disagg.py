@@ -20,7 +20,7 @@ Where the first token comes from (`first_token_from`):
 A request with a one-token output finishes on its prefill replica (nothing is handed off), in both modes.
 
 The rules are `HandoffRules`, run here by SimPy processes (`DisaggregatedCluster`) and on the fast path by
-simcore/fastdisagg.py (the same results, bitwise).
+simcore/fast/disagg.py (the same results, bitwise).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class HandoffRules:
     """The hand-off rules, one implementation for both engines: the prefill pool's router, the decode
     router's view, the decode-side record, the FIFO of transfers waiting for decode-side KV, and what happens
     when a copy ends. Subclasses run the clock: DisaggregatedCluster here (SimPy processes), FastDisagg in
-    simcore/fastdisagg.py (the fast path); they provide `_new_record(src_req)` (a fresh progress record for
+    simcore/fast/disagg.py (the fast path); they provide `_new_record(src_req)` (a fresh progress record for
     `src_req.spec`), `_launch(src, src_req, dst, dst_req, done_s, now)` (the copy's process) and
     `_hand_over(src, src_req, dst, dst_req, now)` (release the source's KV, run the request at `dst`).
 

@@ -6,58 +6,24 @@ owns KV allocation, freeing and preemption; the policy only decides. Tokens appe
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable
 
 import simpy
 
-from simcore.apply import ReplicaMechanics
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.gateway import Deadlines, refusal, watch
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog, IterationRecord
-from simcore.mechanics import SimulationError, is_decode, reject_reason, samples, take_sample
+from simcore.decisions import DecisionApplier
+from simcore.errors import SimulationError, scheduled_nothing
+from simcore.limits import EngineLimits, engine_settings_error
+from simcore.rules import is_decode, reject_reason, samples, take_sample
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
 
 
-@dataclass(frozen=True)
-class EngineLimits:
-    """Engine-level settings that are not a policy's knobs."""
-    num_gpu_blocks: int                  # as vLLM: the pool, its null block included (simcore.kvcache)
-    block_size: int = 16
-    max_model_len: int = 8192
-    preemption_mode: str = "recompute"   # or "swap" (vLLM V0 only; V1 always recomputes)
-    kv_bytes_per_token: int = 0          # for swap transfer times
-    host_link_bytes_per_s: float = 25e9  # GPU<->host copy bandwidth (PCIe)
-    num_swap_blocks: int = 0             # host swap space, in blocks
-    check_invariants: bool = True
-    enable_prefix_caching: bool = False  # vLLM V1 automatic prefix caching (PrefixCachingBlockPool)
-    # Prefill instance of a disaggregated deployment (simcore/disagg.py): a request that sampled its first
-    # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
-    handoff_after_first_token: bool = False
-    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
-
-
-PREEMPTION_MODES = ("recompute", "swap")
-
-
-def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:
-    """Why an engine cannot run `policy` with these settings (one line naming the key), or None. The one
-    statement of these rules: `Engine` refuses with it at the start of a run, and the sweep loader
-    (experiments/engine_config.py) with it before any point runs."""
-    if preemption_mode not in PREEMPTION_MODES:
-        return f"engine.preemption_mode: expected recompute or swap, got {preemption_mode!r}"
-    if enable_prefix_caching:
-        if not getattr(policy, "supports_prefix_caching", False):
-            return f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching"
-        if preemption_mode != "recompute":
-            return "engine.enable_prefix_caching: needs engine.preemption_mode recompute (as vLLM V1)"
-    return None
-
-
-class Engine(ReplicaMechanics):
+class Engine(DecisionApplier):
     def __init__(self, env: simpy.Environment, policy: Policy, cost_model: CostModel, limits: EngineLimits,
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
                  replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
@@ -67,6 +33,7 @@ class Engine(ReplicaMechanics):
             raise ValueError(error)
         self.env, self.policy, self.cost_model, self.limits = env, policy, cost_model, limits
         self.replica_id = replica_id
+        self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         # Prefix caching: a pool with block identities; off, the plain counting pool (fast path).
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
@@ -198,10 +165,8 @@ class Engine(ReplicaMechanics):
                         self.on_step(self, batch)
                     continue
                 if batch.wake_at_s is None or batch.wake_at_s <= env.now:
-                    raise SimulationError(
-                        f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with "
-                        f"{len(self.waiting)} waiting, {len(self.running)} running, "
-                        f"{self.pool.num_free_blocks}/{self.pool.num_blocks} blocks free")
+                    raise scheduled_nothing(self.policy.name, env.now, len(self.waiting), len(self.running),
+                                            self.pool.num_free_blocks, self.pool.num_blocks)
                 self._wake = env.event()
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
                 continue
@@ -259,18 +224,8 @@ class Engine(ReplicaMechanics):
         for req in done:
             self.running.remove(req)
             req.finish_s = now
-            if self.policy.holds_slots_until_drained:
-                req.status = Status.DRAINING
-                self.draining.append(req)
-            else:
-                req.status = Status.FINISHED
-                self.pool.free(req)
             log.done(req, self.replica_id)
-        if self.draining and not self.running:
-            for req in self.draining:
-                self.pool.free(req)
-                req.status = Status.FINISHED
-            self.draining.clear()
+        self._release_finished(done)
         num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
         for req in self.abandoning:   # their clients left during the step (simcore/gateway.py)
             reason, req.reject_reason = req.reject_reason, None

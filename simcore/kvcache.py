@@ -19,6 +19,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Tokens per KV block when none is given: vLLM's default (vllm/config/cache.py, CacheConfig.DEFAULT_BLOCK_SIZE,
+# 16 on CUDA). Every default block size in the project is this one.
+DEFAULT_BLOCK_SIZE = 16
+
 # vLLM's BlockPool takes one block of the pool as its null block (a placeholder for skipped positions, never
 # allocated; vllm/v1/core/block_pool.py), so of `num_gpu_blocks` (given or derived) one fewer hold KV.
 NUM_NULL_BLOCKS = 1

@@ -48,8 +48,9 @@ def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
 def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
     """The request table as the client sees it when a fixed `latency_s` per request lies outside the engine
     (a cost model's `request_latency_s`): tokens arrive that much later; TTFT and E2E grow by it, TPOT
-    and ITL do not. `arrival_s` stays the time the request reached the engine."""
-    if not latency_s:
+    and ITL do not. `arrival_s` stays the time the request reached the engine. `latency_s` is one number
+    for every request or an array, one per row (a front end whose time depends on the prompt)."""
+    if np.ndim(latency_s) == 0 and not latency_s:
         return requests
     out = requests.copy()
     out["first_token_s"] = out["first_token_s"] + latency_s
@@ -150,9 +151,9 @@ class ItlSamples:
 def _weighted_stats_ms(prefix: str, values: np.ndarray, counts: np.ndarray) -> dict:
     if not len(values):
         return stats_ms(prefix, [])
-    # numpy's own sum, not np.dot: OpenBLAS would split this one dot product of ~600k values (100k requests)
-    # over every core, its threads then spinning idle for about 0.1 s of CPU (measured with perf), and its
-    # last bits would depend on how many cores the machine has
+    # numpy's own sum, not np.dot: OpenBLAS would split this one dot product over every core, whose threads
+    # then spin idle for a while (CPU spent on nothing), and its last bits would depend on how many cores
+    # the machine has
     mean_s = float((values * counts).sum() / counts.sum())
     out = {f"{prefix}_mean_ms": mean_s * 1e3}
     out.update({f"{prefix}_p{p}_ms": x * 1e3

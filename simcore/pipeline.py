@@ -48,9 +48,11 @@ import numpy as np
 import simpy
 
 from simcore.batch import Batch, split_shape
-from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.engine import Engine
+from simcore.errors import SimulationError, scheduled_nothing
+from simcore.limits import EngineLimits
 from simcore.log import IterationRecord
-from simcore.mechanics import take_sample
+from simcore.rules import take_sample
 from simcore.request import Request, Status
 from simcore.view import EngineView, Policy
 
@@ -181,9 +183,8 @@ class PipelinedEngine(Engine):
                 self._preempt(batch.preempt, env.now)
                 continue
             if not self.in_flight and (batch.wake_at_s is None or batch.wake_at_s <= env.now):
-                raise SimulationError(
-                    f"{self.policy.name} scheduled nothing at t={env.now:.6f}s with {len(self.waiting)} waiting, "
-                    f"{len(self.running)} running, {self.pool.num_free_blocks}/{self.pool.num_blocks} blocks free")
+                raise scheduled_nothing(self.policy.name, env.now, len(self.waiting), len(self.running),
+                                        self.pool.num_free_blocks, self.pool.num_blocks)
             self._wake = env.event()   # nothing fits now: wait for a batch to return its KV, or an arrival
             if batch.wake_at_s is not None and batch.wake_at_s > env.now:
                 yield self._wake | env.timeout(batch.wake_at_s - env.now)
@@ -248,9 +249,9 @@ class PipelinedEngine(Engine):
                 done.append(req)
         for req in done:
             self.running.remove(req)
-            req.finish_s, req.status = now, Status.FINISHED
-            self.pool.free(req)
+            req.finish_s = now
             log.done(req, self.replica_id)
+        self._release_finished(done)
         log.iteration(IterationRecord(
             fl.scheduled_s, fl.duration_s, fl.num_prefill_tokens, fl.num_decode_tokens, 0, len(fl.batch.scheduled),
             len(fl.batch.preempt), len(self.waiting), len(self.running), self.pool.num_used_blocks, self.replica_id))

@@ -1,5 +1,5 @@
 """The read-only view of an engine that a policy decides from: the scheduling-state protocol both engines
-implement (simcore/engine.py over its request records, simcore/fastpath.py over the same records with
+implement (simcore/engine.py over its request records, simcore/fast/engine.py over the same records with
 lazily advanced decoders)."""
 from __future__ import annotations
 
@@ -13,20 +13,33 @@ from simcore.request import Request, RequestSpec, Status
 SWAPPED = Status.SWAPPED
 
 
+class LazyProgress(Protocol):
+    """The progress of running requests that an engine advances lazily (the fast engine's lazy decoders,
+    simcore/fast/decoders.py): their progress fields are stale, the truth is asked here."""
+    step: int                    # decode steps the lazy decoders have taken
+    block_size: int
+    growth_by_phase: list[int]   # blocks they take at their next step: growth_by_phase[(-step) % block_size]
+
+    def num_generated_tokens(self, req: Request) -> int:
+        """Tokens `req` has generated so far."""
+        ...
+
+
 @dataclass(slots=True)
 class EngineView:
     """A snapshot an engine hands its policy each iteration. Policies must not mutate what it holds (they
     report each decision to `take`, which only updates the view's own prefix-cache scratch plan). Not a
-    frozen dataclass only because the fast engine builds one per decision, and frozen fields cost a
-    microsecond each time.
+    frozen dataclass only because engines build one per decision, and a frozen dataclass sets each field
+    through object.__setattr__, several times slower than a plain one.
 
     `waiting`: FCFS order, front first (new arrivals, recompute-preempted and swapped requests).
     `running`: admission order (a resumed request is appended again at the end, as in vLLM).
     `draining`: finished requests whose slot and KV are still held (static batching only).
     `policy_state`: what the policy returned as `Batch.policy_state` last time (None at the start).
-    `lazy`: the fast engine, when running requests may be lazy decoders whose progress fields are stale
-    (only in a `Policy.schedule_decodes` call); read their progress through `num_generated_tokens` and
-    `num_decode_growth_blocks`, which answer in O(1) there. None: every field is current.
+    `decoders`: the fast engine's lazy decoders (a `LazyProgress`), when running requests may be lazy
+    decoders whose progress fields are stale (only in a `Policy.schedule_decodes` call, where every running
+    request decodes); read their progress through `num_generated_tokens` and `num_decode_growth_blocks`,
+    which answer in O(1) there. None: every field is current.
     """
     now_s: float
     waiting: Sequence[Request]
@@ -38,7 +51,7 @@ class EngineView:
     draining: Sequence[Request] = ()
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
-    lazy: object | None = None
+    decoders: LazyProgress | None = None
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):
@@ -90,20 +103,20 @@ class EngineView:
 
     def num_generated_tokens(self, req: Request) -> int:
         """`req.num_generated_tokens`, also for a lazy decoder of the fast engine."""
-        return req.num_generated_tokens if self.lazy is None else self.lazy.num_generated_tokens(req)
+        return req.num_generated_tokens if self.decoders is None else self.decoders.num_generated_tokens(req)
 
     def num_decode_growth_blocks(self) -> int:
         """Free blocks that every running request decoding one more token takes (paged KV grows by a block
         at each block boundary). O(running) here, O(1) on the fast engine."""
-        lazy = self.lazy
-        if lazy is not None:
-            return lazy.phase[(-lazy.D) % lazy.block_size]   # FastEngine.decode_growth, inlined (hot)
+        d = self.decoders
+        if d is not None:   # (LazyDecoders.growth, inlined: policies ask it at almost every decision)
+            return d.growth_by_phase[(-d.step) % d.block_size]
         return sum(self.blocks_to_hold(r, r.num_computed_tokens + 1) for r in self.running)
 
     def all_running_decoding(self) -> bool:
         """Whether every running request has exactly one token to compute (a decode)."""
-        if self.lazy is not None:
-            return self.lazy.all_running_decoding()
+        if self.decoders is not None:   # a `schedule_decodes` call: every running request decodes
+            return True
         return all(r.num_uncomputed_tokens == 1 and r.num_generated_tokens > 0 for r in self.running)
 
 

@@ -6,7 +6,7 @@ import zlib
 from simcore.costmodel import ConstantCost
 from simcore.engine import EngineLimits
 from simcore.metrics import requests_frame
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
 

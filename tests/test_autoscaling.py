@@ -17,7 +17,7 @@ from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
 from simcore.log import EngineLog
 from simcore.metrics import requests_frame
-from simcore.replica import on_done_of, start_arrivals
+from simcore.wiring import on_done_of, start_arrivals
 from simcore.request import RequestSpec
 
 ONE_AT_A_TIME = Continuous(max_num_seqs=1, max_num_batched_tokens=64)

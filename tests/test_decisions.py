@@ -12,7 +12,8 @@ import pytest
 from simcore.batch import Batch, DecodeShortcut, Scheduled
 from simcore.costmodel import ConstantCost
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fastpath import FastEngine, FastRequest
+from simcore.fast.engine import FastEngine
+from simcore.fast.request import FastRequest
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView
@@ -95,15 +96,15 @@ def fast_engine(policy, waiting, running, draining, num_gpu_blocks, state, rng) 
                                         [fast_copy(r) for r in draining])
     e.by_id = {r.request_id: r for r in (*e.waiting, *e.running, *e.draining)}
     e.pool.num_used_blocks = sum(r.num_blocks for r in (*running, *draining))
-    e.policy_state, e.D = state, int(rng.integers(0, 50))
+    e.policy_state, e.decoders.step = state, int(rng.integers(0, 50))
     for k, req in enumerate(e.running):
         req.order = k
     e.num_admissions = len(e.running)
-    e.pref = {r for r in e.running if not (r.num_uncomputed_tokens == 1 and r.num_generated_tokens > 0)}
+    e.prefilling = {r for r in e.running if not (r.num_uncomputed_tokens == 1 and r.num_generated_tokens > 0)}
     if e.shortcut is not None:   # as the engine keeps them: every decoding running request lazy
         for req in e.running:
-            if req not in e.pref:
-                e._lazify(req)
+            if req not in e.prefilling:
+                e.decoders.add(req)
                 req.num_computed_tokens = req.num_generated_tokens = SCRAMBLED
     return e
 

@@ -227,7 +227,7 @@ def test_goodput_rate_interpolates_below_the_first_miss():
 def test_disaggregation_runs_on_the_fast_path_with_the_same_goodput():
     from experiments.fast import fast_path_reason
     cfg = resolve_point({**BASE, "disaggregation": DISAGG})
-    assert fast_path_reason(cfg, []) is None   # simcore/fastdisagg.py; tests/test_fastdisagg.py: identical tables
+    assert fast_path_reason(cfg, []) is None   # simcore/fast/disagg.py; tests/test_fastdisagg.py: identical tables
     both = {**BASE, "disaggregation": DISAGG}
     fast = simulate(both)
     slow = simulate({**both, "engine": {**both.get("engine", {}), "fast_path": "off"}})

@@ -73,7 +73,7 @@ def test_recompute_preemption_evicts_the_newest_and_reprefills_it():
     # the fast engine, asked to keep its events, logs the same timeline
     from simcore.costmodel import ConstantCost
     from simcore.engine import EngineLimits
-    from simcore.fastpath import FastEngine
+    from simcore.fast.engine import FastEngine
     fast = FastEngine(ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=64), ConstantCost(1.0),
                       EngineLimits(3, 4, 8192), specs, record_events=True).simulate()
     assert fast.events == expected

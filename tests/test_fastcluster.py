@@ -1,4 +1,4 @@
-"""A cluster on the fast path (simcore/fastcluster.py) against the SimPy cluster (simcore/cluster.py): the
+"""A cluster on the fast path (simcore/fast/cluster.py) against the SimPy cluster (simcore/cluster.py): the
 same routing, per-request rows, iteration rows in the same order, ITL samples and summaries, bitwise, for
 every router, open and closed loop, and ties (equal-time events of different replicas)."""
 
@@ -14,10 +14,10 @@ from policies.routers import ROUTERS, LengthSplit, PrefixAffinity
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
-from simcore.fastcluster import FastCluster
+from simcore.fast.cluster import FastCluster
 from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
-from simcore.replica import on_done_of, start_arrivals
+from simcore.wiring import on_done_of, start_arrivals
 from simcore.request import RequestSpec
 from tests.test_fastpath import (OTHER_POLICIES, POLICIES, ROOFLINE, assert_identical, with_priorities,
                                  with_shared_prefixes)

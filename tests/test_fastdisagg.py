@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation on the fast path (simcore/fastdisagg.py) against the SimPy deployment
+"""Prefill/decode disaggregation on the fast path (simcore/fast/disagg.py) against the SimPy deployment
 (simcore/disagg.py): the same hand-offs (routing, KV allocation, link queueing, copy times), per-request rows,
 iteration rows in the same order, ITL samples and summaries, bitwise; open and closed loop, both sources of
 the first token, ties, swap preemption while copies hold KV."""
@@ -16,10 +16,10 @@ from policies.routers import ROUTERS
 from simcore.costmodel import ConstantCost
 from simcore.disagg import DisaggregatedCluster, KVLink
 from simcore.engine import Engine, EngineLimits
-from simcore.fastdisagg import FastDisagg
+from simcore.fast.disagg import FastDisagg
 from simcore.log import EngineLog
 from simcore.metrics import iterations_frame, requests_frame
-from simcore.replica import start_arrivals
+from simcore.wiring import start_arrivals
 from simcore.request import RequestSpec
 from tests.helpers import policy_id
 from tests.test_fastpath import POLICIES, ROOFLINE, assert_identical

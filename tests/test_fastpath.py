@@ -1,4 +1,4 @@
-"""The fast path (simcore/fastpath.py) against the SimPy engine: identical per-request rows, iteration rows,
+"""The fast path (simcore/fast/engine.py) against the SimPy engine: identical per-request rows, iteration rows,
 ITL samples and summaries on random small workloads, for every supported policy and knob combination."""
 
 import numpy as np
@@ -16,9 +16,9 @@ from policies import ChunkedPrefill, Continuous, Sglang, Tgi, TrtLlm
 from simcore.costmodel import ConstantCost
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fastpath import FastEngine
+from simcore.fast.engine import FastEngine
 from simcore.metrics import iterations_frame, itl_samples, requests_frame, summarize
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from simcore.request import RequestSpec
 from tests.helpers import policy_id
 from tests.test_properties import POLICIES as PROPERTY_POLICIES

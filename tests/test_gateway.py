@@ -16,7 +16,7 @@ from simcore.engine import EngineLimits
 from simcore.gateway import GatewayLimits
 from simcore.log import RequestEvent as E
 from simcore.metrics import requests_frame
-from simcore.replica import run_replica
+from simcore.wiring import run_replica
 from simcore.request import RequestSpec
 
 

@@ -64,13 +64,13 @@ def test_quickstart_setup_auto_selects_the_measured_h100_profile(h100):
     assert isinstance(h100, ProfileCostModel)
     assert d["kind"] == "profile" and d["measured_on"] == "h100-sxm"
     assert d["provenance"]["source"] == "aiconfigurator"
-    assert set(d["overheads"]) == {"per_step_s", "per_request_s", "per_layer_s", "source", "request_latency_s"}
+    assert set(d["overheads"]) == {"per_step_s", "per_request_s", "per_layer_s", "source"}
 
 
 def test_a_profile_without_its_own_request_latency_takes_the_priors(h100):
     """The front end's fixed time per request is an engine cost no kernel timing measures: a profile
     that lacks it must not price requests as reaching the scheduler exactly at a step boundary."""
-    assert h100.request_latency_s == RooflineCostModel(LLAMA, H100).request_latency_s > 0
+    assert h100.frontend == RooflineCostModel(LLAMA, H100).frontend and h100.frontend.latency_s(1000) > 0
 
 
 def test_the_shipped_profile_is_chosen_by_architecture_not_by_name():

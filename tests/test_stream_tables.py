@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 import experiments.tables as tables_mod
-import simcore.fastpath as fastpath_mod
+import simcore.fast.log as fastlog_mod
 from experiments.simulate import simulate
 from experiments.sweep import run_sweep
 from experiments.tables import TABLES, read_table, write_run_tables
 from simcore.engine import EngineLimits, SimulationError
-from simcore.fastpath import FastEngine
+from simcore.fast.engine import FastEngine
 from simcore.costmodel import ConstantCost
 from simcore.request import RequestSpec
 from policies import Continuous
@@ -41,7 +41,7 @@ def same_summary(a: dict, b: dict) -> None:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Several streamed chunks and Parquet row groups even in a small run."""
-    monkeypatch.setattr(fastpath_mod, "ITERATION_CHUNK_ROWS", 37)
+    monkeypatch.setattr(fastlog_mod, "ITERATION_CHUNK_ROWS", 37)
     monkeypatch.setattr(tables_mod, "ROWS_PER_SLICE", 50)
 
 
@@ -92,7 +92,7 @@ def test_finished_requests_are_released():
     engine = FastEngine(Continuous(), ConstantCost(0.01, 0.0), EngineLimits(100, 16, 512), specs,
                         iteration_sink=lambda f, i: seen.append(len(f)))
     log = engine.simulate()
-    assert engine.requests == {} and log.num_unfinished == 0 and (log.status == fastpath_mod.FINISHED).all()
+    assert engine.requests == {} and log.num_unfinished == 0 and (log.status == fastlog_mod.FINISHED).all()
     assert sum(seen) > 0 and len(log.iteration_floats) == 0   # every row went to the sink
 
 

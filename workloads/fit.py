@@ -10,13 +10,14 @@ rate changes, and prefix sharing.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import yaml
 
+from commandline.argtypes import non_negative_float, positive_int
+from commandline.exits import refuse, run_main
+from commandline.parser import Parser
 from workloads.errors import WorkloadError
 from workloads.traces import FORMATS, Trace, load_trace
 
@@ -94,24 +95,25 @@ def describe(trace: Trace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workloads.fit", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m workloads.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="trace file")
     ap.add_argument("--format", required=True, choices=FORMATS)
     ap.add_argument("--lengths", default="lognormal", choices=("lognormal", "pareto", "auto"))
-    ap.add_argument("--start-s", type=float, default=0.0, help="window start (trace seconds)")
-    ap.add_argument("--end-s", type=float, default=None, help="window end (trace seconds)")
-    ap.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
+    ap.add_argument("--start-s", type=non_negative_float, default=0.0, help="window start (trace seconds)")
+    ap.add_argument("--end-s", type=non_negative_float, default=None, help="window end (trace seconds)")
+    ap.add_argument("--num-requests", type=positive_int, default=None, help="only the first N requests")
     args = ap.parse_args(argv)
+    if args.end_s is not None and args.end_s <= args.start_s:
+        ap.error(f"--end-s {args.end_s:g}: must be after --start-s {args.start_s:g}")
     try:
         trace = load_trace(args.trace, args.format).select(args.start_s, args.end_s, args.num_requests)
         block = fit_workload(trace, args.lengths)
     except WorkloadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print("\n".join(f"# {line}" for line in describe(trace)))
     print(yaml.safe_dump({"workload": block}, sort_keys=False, default_flow_style=None).rstrip())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, (WorkloadError,))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simcore.kvcache import DEFAULT_BLOCK_SIZE
 from simcore.request import RequestSpecs
 from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError, check_keys, finite_number
@@ -164,7 +165,7 @@ def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.nd
 
 
 def generate(workload: Workload | TraceWorkload, seed: int, max_model_len: int,
-             block_size: int = 16) -> GeneratedRequests:
+             block_size: int = DEFAULT_BLOCK_SIZE) -> GeneratedRequests:
     """Draw the requests. Streams: arrivals, prompt lengths and output lengths are independent, so
     changing one distribution does not reshuffle the others (spawned children do not depend on how many
     are spawned: priorities, classes and system-prompt groups use streams 4-6 and leave the first three

@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from simcore.kvcache import DEFAULT_BLOCK_SIZE
 from simcore.request import RequestSpec
 from workloads.errors import WorkloadError, check_keys, finite_number
 from workloads.prefix import prefix_block_ids
@@ -263,6 +264,8 @@ def load_trace(path: str, fmt: str, prefix_block_tokens: int = MOONCAKE_BLOCK_TO
         raise WorkloadError(f"{path}: no such trace file") from None
     if os.path.isdir(path):
         raise WorkloadError(f"{path}: is a folder, not a trace file")
+    if not os.path.isfile(path):   # a pipe or a device would block the read
+        raise WorkloadError(f"{path}: not a regular file")
     if not os.access(path, os.R_OK):
         raise WorkloadError(f"{path}: cannot read the trace file (permission denied)")
     return _load_cached(os.path.abspath(path), fmt, mtime_ns, prefix_block_tokens)
@@ -342,7 +345,7 @@ def parse_trace_workload(spec, key: str = "workload.trace") -> TraceWorkload:
     return TraceWorkload(**out)
 
 
-def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = 16):
+def trace_specs(w: TraceWorkload, max_model_len: int, block_size: int = DEFAULT_BLOCK_SIZE):
     """The trace's requests as RequestSpecs (ids = row order after selection), fitted only to the model's
     hard limits (and counted; a too-long prompt is left for the engine to reject unless long_prompts: clip), with prefix ids mapped to `block_size`-token engine blocks."""
     tr = w.load()

@@ -1,20 +1,23 @@
 """Applying a policy's decision to one replica: preemption (recompute or swap), admission, KV allocation,
-prefix-cache hits. One implementation, inherited by both engines (simcore/engine.py, simcore/fastpath.py);
-what happens when a step ends (sampling, finishing) is each engine's own, through simcore.mechanics."""
+prefix-cache hits, and releasing the requests that finished. One implementation, inherited by both engines
+(simcore/engine.py, simcore/fast/engine.py); what happens when a step ends (sampling, finishing) is each
+engine's own, through simcore.rules."""
 from __future__ import annotations
 
 from collections import deque
 
-from simcore.mechanics import SimulationError, without_admitted
+from simcore.errors import SimulationError
+from simcore.rules import without_admitted
 from simcore.request import Request, Status
 
 
 RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
 
 
-class ReplicaMechanics:
+class DecisionApplier:
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
-    `waiting` (deque), `running` (list), `requests` (id -> record) and `log` (`event`, `preemption`)."""
+    `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
+    (the policy's holds_slots_until_drained) and `log` (`event`, `preemption`)."""
 
     def can_receive(self, num_tokens: int) -> bool:
         """Whether KV for `num_tokens` tokens fits in free blocks now."""
@@ -119,3 +122,22 @@ class ReplicaMechanics:
             raise SimulationError(f"{self.policy.name} gave request {req.request_id} {num_new_tokens} tokens, "
                                   f"ignoring its {hit}-token prefix-cache hit")
         req.num_computed_tokens = self.prefix_cache.admit(req)
+
+    def _release_finished(self, done: list) -> None:
+        """Requests that just finished (already out of `running`) give their KV back, in order; under a
+        policy that holds slots until the batch drains (static batching) they keep it until the last
+        running request finishes, then all drained requests free theirs."""
+        if self.holds_slots:
+            for req in done:
+                req.status = Status.DRAINING
+            self.draining.extend(done)
+        else:
+            free = self.pool.free
+            for req in done:
+                req.status = Status.FINISHED
+                free(req)
+        if self.draining and not self.running:
+            for req in self.draining:
+                self.pool.free(req)
+                req.status = Status.FINISHED
+            self.draining.clear()

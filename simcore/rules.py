@@ -1,4 +1,4 @@
-"""Engine mechanics both engines share (simcore/engine.py, simcore/fastpath.py): pure functions over request
+"""Engine rules both engines share (simcore/engine.py, simcore/fast/engine.py): pure functions over request
 records, so that a rule about rejecting, sampling or leaving the queue is written once."""
 from __future__ import annotations
 
@@ -6,10 +6,6 @@ from collections import deque
 
 from simcore.kvcache import cdiv
 from simcore.request import Request, RequestSpec, Status
-
-
-class SimulationError(RuntimeError):
-    """The simulated engine reached a state a real one cannot (a policy bug): fail loudly."""
 
 
 def reject_reason(spec: RequestSpec, policy, max_model_len: int, num_blocks: int, block_size: int) -> str | None:
@@ -50,7 +46,7 @@ def without_admitted(waiting: deque, num_admitted: int) -> deque:
 def take_sample(req: Request, now_s: float, log) -> bool:
     """`req` samples one token at `now_s` (its KV has caught up): count it, log its first token or the gap
     since its last one (`log.itl_gaps_s`), and say whether that was its last token. The SimPy and pipelined
-    engines' rule; the fast engine inlines the same steps with gaps grouped by their start (fastpath.py)."""
+    engines' rule; the fast engine inlines the same steps with gaps grouped by their start (simcore/fast/engine.py)."""
     req.num_generated_tokens += 1
     if req.first_token_s is None:
         req.first_token_s = now_s

@@ -1,7 +1,7 @@
 """Wiring and running one engine replica on the SimPy engine: the one place that connects arrivals (open
 loop or closed-loop users) to an engine and runs the clock; used by experiments.simulate,
-fidelity.validate, fidelity.vllm_scheduler and the tests. (The fast engines, simcore/fastpath.py, have
-their own event loop and traffic, simcore/fasttraffic.py.)"""
+fidelity.validate, fidelity.vllm_scheduler and the tests. (The fast engines, simcore/fast/, have
+their own event loop and traffic, simcore/fast/traffic.py.)"""
 from __future__ import annotations
 
 from typing import Callable
@@ -9,7 +9,8 @@ from typing import Callable
 import simpy
 
 from simcore.arrivals import ClosedLoopUsers, open_loop
-from simcore.engine import Engine, EngineLimits
+from simcore.engine import Engine
+from simcore.limits import EngineLimits
 from simcore.log import EngineLog
 
 

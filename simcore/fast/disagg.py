@@ -2,7 +2,7 @@
 
 The hand-off rules are simcore/disagg.py's (`HandoffRules`: the prefill router, the decode router's view,
 the decode-side record, the FIFO of copies waiting for decode-side KV, the end of a copy); the replicas are
-fast engines and the clock is FastCluster's event loop (simcore/fastcluster.py), so every table equals the
+fast engines and the clock is FastCluster's event loop (simcore/fast/cluster.py), so every table equals the
 SimPy deployment's bitwise (tests/test_fastdisagg.py). What SimPy does with processes is replayed event
 for event: a copy's process starts with an urgent event after the engine step that launched it; it asks
 its prefill replica's link (a `simpy.Resource` of capacity 1: FIFO, granted by an event of its own), holds
@@ -16,9 +16,9 @@ import heapq
 from collections import deque
 
 from simcore.disagg import HandoffRules, KVLink
-from simcore.engine import EngineLimits
-from simcore.fastcluster import FastCluster
-from simcore.fastpath import FastEngine, _Request
+from simcore.fast.cluster import FastCluster
+from simcore.fast.request import FastRequest
+from simcore.limits import EngineLimits
 
 
 class _Link:
@@ -47,50 +47,45 @@ class FastDisagg(HandoffRules, FastCluster):
         for d, e in enumerate(self.decode):
             e.on_done = self._decode_done_hook(d)
         self.links = [_Link() for _ in self.prefill]
+        self.traffic.start_urgent = self._copy_asks_link
 
     def _submit(self, k: int, spec, now: float) -> None:
         i = self.prefill_cluster.route(spec)
-        self.col_replica[k] = i
+        self.replica_of_request[k] = i
         self._submit_to(self.replicas[i], k, spec, now)
 
     def _decode_done_hook(self, d: int):
         """simcore.disagg.DisaggregatedCluster.chain_on_done's hook: retry queued copies, then the users."""
-        closed = self.closed
+        traffic = self.traffic
+        closed = traffic.closed
 
         def hook(req, now: float) -> None:
             self._start_transfers(d, now)
             if closed:
-                self._on_done(req, now)
+                traffic.on_done(req, now)
         return hook
 
     # ---- HandoffRules' hooks ----
     def _new_record(self, src_req):
-        copy = _Request(src_req.spec)
-        copy.k = src_req.k
-        return copy
+        return FastRequest(src_req.spec, src_req.index)
 
     def _launch(self, src, src_req, dst, dst_req, done_s: float, now_s: float) -> None:
         """The copy's process starts with an urgent event, after the engine event that launched it."""
-        self.col_replica[dst_req.k] = dst.replica_id   # it finishes there: its row is that replica's
-        self.deferred.append([src, src_req, dst, dst_req, done_s, None, None])
+        self.replica_of_request[dst_req.index] = dst.replica_id   # it finishes there: its row is that replica's
+        self.traffic.deferred.append([src, src_req, dst, dst_req, done_s, None, None])
 
     def _hand_over(self, src, src_req, dst, dst_req, now_s: float) -> None:
         self._lend(src, src.release, src_req, now_s)   # each wakes its engine if it waits
         self._lend(dst, dst.received, dst_req, now_s)
 
     # ---- the copy's events ----
-    def _flush_timers(self, now: float) -> None:
-        """The urgent events created by the engine event just processed, in creation order: think timers of
-        closed-loop users (ints) and copies' processes starting (lists)."""
-        for item in self.deferred:
-            if isinstance(item, int):
-                self._think(item, now)
-            else:   # the copy asks its link (its allocation time is now)
-                item[5] = now
-                link = self.links[self._index[id(item[0])]]
-                link.queue.append(item)
-                self._grant(link, now)
-        self.deferred.clear()
+    def _copy_asks_link(self, copy: list, now: float) -> None:
+        """A copy's process starts (an urgent event after the engine event that launched it, in creation
+        order among the think timers started then): it asks its link (its allocation time is now)."""
+        copy[5] = now
+        link = self.links[self._index[id(copy[0])]]
+        link.queue.append(copy)
+        self._grant(link, now)
 
     def _grant(self, link: _Link, now: float) -> None:
         """simpy.Resource._trigger_put: the head of the queue gets a free link, by an event now."""
@@ -99,7 +94,7 @@ class FastDisagg(HandoffRules, FastCluster):
             self._schedule(now, "granted", link.queue.popleft())
 
     def _schedule(self, t: float, kind: str, payload) -> None:
-        holder = self.holder
+        holder = self.traffic.holder
         heapq.heappush(self.own_events, (t, holder.seq, kind, payload))
         holder.seq += 1
 

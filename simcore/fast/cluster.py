@@ -1,0 +1,150 @@
+"""A cluster of replicas behind a router on the fast path: simcore/cluster.py's semantics without SimPy.
+
+Each replica is a fast engine (simcore/fast/engine.py) with its own queue, KV pool and lazy decoders;
+arrivals, closed-loop users and the router (simcore/cluster.py's `Cluster.route`, the same code the SimPy
+cluster uses) live here, and one event loop takes the earliest event of all of them in SimPy's order (time,
+then creation order, one counter for the whole simulation). So every table equals the SimPy cluster's
+bitwise (tests/test_fastcluster.py), routing decisions and ties included.
+
+What the single fast engine does in bulk, a replica here does step by step: every engine step is an event,
+because another replica's event may route a request to it, or end a closed-loop request whose user then
+sends, between any two of its steps, and the router reads its live state (queue, running, KV blocks) then.
+A replica still skips the per-request work of its decoding requests (lazy decoders) and, with a shortcut
+policy, the general `schedule`; while nothing reaches it, its next quiet step goes in flight without asking
+the policy (`FastEngine.quiet_step`). Per-request and per-iteration rows go to one set of columns shared by
+all replicas, in the order SimPy's shared log would hold them.
+"""
+from __future__ import annotations
+
+import heapq
+from array import array
+
+import numpy as np
+
+from simcore.cluster import Cluster
+from simcore.fast.engine import COMPLETE, IDLE, RESUME, SWAP_WAIT, WAIT_ENDS, FastEngine
+from simcore.fast.log import Events, FastLog, NoEvents, RequestColumns, StepLog, fast_log
+from simcore.fast.traffic import INF, Traffic
+from simcore.limits import EngineLimits
+from simcore.request import RequestSpecs
+
+
+class FastCluster:
+    """`num_replicas` identical fast engines behind `router`; open loop (`specs` sorted by arrival) or
+    closed loop (`closed = (concurrency, think_time_s)`), as experiments/simulate.py wires the SimPy cluster."""
+
+    def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
+                 closed: tuple[int, float] | None = None, record_events: bool = False):
+        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed, record_events)
+        self.cluster = Cluster(self.replicas, router)
+
+    def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed,
+                        record_events: bool) -> None:
+        """One fast engine per item of `limits`, sharing this traffic, the event counter, the columns and logs."""
+        specs = specs if isinstance(specs, RequestSpecs) else list(specs)   # compact columns stay so
+        self.seq = 0
+        self.traffic = Traffic(specs, closed, self._submit, self)
+        self.columns = RequestColumns(specs)
+        self.steps = StepLog()
+        self.log = Events() if record_events else NoEvents()
+        self.own_events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fast/disagg.py)
+        self.replicas = [FastEngine(policy, cost_model, lim, (), closed=closed, cluster=self) for lim in limits]
+        for i, replica in enumerate(self.replicas):
+            replica.replica_id = i
+        self.replica_of_request = np.zeros(len(specs), dtype=np.int32)   # where each request ran (its row's)
+        self.replica_of_iteration = array("i")
+
+    # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
+    def _submit(self, k: int, spec, now: float) -> None:
+        i = self.cluster.route(spec)
+        self.replica_of_request[k] = i
+        self._submit_to(self.replicas[i], k, spec, now)
+
+    def _submit_to(self, replica: FastEngine, k: int, spec, now: float) -> None:
+        # a rejection may end a closed-loop user's request, who then sends again: lend the counter
+        self._lend(replica, replica._submit, k, spec, now)
+
+    def _lend(self, replica: FastEngine, fn, *args) -> None:
+        """Call `fn(*args)`, which may create events on `replica`, with the event counter lent to it."""
+        traffic = self.traffic
+        holder = traffic.holder
+        if replica is holder:
+            fn(*args)
+            return
+        replica.seq, traffic.holder = holder.seq, replica
+        fn(*args)
+        holder.seq, traffic.holder = replica.seq, holder
+
+    # ---- the event loop ----
+    def simulate(self) -> FastLog:
+        replicas = self.replicas
+        n = len(replicas)
+        for i, replica in enumerate(replicas):   # the engine processes start first, in replica order
+            replica.state, replica.due_s, replica.due_seq = RESUME, 0.0, i - n - 1
+        traffic = self.traffic
+        traffic.start()
+        first_arrival = True
+        own, timers = self.own_events, traffic.timers
+        while True:
+            t, e, source = traffic.arrival_s, traffic.arrival_seq, None
+            if timers and timers[0][:2] < (t, e):
+                (t, e), source = timers[0][:2], timers
+            if own and own[0][:2] < (t, e):
+                (t, e), source = own[0][:2], own
+            for replica in replicas:
+                if replica.state is not IDLE and (replica.due_s < t or (replica.due_s == t and replica.due_seq < e)):
+                    t, e, source = replica.due_s, replica.due_seq, replica
+            if t == INF:
+                break
+            if source is None:
+                traffic.arrivals(t, first_arrival)
+                first_arrival = False
+            elif source is timers:
+                traffic.send(heapq.heappop(timers)[2], t)
+            elif source is own:
+                _, _, kind, payload = heapq.heappop(own)
+                self._driver_event(kind, payload, t)
+            else:
+                self._replica_event(source, t)
+        return self._log()
+
+    def _replica_event(self, replica: FastEngine, now: float) -> None:
+        """The replica's pending event, processed with the event counter lent to it."""
+        traffic = self.traffic
+        replica.seq, traffic.holder = self.seq, replica
+        state = replica.state
+        if state in WAIT_ENDS:   # the engine resumes one event later (simcore/fast/engine.py)
+            replica.state, replica.due_seq = RESUME, replica.seq
+            replica.seq += 1
+        elif state is SWAP_WAIT and not replica.swap_wait_over(now):
+            pass   # it waits for its wake event (disaggregation: a KV copy ending)
+        else:
+            traffic.deferring = True
+            if state is COMPLETE:
+                replica.complete_step(now)
+                self.replica_of_iteration.append(replica.replica_id)
+            replica.next_decision(now)
+            if traffic.deferred:
+                traffic.flush_deferred(now)
+            traffic.deferring = False
+        self.seq, traffic.holder = replica.seq, self
+
+    def _driver_event(self, kind: str, payload, now: float) -> None:
+        raise NotImplementedError(kind)   # a plain cluster schedules none (simcore/fast/disagg.py does)
+
+    # ---- results ----
+    def _log(self) -> FastLog:
+        """The cluster's log: one FastLog over all replicas (their shared columns), plus where each request
+        and each iteration ran."""
+        for replica in self.replicas:   # never finished (the caller reports them)
+            replica.record_unfinished()
+        specs, self.traffic.specs = self.traffic.specs, []
+        log = fast_log(self.columns, self.steps, specs, self.log.events)
+        log.replica_id = self.replica_of_request
+        log.iteration_replica_id = np.frombuffer(self.replica_of_iteration, dtype=np.int32)
+        return log
+
+    @property
+    def prefix_caches(self) -> list:
+        """Each replica's prefix-caching pool (empty without prefix caching)."""
+        return [r.prefix_cache for r in self.replicas if r.prefix_cache is not None]
