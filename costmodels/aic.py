@@ -10,7 +10,6 @@ says which is which. Built grids are cached as JSON under ~/.cache/batchsim/aic 
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -19,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from commandline.files import content_hash, write_json_atomic
 from costmodels.catalog import GPU, CatalogError, ModelShape
 from costmodels.deployment import WEIGHT_BYTES, Deployment
 from costmodels.profile import prefill_coords
-from costmodels.tablegrid import TableFamily, family
+from costmodels.tablegrid import TableFamily, family, table_guard
 from costmodels.roofline import RooflineCostModel
 
 GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
@@ -133,7 +133,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 t = t.assign(step=t["step"] + 1)   # `step` tokens cached; the decoded one makes step + 1
             hd, kv_e = model.head_dim, 2.0 if kv != "fp8" else 1.0
             if kind == "prefill":   # causal: 4 hd heads b isl keys-per-query FLOPs; read Q, K, V, write O
-                # (no L2 step: tried, it raised the H100/H200/B200 prefill p90s, e.g. H200 vLLM 6.9% -> 10.0%)
+                # (no L2 step for prefill: fitting one made the held-out prefill errors worse on the H100,
+                # H200 and B200 tables)
                 qkvo = [(hd * (2 * 2.0 * heads + 2 * kv_e * kv_heads), (1, 1, 0))]
                 base = {"flops": [(4.0 * hd * heads, (1, 1, 1))], "bytes": qkvo, "cap": [1, 2.0, None]}
             else:   # stream K and V of the (windowed) context once per sequence, plus each sequence's own
@@ -148,8 +149,8 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                 if len(rows):
                     cap = [base["cap"][0], base["cap"][1], float(w or 1e18)]
                     # The L2 step only for full attention: a window's KV per call reaches the L2 size only at
-                    # batches of hundreds, where per-sequence work, not streaming, sets the time; a step
-                    # fitted there (tried) moved L40S SGLang's window p90 from 10.8% to 17.0%.
+                    # batches of hundreds, where per-sequence work, not streaming, sets the time: a step
+                    # fitted there fits the wrong cause and made the window family's held-out error worse.
                     fam = {**base, "cap": cap, **({"l2_bytes": None} if w else {})}
                     out["families"][f"{kind}_attn_{wname}"] = family(rows, cols, cols, slopes, fam)
                     note(f"{kind}_attn_{wname}", attn_dir / f"{table}_attention_perf.parquet", len(rows))
@@ -262,8 +263,8 @@ def load_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vll
     the installed package's version)."""
     import importlib.metadata
     pkg = importlib.metadata.version("aiconfigurator-core")
-    key = json.dumps([asdict(model), gpu.name, asdict(d), framework, version, pkg, FORMAT], sort_keys=True)
-    path = cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    key = [asdict(model), gpu.name, asdict(d), framework, version, pkg, FORMAT]
+    path = cache_dir() / f"{content_hash(key, length=20)}.json"
     if path.exists():
         try:
             return json.loads(path.read_text())
@@ -275,9 +276,7 @@ def load_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vll
                            "publisher": "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), systems/data"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(grids))
-        tmp.replace(path)
+        write_json_atomic(path, grids, indent=None)
     except OSError:
         pass   # a read-only home: use the grids uncached
     return grids
@@ -293,19 +292,26 @@ class AicCostModel(RooflineCostModel):
         self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
         if self.mla_modules:   # the MLA module rows include the attention projections
             self.attn_gemms = []
+        self.guard = {}
+        for name, reason in table_guard(self).items():   # cells far off the physics: the prior instead
+            self._g.pop(name, None)
+            self.guard[name] = reason
+        self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
                                                   "alltoall", "elementwise", "sampling", "overheads")
                    if not any(t.startswith(f) for t in self.grids["sources"])
                    and not (self.mla_modules and f in ("prefill_attn", "decode_attn"))}
-        sources.update(self.grids["sources"])
+        sources.update({f: v for f, v in self.grids["sources"].items() if f not in self.guard})
+        sources.update({f: f"roofline prior (table guard: {why})" for f, why in self.guard.items()})
         if self.wb != self.dt and "gemm_weights" not in sources:
             sources["gemm_weights"] = f"roofline prior (no {self.deployment.weight_format(self.model)} GEMM rows)"
         return {**super().describe(), "kind": "aic",
                 "source": f"aiconfigurator kernel tables ({self.grids['provenance']['package']}, "
                           f"{self.grids['provenance']['framework']} {self.grids['provenance']['version']})",
                 "provenance": self.grids["provenance"], "family_sources": sources,
+                "table_guard": dict(self.guard) or "every table family within its bounds",
                 "held_out_error": {f: v["held_out"] for f, v in self.grids["families"].items()}}
 
     def _gemm_s(self, m, n, k, wb=None):

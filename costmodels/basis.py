@@ -54,7 +54,9 @@ def basis_line(described: dict) -> str:
         error = _aic_error(described.get("held_out_error") or {})
         return f"NVIDIA kernel tables: {described.get('source', '?')}; {error}"
     if kind == "roofline":
-        return f"roofline prior of batchsim {batchsim_version()} (datasheet peaks x efficiencies, not measured)"
+        represents = described.get("represents")
+        return (f"roofline prior of batchsim {batchsim_version()} (datasheet peaks x efficiencies, not measured"
+                + (f"; represents {represents})" if represents else ")"))
     if kind == "stepfit":
         held = described.get("held_out")
         err = f"; held-out error {held}" if held not in (None, {}, "") else ""

@@ -22,6 +22,8 @@ class GPU:
     host_link_bytes_per_s: float     # GPU<->host copies (KV swap), PCIe gen4 x16 ~25 GB/s, gen5 ~50 GB/s
     fp8_flops_per_s: float | None = None  # dense FP8 tensor-core peak; None: no FP8 tensor cores (A100)
     fp4_flops_per_s: float | None = None  # dense FP4 peak (Blackwell); None: FP4 weights dequantised to fp8/bf16
+    interconnect_kind: str = "nvlink"     # nvlink | pcie | infinity_fabric: what the TP collectives cross
+    l2_bytes: float | None = None         # last-level on-chip cache (the [aic] tables' decode attention uses it)
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8 or fp4), falling back to
@@ -33,18 +35,48 @@ class GPU:
         return self.bf16_flops_per_s
 
 
+# `memory_bytes` is what CUDA (or ROCm) reports as the device's total memory, since vLLM sizes its KV pool
+# from it (gpu_memory_utilization x total): a card sold as "80 GB" has 80 GiB of HBM of which the driver
+# keeps a little, so CUDA reports about 85.0e9 bytes (vLLM logs total_gpu_memory 79.15-79.2 GiB on
+# H100/A100 80GB). Figures marked "est." were not read off a device: the datasheet's GiB less the ~1%
+# the driver keeps. Interconnect: per-GPU, per-direction bandwidth the TP all-reduce can use (NVLink,
+# PCIe, AMD Infinity Fabric). Every figure's source: docs/sources.md ("GPU catalog").
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in [
-        GPU("a100-40gb", 312e12, 1555e9, 40e9, 300e9, 25e9),
-        GPU("a100-80gb", 312e12, 2039e9, 80e9, 300e9, 25e9),
-        GPU("h100-sxm", 989e12, 3350e9, 80e9, 450e9, 50e9, 1979e12),
-        GPU("h200-sxm", 989e12, 4800e9, 141e9, 450e9, 50e9, 1979e12),
-        GPU("b200-sxm", 2250e12, 8000e9, 180e9, 900e9, 50e9, 4500e12, 9000e12),  # HGX B200, NVLink 5
-        GPU("l4", 121e12, 300e9, 24e9, 32e9, 25e9, 242e12),      # PCIe gen4 only, no NVLink
-        GPU("l40s", 362e12, 864e9, 48e9, 32e9, 25e9, 733e12),    # PCIe gen4 only, no NVLink
+        GPU("a100-40gb", 312e12, 1555e9, 42.3e9, 300e9, 25e9, l2_bytes=40e6),            # est. memory
+        GPU("a100-80gb", 312e12, 2039e9, 85.0e9, 300e9, 25e9, l2_bytes=40e6),
+        GPU("h100-sxm", 989e12, 3350e9, 85.0e9, 450e9, 50e9, 1979e12, l2_bytes=50e6),
+        GPU("h100-pcie", 756e12, 2000e9, 85.0e9, 300e9, 50e9, 1513e12, l2_bytes=50e6),   # NVLink bridge pairs
+        GPU("h100-nvl", 835e12, 3900e9, 100.0e9, 300e9, 50e9, 1671e12, l2_bytes=50e6),   # 94 GB, est. memory
+        GPU("h20", 148e12, 4000e9, 102.0e9, 450e9, 50e9, 296e12, l2_bytes=60e6),         # 96 GB, est. memory
+        GPU("h200-sxm", 989e12, 4800e9, 150.0e9, 450e9, 50e9, 1979e12, l2_bytes=50e6),   # 141 GB, est. memory
+        GPU("b200-sxm", 2250e12, 8000e9, 180e9, 900e9, 50e9, 4500e12, 9000e12, l2_bytes=126e6),  # HGX B200, NVLink 5
+        # one Blackwell GPU of a GB200 superchip: NVLink 5 to the other GPUs, NVLink-C2C to its Grace CPU
+        GPU("gb200", 2500e12, 8000e9, 186e9, 900e9, 450e9, 5000e12, 10000e12, l2_bytes=126e6),
+        GPU("l4", 121e12, 300e9, 23.7e9, 32e9, 25e9, 242e12, interconnect_kind="pcie", l2_bytes=48e6),
+        GPU("l40", 181e12, 864e9, 47.7e9, 32e9, 25e9, 362e12, interconnect_kind="pcie", l2_bytes=96e6),
+        GPU("l40s", 362e12, 864e9, 47.7e9, 32e9, 25e9, 733e12, interconnect_kind="pcie", l2_bytes=96e6),
+        GPU("a10g", 70e12, 600e9, 23.7e9, 32e9, 25e9, interconnect_kind="pcie", l2_bytes=6e6),  # est. memory
+        # GeForce Ada: BF16 with FP32 accumulate runs at half the FP16-accumulate rate
+        GPU("rtx-4090", 165.2e12, 1008e9, 25_250_627_584, 32e9, 25e9, 330.3e12, interconnect_kind="pcie",
+            l2_bytes=72e6),
+        GPU("rtx-pro-6000", 500e12, 1792e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
+            l2_bytes=128e6),   # Blackwell, 96 GB GDDR7, est. memory; FLOP/s: half the sparse datasheet figures
+        # the Server Edition (passively cooled, 600 W): the same GB202 with 1,597 GB/s of GDDR7
+        GPU("rtx-pro-6000-server", 500e12, 1597e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
+            l2_bytes=128e6),
+        GPU("mi300x", 1307.4e12, 5300e9, 205.8e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",
+            l2_bytes=256e6),   # 192 GB HBM3, est. memory; l2: the 256 MB Infinity Cache
+        GPU("mi325x", 1307.4e12, 6000e9, 274.4e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",
+            l2_bytes=256e6),   # 256 GB HBM3E, est. memory
     ]
 }
+# Other spellings people use for the same parts
+GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",
+               "rtx4090": "rtx-4090", "rtx-pro-6000-blackwell": "rtx-pro-6000",
+               "h100-pcie-80gb": "h100-pcie"}
+INTERCONNECT_KINDS = ("nvlink", "pcie", "infinity_fabric")
 
 
 @dataclass(frozen=True)
@@ -170,10 +202,12 @@ class CatalogError(ValueError):
 
 
 def get_gpu(name: str) -> GPU:
+    key = name.lower()
     try:
-        return GPUS[name.lower()]
+        return GPUS[GPU_ALIASES.get(key, key)]
     except KeyError:
-        raise CatalogError(f"unknown hardware {name!r}; known: {', '.join(GPUS)}") from None
+        raise CatalogError(f"unknown hardware {name!r}; known: {', '.join(GPUS)}, a mapping of datasheet "
+                           f"figures, or a YAML/JSON file of them (docs/hardware.md)") from None
 
 
 def get_model(name_or_path: str) -> ModelShape:

@@ -22,18 +22,46 @@ from costmodels import deployment as _deployment
 
 @dataclass(frozen=True)
 class Efficiencies:
-    """Fractions of datasheet peaks that kernels reach, with the measurement behind each."""
+    """Fractions of datasheet peaks that kernels reach, with the measurement behind each (docs/sources.md,
+    "Roofline efficiencies"; the comparison op by op: docs/fidelity/gpu/kernels.md). The prior represents
+    vLLM V1 as of 0.15-0.24 on CUDA: CUDA graphs for decode, torch.compile with vLLM's fused kernels
+    (fused_add_rms_norm, silu_and_mul, rotary), FlashAttention decode, custom all-reduce, async scheduling.
+
+    A bandwidth-bound kernel is priced bytes / (bandwidth x efficiency) + a fixed time: the efficiency is
+    what large transfers reach, the fixed time the kernel's ramp and tail (DRAM latency, the split-KV
+    combine, the last wave), so small kernels reach a lower fraction, as measured."""
     # bf16 GEMM: aiconfigurator's H100 tables peak near 937 and sit near 820 TFLOP/s for large shapes
-    # (0.83 of 989); decode-shaped GEMMs reach 63-88% of HBM bandwidth (docs/sources.md).
+    # (0.83 of 989; vLLM 0.24 table, m >= 2,048: median 0.81, H200 0.79); the LLMServingSim profiler's
+    # vLLM 0.19 gate_up at 2,048 tokens: 0.83 of an RTX PRO 6000's 500 TFLOP/s.
     gemm_compute: float = 0.80
-    gemm_memory: float = 0.75
-    # Fused (flash) attention reaches roughly 50-70% of peak in prefill; decode attention streams KV.
+    # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
+    # aiconfigurator's vLLM 0.24 tables: H100 0.86 + 3.3 us, H200 0.83 + 3.6 us, B200 0.77 + 2.9 us (A100,
+    # vLLM 0.14: 0.74 + 5.1 us); vLLM 0.19's own qkv/o/gate_up/down timings (LLMServingSim profiler): RTX
+    # 4090 0.92 + 5.0 us, RTX PRO 6000 Server Edition 0.93 + 3.4 us. Near the median of the six (0.84).
+    gemm_memory: float = 0.83
+    gemm_fixed_s: float = 3.5e-6
+    # Fused (flash) attention reaches roughly 50-70% of peak in prefill.
     attention_compute: float = 0.55
-    attention_memory: float = 0.70
-    elementwise_memory: float = 0.60     # RMSNorm, rotary, SiLU*mul, residual adds: bandwidth-bound
-    allreduce_link: float = 0.70         # NCCL ring bus bandwidth over the datasheet NVLink figure
+    # Paged decode attention (FlashAttention), the same fit over batch x context: H100 0.85 + 13.5 us per
+    # kernel, H200 0.81 + 14.5 us, B200 0.87 + 10.5 us (aiconfigurator vLLM 0.24 generation_attention;
+    # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 Server
+    # Edition 0.90 + 14.5 us (LLMServingSim profiler, attention.csv, decode only). Median of the six: 0.86.
+    attention_memory: float = 0.85
+    decode_attention_fixed_s: float = 14e-6   # per layer's kernel
+    # RMSNorm (+ residual add), rotary, SiLU*mul: vLLM's fused CUDA kernels stream their tensors once. vLLM
+    # 0.19's silu_and_mul at 2,048 tokens moves 1.03x (RTX 4090) and 1.17x (RTX PRO 6000 Server) of the DRAM
+    # datasheet bandwidth (part of it from L2), RMSNorm more; 0.9 leaves room for GPUs with smaller L2.
+    elementwise_memory: float = 0.90
+    # Fused RMSNorm at 2,048 tokens (67 MB, inside L2) moves 2.35x (RTX 4090, 72 MB L2) and 2.67x (RTX PRO
+    # 6000 Server, 128 MB L2) of the DRAM datasheet bandwidth (vLLM 0.19 per-layer timings, LLMServingSim).
+    l2_speedup: float = 2.4
+    # TP all-reduce, latency + ring bytes / (link x efficiency) fitted to aiconfigurator's H100 tables from
+    # 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 /
+    # 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 / 0.60 / 0.62. vLLM runs the custom
+    # kernel up to 8 MB (captured in the decode graphs), NCCL beyond: the TP4 figures of the custom one.
+    allreduce_link: float = 0.60
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
-    allreduce_latency_s: float = 8.0e-6  # NCCL small-message latency per all-reduce
+    allreduce_latency_s: float = 6.6e-6  # per all-reduce (see allreduce_link)
     alltoall_latency_s: float = 3.0e-5   # per EP dispatch or combine (DeepEP low-latency kernels, one node)
     # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
     per_step_s: float = 4.0e-4
@@ -101,12 +129,13 @@ class RooflineCostModel:
         else:          # QK^T and PV: 4 * head_dim * heads FLOP per context token
             flops_per_ctx = 4.0 * m.head_dim * self.heads
         self._decode_attention_consts = (flops_per_ctx, self.peak_flops * e.attention_compute,
-                                         gpu.hbm_bytes_per_s * e.attention_memory, e.kernel_launch_s)
+                                         gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
 
     def describe(self) -> dict:
         d = self.deployment
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
+                "represents": "vLLM V1 0.15-0.24 on CUDA (CUDA graphs, torch.compile, async scheduling)",
                 "gpu": self.gpu.name, "model": self.model.name, "family": self.model.family, "tp": self.tp,
                 "dtype": self.dtype, "weights": d.weight_format(self.model), "kv_cache_dtype": d.kv_format(),
                 "pp": d.pipeline_parallel_size, "dp": d.data_parallel_size, "ep": d.ep,
@@ -118,7 +147,7 @@ class RooflineCostModel:
         flops = 2.0 * m * n * k
         bytes_ = (m * k + m * n) * self.dt + k * n * (self.wb if wb is None else wb)   # activations + weights
         return max(flops / (self.peak_flops * e.gemm_compute),
-                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.kernel_launch_s
+                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.gemm_fixed_s
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`
@@ -162,11 +191,18 @@ class RooflineCostModel:
         return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
 
     def _elementwise_s(self, num_tokens: int, mlp_width: float) -> float:
-        """Two RMSNorms, rotary, SiLU*mul and two residual adds per layer: read + write each tensor."""
-        m, e = self.model, self.eff
-        bytes_ = self.dt * num_tokens * (2 * 2 * m.hidden_size + 2 * (self.q_dim + self.kv_dim)
-                                         + 3 * mlp_width + 2 * 3 * m.hidden_size)
-        return bytes_ / (self.gpu.hbm_bytes_per_s * e.elementwise_memory) + 5 * e.kernel_launch_s
+        """vLLM's fused elementwise kernels of one layer, each streaming its tensors once: two fused residual
+        add + RMSNorm (read x and the residual, write both), rotary on Q and K (in place), SiLU*mul (read
+        gate and up, write their product). A kernel whose tensors fit in L2 (a step's activations written by
+        the GEMM before it) runs at `l2_speedup` times the DRAM figure."""
+        m, e, dt = self.model, self.eff, self.dt
+        l2 = self.gpu.l2_bytes or 0.0
+        bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
+        t = 0.0
+        for count, width in ((2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)):
+            b = dt * num_tokens * width
+            t += count * (b / (bw * (e.l2_speedup if b <= l2 else 1.0)) + e.kernel_launch_s)
+        return t
 
     def _allreduce_s(self, num_tokens: int) -> float:
         """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm."""

@@ -157,3 +157,66 @@ def family(frame, axes, columns, slopes, baseline: dict | None = None, scale=1e-
         return {"grid": grid_from_rows(axes, points, ratio, slopes).to_dict(), "baseline": baseline,
                 "held_out": err, "rows": int(len(merged))}
     return {"grid": grid_from_rows(axes, points, lat, slopes).to_dict(), "held_out": err, "rows": int(len(merged))}
+
+
+# The table guard. A family whose table prices a cell several times slower than the roofline's own
+# physical estimate (datasheet peaks at measured efficiencies), or which the model needs far beyond the
+# table's last row, is not used: the prior prices it instead and describe()["table_guard"] says why.
+# Several times: the prior's efficiencies sit within about 1.5x of every table's rows for the shapes
+# the tables measure (docs/fidelity/gpu/kernels.md), so 3x off is a wrong or thin table (an FP8 MoE
+# table missing this layout's rows, priced from a neighbouring layout), not a kernel the prior misses.
+GUARD_SLOWER = 3.0
+# Far beyond: the grid is flat (as a ratio to the baseline) past its last knot; 8x past it on an axis the
+# engine reaches is no longer measured.
+GUARD_BEYOND = 8.0
+# The operating range probed: token counts per step, decode batches and contexts an engine reaches.
+PROBE_TOKENS = (1, 16, 128, 1024, 8192)
+PROBE_BATCH = (1, 16, 128)
+PROBE_CONTEXT = (128, 1024, 8192)
+
+
+def _beyond(grid, x) -> float:
+    """How far past the last knot (a factor >= 1) the coordinates reach on their worst axis."""
+    return max(max(1.0, float(v) / float(np.exp(k[-1]))) for v, k in zip(x, grid.log_knots))
+
+
+def table_guard(m) -> dict:
+    """{family: reason} for the table families of AicCostModel `m` to drop (see GUARD_SLOWER)."""
+    from costmodels.roofline import RooflineCostModel as Prior
+    model, out = m.model, {}
+    gemms = list(m.layer_gemms) + list(m.shared_gemms)
+
+    def check(name, probes):
+        fam = m._g.get(name)
+        if fam is None:
+            return
+        for x, table_s, prior_s in probes:
+            far = _beyond(fam.grid, x) if fam.grid is not None else 1.0
+            if far > GUARD_BEYOND:
+                out[name] = f"needed at {tuple(round(v) for v in x)}, {far:.0f}x beyond the table's last row"
+                return
+            if prior_s > 0 and table_s / prior_s > GUARD_SLOWER:
+                out[name] = (f"{table_s / prior_s:.1f}x the roofline at {tuple(round(v) for v in x)} "
+                             f"({table_s * 1e6:.0f} us vs {prior_s * 1e6:.0f} us)")
+                return
+
+    wname = "gemm_weights" if m.wb != m.dt else "gemm_bf16"
+    check(wname, [((t, n, k), m._g[wname](t, n, k), Prior._gemm_s(m, t, n, k))
+                  for n, k in gemms for t in PROBE_TOKENS] if wname in m._g else [])
+    if "moe" in m._g:
+        d = m.deployment
+        check("moe", [((t * (d.data_parallel_size if d.ep > 1 else 1) * d.expert_load_imbalance,),
+                       m._routed_experts_s(t), Prior._routed_experts_s(m, t)) for t in PROBE_TOKENS])
+    if "decode_attn_full" in m._g and not m.mla_modules:
+        grid = m._g["decode_attn_full"]
+        probes = []
+        for b in PROBE_BATCH:
+            for c in PROBE_CONTEXT:
+                if c <= model.max_model_len:
+                    one = Prior._decode_attention_s(m, float(b * c), b) / model.num_layers
+                    probes.append(((b, c), grid(float(b), float(c)), one))
+        check("decode_attn_full", probes)
+    if "allreduce" in m._g and m.tp > 1:
+        check("allreduce", [((t * model.hidden_size,), 2 * m._g["allreduce"](float(t * model.hidden_size)),
+                             Prior._allreduce_s(m, t)) for t in PROBE_TOKENS])
+    return out

@@ -13,9 +13,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelShape, get_gpu, get_model,
+from costmodels.catalog import (DTYPE_BYTES, GPU, MODELS, CatalogError, ModelShape, get_gpu, get_model,  # noqa: F401
                                 with_max_model_len)
 from costmodels.deployment import DEPLOYMENT_KEYS, Deployment, parse_deployment
+from costmodels.gpuspec import parse_gpu
 from experiments.configcheck import ConfigError, check_keys, check_tree, number  # noqa: F401 (re-exported)
 from experiments.engine_config import (EngineSettings, check_engine_rules, parse_engine_settings,
                                        resolve_policy)
@@ -85,20 +86,18 @@ def check_model(model: ModelShape, source: str) -> None:
 
 
 def _model_and_gpu(raw: dict) -> tuple[ModelShape, GPU]:
-    for k in ("model", "hardware"):
-        if not isinstance(raw.get(k, ""), str):
-            raise ConfigError(f"{k}: expected a name{' or a config.json path' if k == 'model' else ''}, "
-                              f"got {raw[k]!r}")
+    if not isinstance(raw.get("model", ""), str):
+        raise ConfigError(f"model: expected a name or a config.json path, got {raw['model']!r}")
     try:
         model = get_model(raw.get("model", "llama-3-8b"))
     except CatalogError as e:
         raise ConfigError(f"model: {e}") from None
     if model.name not in MODELS or MODELS[model.name] is not model:
         check_model(model, raw["model"])
-    try:
-        return model, get_gpu(raw.get("hardware", "h100-sxm"))
+    try:   # a catalog name, a mapping of datasheet figures, or a YAML/JSON file of them
+        return model, parse_gpu(raw.get("hardware", "h100-sxm"))
     except CatalogError as e:
-        raise ConfigError(f"hardware: {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def _engine(raw: dict, model: ModelShape, gpu: GPU):

@@ -23,23 +23,28 @@ from dataclasses import dataclass
 from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
 from policies import POLICIES
-from simcore.limits import PREEMPTION_MODES, engine_settings_error
+from simcore.limits import PREEMPTION_MODES, EngineLimits, engine_settings_error
 
 DEFAULT_POLICY = "chunked_prefill"
 FAST_PATH_MODES = ("auto", "on", "off")
 
 
+_LIMITS = {f.name: f.default for f in dataclasses.fields(EngineLimits)}   # the engine's own defaults
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine-level settings (not a policy's knobs)."""
-    block_size: int = 16                  # vLLM CacheConfig.DEFAULT_BLOCK_SIZE
+    """A sweep file's `engine:` settings (not a policy's knobs). Those that are engine limits take the
+    engine's defaults (simcore/limits.py); the rest say how the pool is sized and how the run is made.
+    experiments.simulate.engine_limits turns them into the engine's `EngineLimits`."""
+    block_size: int = _LIMITS["block_size"]
     gpu_memory_utilization: float = 0.9   # vLLM default
     num_gpu_blocks: int | None = None     # overrides the derived block count
     max_model_len: int | None = None      # overrides the model's limit
-    preemption_mode: str = "recompute"    # vLLM V1 only recomputes; "swap" is vLLM V0's option
+    preemption_mode: str = _LIMITS["preemption_mode"]
     swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
-    check_invariants: bool = True
-    enable_prefix_caching: bool = False   # vLLM's automatic prefix caching (on by default in V1; off here)
+    check_invariants: bool = _LIMITS["check_invariants"]
+    enable_prefix_caching: bool = _LIMITS["enable_prefix_caching"]   # on by default in vLLM V1; off here
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own

@@ -160,14 +160,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     gen = (generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size) if specs is None
            else GeneratedRequests(tuple(specs), 0, 0))
     cfg = with_request_latency(cfg, frontend, gen.specs)
-    block_bytes = plan.block_size * plan.kv_bytes_per_token
-    limits = EngineLimits(
-        num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
-        preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
-        host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
-        num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
-        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
-        gateway=cfg.gateway)
+    limits = engine_limits(cfg, plan)
     num_stages = pipeline_stages(cfg, cost_model)
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py; never with stages)
         handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
@@ -260,6 +253,19 @@ def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency) -> pd.DataF
 def described(cost_model, frontend: FrontendLatency) -> dict:
     """The cost model's description with the front end the run applied (its own or the sweep file's)."""
     return {**cost_model.describe(), "frontend": frontend.describe()}
+
+
+def engine_limits(cfg: PointConfig, plan) -> EngineLimits:
+    """The engine's limits for a resolved point and its memory plan: the one place a sweep file's `engine:`
+    settings become what both engines read."""
+    block_bytes = plan.block_size * plan.kv_bytes_per_token
+    return EngineLimits(
+        num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
+        preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
+        host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
+        num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
+        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
+        gateway=cfg.gateway)
 
 
 def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) -> PointConfig:

@@ -49,7 +49,8 @@ def load_sweep_file(path: str | Path) -> dict:
 
 
 def resolve_relative_paths(sweep: dict, base_dir: Path) -> None:
-    """Make a relative `workload.trace.path` (also in `grid`) relative to the sweep file's folder, so a
+    """Make a relative `workload.trace.path` (also in `grid`) and a `hardware:` file path relative to the
+    sweep file's folder, so a
     sweep runs the same from any working directory. Mutates `sweep`."""
     def fix(trace) -> None:
         if isinstance(trace, dict) and isinstance(trace.get("path"), str) and not Path(trace["path"]).is_absolute():
@@ -58,6 +59,9 @@ def resolve_relative_paths(sweep: dict, base_dir: Path) -> None:
     workload = sweep.get("workload")
     if isinstance(workload, dict):
         fix(workload.get("trace"))
+    hw = sweep.get("hardware")   # a GPU described in its own YAML/JSON file (costmodels/gpuspec.py)
+    if isinstance(hw, str) and Path(hw).suffix.lower() in (".yaml", ".yml", ".json") and not Path(hw).is_absolute():
+        sweep["hardware"] = str((base_dir / hw).resolve())
     grid = sweep.get("grid")
     if isinstance(grid, dict):
         for k, values in grid.items():

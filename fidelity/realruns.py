@@ -8,6 +8,7 @@ engine was instrumented, what each engine step did and how long it took. Formats
 - `vllm bench serve --save-result --save-detailed` JSON (input_lens, output_lens, start_times, ttfts, itls);
 - GuideLLM benchmarks JSON (`guidellm benchmark --output-path x.json`): one run per benchmark (rate), from
   each successful request's start, first-token and last-token times (GuideLLM's own fields, old and new);
+- an LLMServingSim run folder (vllm_requests.jsonl + vllm_meta.json; fidelity/llmservingsim.py);
 - a generic per-request CSV: `arrival_s` (or submit_s / send_s / start_s), `prompt_tokens`, `output_tokens`,
   and `first_token_s` + `finish_s` (or last_token_s), or `ttft_s`/`ttft_ms` + `e2e_s`/`e2e_ms`, or
   `token_times_s` (space-separated, every token); absolute times are made relative to the first send.
@@ -99,6 +100,9 @@ def read_runs(path: str | Path) -> list[RealRun]:
     if not p.is_dir() and not p.is_file():   # a pipe or a device would block the read
         raise RealRunError(f"{p}: not a regular file or folder")
     if p.is_dir():
+        from fidelity import llmservingsim
+        if llmservingsim.is_run(p):   # LLMServingSim's bench/examples run folder
+            return [llmservingsim.read_run(p)]
         if has_table(p, "requests") and (p / "summary.json").exists():
             return [_read_vllm_run(p)]
         dirs = sorted(d for d in (p / "runs").glob("*") if (d / "summary.json").exists()) if (p / "runs").is_dir() else []

@@ -39,9 +39,10 @@ from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError, get_gpu
 from experiments.config import ConfigError, PointConfig, load_sweep_file, resolve_point
-from experiments.simulate import memory_plan
+from experiments.simulate import engine_limits, memory_plan
 from policies import POLICIES
-from simcore.engine import EngineLimits, SimulationError
+from simcore.engine import SimulationError
+from simcore.kvcache import DEFAULT_BLOCK_SIZE
 from simcore.metrics import iterations_frame, requests_frame, summarize
 from simcore.wiring import run_replica
 from workloads.synthetic import generate
@@ -71,8 +72,7 @@ def run_engine(cfg: PointConfig, seed: int, cost_model, backend=None) -> RunResu
     """The same wiring as experiments.simulate, with an optional real backend (then in real time)."""
     plan = memory_plan(cfg)
     gen = generate(cfg.workload, seed, cfg.model.max_model_len)
-    limits = EngineLimits(num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size,
-                          max_model_len=cfg.model.max_model_len, check_invariants=cfg.engine.check_invariants)
+    limits = engine_limits(cfg, plan)
     env = simpy.rt.RealtimeEnvironment(strict=False) if backend is not None else simpy.Environment()
     if backend is not None:
         backend.reset()
@@ -113,7 +113,7 @@ def build_config(args, policy: str, rate_per_s: float, arrival: dict | None = No
     raw["dtype"] = args.dtype  # the simulated dtype is the one the real model runs in
     engine = raw.setdefault("engine", {})
     engine["policy"] = policy
-    engine.setdefault("num_gpu_blocks", -(-args.kv_tokens // engine.get("block_size", 16)))
+    engine.setdefault("num_gpu_blocks", -(-args.kv_tokens // engine.get("block_size", DEFAULT_BLOCK_SIZE)))
     engine.setdefault("max_model_len", args.prompt_max + args.output_max if not args.config else None)
     if engine["max_model_len"] is None:
         del engine["max_model_len"]

@@ -54,7 +54,7 @@ from experiments.config import ConfigError, Point, PointConfig, expand, load_swe
 from experiments.simulate import memory_plan
 from experiments.sweep import flatten
 from simcore.batch import split_shape
-from simcore.kvcache import num_usable_blocks
+from simcore.kvcache import DEFAULT_BLOCK_SIZE, num_usable_blocks
 from simcore.metrics import requests_frame_from_columns, summarize
 from simcore.request import RequestSpec
 from workloads.errors import WorkloadError
@@ -124,7 +124,7 @@ def load_points(args) -> list[Point]:
         if "grid" in sweep:
             sweep["grid"] = {k: v for k, v in sweep["grid"].items() if not k.startswith("workload.")}
     engine = sweep.setdefault("engine", {})
-    engine.setdefault("block_size", 32 if args.device == "cpu" else 16)
+    engine.setdefault("block_size", 32 if args.device == "cpu" else DEFAULT_BLOCK_SIZE)
     if args.num_gpu_blocks is not None:
         engine["num_gpu_blocks"] = args.num_gpu_blocks
     sweep.setdefault("dtype", args.dtype)

@@ -25,7 +25,7 @@ from policies.continuous import Continuous
 from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
-from simcore.kvcache import num_usable_blocks
+from simcore.kvcache import DEFAULT_BLOCK_SIZE, num_usable_blocks
 from simcore.wiring import run_replica
 from simcore.request import RequestSpec, Status
 
@@ -37,7 +37,7 @@ class Case:
     """One comparison: the workload and the knobs both schedulers get (vLLM's names and meanings)."""
     requests: tuple[RequestSpec, ...]
     num_gpu_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0

@@ -22,8 +22,8 @@ def vllm_server_batch_defaults(gpu: GpuLike) -> tuple[int, int]:
     `EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py (UsageContext.OPENAI_API_SERVER). It looks at
     the device's total memory and name: >= 160 GiB 1024 / 16384 (B200-class); >= 70 GiB and not an A100
     1024 / 8192 (H100, H200); anything else 256 / 2048 (vLLM's comment: large budgets lowered A100
-    throughput, PR #17885). Our catalog's memory is the datasheet figure, a little above what the driver
-    reports, hence the 0.1% slack."""
+    throughput, PR #17885). The catalog's memory is what the driver reports; the 0.1% slack keeps a figure a
+    user rounded on the same side of a threshold."""
     memory_gib = gpu.memory_bytes / GIB * 1.001
     if memory_gib >= 160:
         return 1024, 16384

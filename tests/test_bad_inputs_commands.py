@@ -152,6 +152,20 @@ CASES = [
     ("fidelity-bench-repeats", "benchmarks.fidelity", ["--repeats", "2", "--out", OUT], "--repeats"),
     ("fidelity-bench-check-only-empty", "benchmarks.fidelity", ["--check-only", "--out", "{tmp}/empty"],
      "--check-only"),
+    ("frontend-repeats-zero", "benchmarks.frontend_latency", ["--out", OUT, "--repeats", "0"], "--repeats"),
+    ("frontend-vocab-small", "benchmarks.frontend_latency", ["--out", OUT, "--vocab", "100"], "--vocab"),
+    ("frontend-lengths-word", "benchmarks.frontend_latency", ["--out", OUT, "--lengths", "100,many"], "--lengths"),
+    ("frontend-out-is-file", "benchmarks.frontend_latency", ["--out", "{tmp}/afile"], "--out"),
+    ("gpu-fidelity-unknown-model", "benchmarks.gpu_fidelity", ["--models", "roofline,magic", "--out", OUT],
+     "--models"),
+    ("gpu-fidelity-unknown-set", "benchmarks.gpu_fidelity", ["--sets", "a100", "--out", OUT], "--sets"),
+    ("gpu-fidelity-stage-s-zero", "benchmarks.gpu_fidelity", ["--max-stage-s", "0", "--out", OUT], "--max-stage-s"),
+    ("gpu-fidelity-out-loop", "benchmarks.gpu_fidelity", ["--out", "{tmp}/loop"], "loop"),
+    ("kernel-efficiency-shared-empty", "benchmarks.kernel_efficiency", ["--shared", "{tmp}/empty"], "--shared"),
+    ("kernel-efficiency-bogus", "benchmarks.kernel_efficiency", ["--bogus"], "--bogus"),
+    ("import-lss-missing-folder", "calibration.import_llmservingsim", ["{tmp}/nothing", "--out", OUT], "nothing"),
+    ("import-lss-tp-zero", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", OUT, "--tp", "0"], "--tp"),
+    ("import-lss-out-is-file", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", "{tmp}/afile"], "--out"),
 ]
 
 POINT = {"model": "tiny", "hardware": "h100-sxm", "dtype": "fp32",
@@ -215,6 +229,7 @@ def test_bad_input_is_one_line_naming_it(module, argv, expected, files, capsys):
 def test_every_command_is_covered():
     modules = {m for _, m, _, _ in CASES}
     commands = {"calibration.capture", "calibration.fit", "calibration.import_aic", "calibration.compare",
+                "calibration.import_llmservingsim",
                 "fidelity.fit_engine", "fidelity.compare", "fidelity.vllm_run", "fidelity.validate",
                 "fidelity.step_calibration", "workloads.fit"}
     benchmarks = {f"benchmarks.{p.stem}" for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__"}

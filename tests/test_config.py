@@ -90,7 +90,10 @@ def test_per_gpu_defaults_are_the_engines():
         ChunkedPrefill.for_gpu(get_gpu(hw), 8192)) for hw in GPUS}
     assert seqs_tokens == {"h100-sxm": (1024, 8192), "h200-sxm": (1024, 8192), "b200-sxm": (1024, 16384),
                            "a100-80gb": (256, 2048), "a100-40gb": (256, 2048), "l4": (256, 2048),
-                           "l40s": (256, 2048)}
+                           "l40s": (256, 2048), "l40": (256, 2048), "a10g": (256, 2048), "rtx-4090": (256, 2048),
+                           "h100-pcie": (1024, 8192), "h100-nvl": (1024, 8192), "h20": (1024, 8192),
+                           "rtx-pro-6000": (1024, 8192), "rtx-pro-6000-server": (1024, 8192), "gb200": (1024, 16384), "mi300x": (1024, 16384),
+                           "mi325x": (1024, 16384)}
     assert ChunkedPrefill.for_gpu(get_gpu("l4"), 8192) == ChunkedPrefill()
     assert ChunkedPrefill.for_gpu(get_gpu("h100-sxm"), 8192, max_num_batched_tokens=512).max_num_seqs == 512
     assert ChunkedPrefill.for_gpu(get_gpu("l4"), 100).max_num_batched_tokens == 2048  # 256 x 100 is larger

@@ -1,0 +1,346 @@
+"""The default GPU cost model held to real vLLM runs on real GPUs (the public runs in ../shared/real-runs/).
+
+    python -m benchmarks.gpu_fidelity --out results/gpu-fidelity [--models roofline,default] [--shared PATH]
+                                      [--max-stage-s 600]
+
+1. `vllm-0.15.1-h100-stages.csv` (vLLM 0.15.1, H100 SXM, one row per constant-rate load stage): each
+   stage is rebuilt from its README (constant-rate arrivals for the stage's duration, one of 10 shared
+   system prompts plus a unique question, `ignore_eos` output lengths, chunked prefill with a 2,048-token
+   budget, 128 sequences, prefix caching, fp16, max_model_len 4,096) and simulated on its own;
+2. `llmservingsim/<GPU>_<model>/` (vLLM 0.19.0 on an RTX 4090 and an RTX PRO 6000): the real requests
+   replayed as sent (fidelity.llmservingsim reads them), on the GPU the run names, with the engine
+   arguments its vllm_meta.json records; beside them the peer simulator's errors
+   (validation_summary.txt).
+
+Per stage or run it prints real vs simulated TTFT mean/p99, per-token time ((E2E - TTFT) / (output - 1),
+the README's definition), E2E mean/p99 and throughput, each side's class (sustained or saturated), and
+the summary errors (median and p90 of |error|). TTFT is the simulator's own (engine plus the cost model's
+`request_latency_s`); the HTTP front end of `vllm serve` is modelled separately. Cost models: `roofline`
+(the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
+and they have the GPU, else the same prior). Writes stages.csv, runs.csv and report.md under --out.
+Without ../shared (or --shared) it says so and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from commandline.argtypes import positive_float  # noqa: E402
+from commandline.outputs import OutputError, out_dir  # noqa: E402
+from commandline.parser import Parser  # noqa: E402
+
+# ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
+SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
+STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
+LSS_DIR = "real-runs/llmservingsim"
+
+# The runs' models not in costmodels.catalog, from their Hugging Face config.json files (the shapes only;
+# docs/sources.md).
+HF_CONFIGS = {
+    "codellama/CodeLlama-34b-Instruct-hf": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+        "intermediate_size": 22016, "num_hidden_layers": 48, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "rope_theta": 1000000,
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "mistralai/Mixtral-8x7B-v0.1": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5, "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": False,
+        "sliding_window": None, "torch_dtype": "bfloat16"},
+}
+HF_CONFIGS["Qwen/Qwen3-32B"] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+HF_CONFIGS["Qwen/Qwen3-30B-A3B-Instruct-2507"] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 10000000, "hidden_act": "silu",
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+                 "meta-llama/Llama-3.1-8B": "llama-3.1-8b"}
+
+# The load profiles (the stages file's README): system prompt tokens, requested output tokens, stage seconds
+PROFILES = {"general": (100, 248, 600), "codegen": (100, 247, 600), "roleplay": (150, 251, 1200),
+            "reasoning": (100, 1448, 1200)}
+NUM_SYSTEM_PROMPTS = 10
+# A stage is saturated when requests wait in queue without bound: its p99 TTFT passes this many seconds
+# (the sustained real stages stay under 1 s, the overloaded ones pass 200 s) or the client timed out more
+# than 1% of its requests.
+SATURATED_TTFT_P99_S = 10.0
+METRICS = ("ttft_mean_ms", "ttft_p99_ms", "per_token_ms", "e2e_mean_ms", "e2e_p99_ms", "throughput_tok_s")
+
+
+def find_shared(given: str | None) -> Path | None:
+    if given:
+        return Path(given) if Path(given).is_dir() else None
+    return next((p for p in SHARED_CANDIDATES if (p / "real-runs").is_dir()), None)
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def model_ref(hf_id: str, work: Path) -> str:
+    """A model name the sweep file takes: the catalog's, else a config.json written under `work`."""
+    if hf_id in CATALOG_NAMES:
+        return CATALOG_NAMES[hf_id]
+    if hf_id not in HF_CONFIGS:   # a catalog name or a Hugging Face id costmodels resolves itself
+        return hf_id
+    path = work / "models" / f"{hf_id.replace('/', '--')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(HF_CONFIGS[hf_id], indent=1))
+    return str(path)
+
+
+def stage_point(row: pd.Series, work: Path, max_stage_s: float) -> dict:
+    """The sweep-style point of one H100 stage."""
+    system, requested_output, duration = PROFILES[row["profile"]]
+    # Llama-2-7B's counted outputs are unreliable (README): with ignore_eos the requested length was made
+    output = requested_output if row["model"] == "meta-llama/Llama-2-7b-hf" else round(row["output_tokens_counted_mean"])
+    rate = float(row["requested_rate_per_s"])
+    n = int(round(rate * min(duration, max_stage_s)))
+    return {"model": model_ref(row["model"], work), "hardware": "h100-sxm",
+            "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": "fp16",
+            "engine": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9},
+            "workload": {"num_requests": n, "arrival": {"process": "constant", "rate_per_s": rate},
+                         "prompt_tokens": {"dist": "fixed", "value": max(1, round(row["prompt_tokens_mean"]) - system)},
+                         "output_tokens": {"dist": "fixed", "value": int(output)},
+                         "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS, "prefix_tokens": system}}}
+
+
+def sim_metrics(requests: pd.DataFrame, duration_s: float | None = None) -> dict:
+    """The stage metrics of a request table (simulated or real), times in ms."""
+    fin = requests[requests["status"] == "finished"]
+    ttft = (fin["first_token_s"] - fin["arrival_s"]) * 1e3
+    e2e = (fin["finish_s"] - fin["arrival_s"]) * 1e3
+    out = fin["output_tokens"].astype(float)
+    span = duration_s or float(requests["finish_s"].max() - requests["arrival_s"].min())
+    return {"ttft_mean_ms": float(ttft.mean()), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "per_token_ms": float((e2e.mean() - ttft.mean()) / max(out.mean() - 1, 1)),
+            "e2e_mean_ms": float(e2e.mean()), "e2e_p99_ms": float(np.percentile(e2e, 99)),
+            "throughput_tok_s": float(out.sum() / span) if span > 0 else math.nan,
+            "finished_fraction": len(fin) / max(len(requests), 1)}
+
+
+def saturated(ttft_p99_ms: float, failed_fraction: float = 0.0) -> bool:
+    return ttft_p99_ms / 1e3 > SATURATED_TTFT_P99_S or failed_fraction > 0.01
+
+
+def h100_stages(shared: Path, models: list[str], work: Path, max_stage_s: float) -> pd.DataFrame:
+    from experiments.config import resolve_point
+    from experiments.simulate import simulate
+    real = pd.read_csv(shared / STAGES_CSV)
+    rows = []
+    for _, r in real.iterrows():
+        point = stage_point(r, work, max_stage_s)
+        cfg = resolve_point(point)
+        real_m = {"ttft_mean_ms": r["ttft_mean_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
+                  "per_token_ms": r["per_token_ms_counted"], "e2e_mean_ms": r["e2e_mean_ms"],
+                  "e2e_p99_ms": r["e2e_p99_ms"], "throughput_tok_s": r["output_tok_per_s"]}
+        if r["model"] == "meta-llama/Llama-2-7b-hf":   # counted outputs unreliable: per token from the requested
+            out = point["workload"]["output_tokens"]["value"]
+            real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
+            real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
+        real_sat = saturated(r["ttft_p99_ms"], r["failed"] / max(r["sent"], 1))
+        for name in models:
+            t0 = time.perf_counter()
+            res = simulate(_with_profile(cfg, name), 0)
+            dur = point["workload"]["num_requests"] / point["workload"]["arrival"]["rate_per_s"]
+            m = sim_metrics(res.requests, None)
+            # throughput over the stage's sending window, like the client's (output tokens finished / span)
+            m["throughput_tok_s"] = float(res.requests.loc[res.requests["status"] == "finished", "output_tokens"].sum()
+                                          / max(dur, res.requests["finish_s"].max() - res.requests["arrival_s"].min()))
+            row = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"],
+                   "cost_model": name, "cost_model_kind": res.resolved.get("cost_model", {}).get("kind", "?")
+                   if isinstance(res.resolved.get("cost_model"), dict) else "?",
+                   "num_requests": point["workload"]["num_requests"], "sim_wall_s": round(time.perf_counter() - t0, 1),
+                   "real_class": "saturated" if real_sat else "sustained",
+                   "sim_class": "saturated" if saturated(m["ttft_p99_ms"]) else "sustained"}
+            for k in METRICS:
+                row[f"real_{k}"], row[f"sim_{k}"] = float(real_m[k]), m[k]
+                row[f"err_{k}"] = m[k] / float(real_m[k]) - 1 if real_m[k] else math.nan
+            rows.append(row)
+            say(f"{r['experiment']} {r['stage']} {name}: per-token {m['per_token_ms']:.2f} ms "
+                f"(real {real_m['per_token_ms']:.2f}), TTFT mean {m['ttft_mean_ms']:.0f} ms "
+                f"(real {real_m['ttft_mean_ms']:.0f}), {row['sim_class']} (real {row['real_class']}), "
+                f"{row['sim_wall_s']} s")
+    return pd.DataFrame(rows)
+
+
+def _with_profile(cfg, name: str):
+    import dataclasses
+    return dataclasses.replace(cfg, profile="roofline" if name == "roofline" else None)
+
+
+def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFrame:
+    from fidelity.llmservingsim import peer_errors, read_run, replay_point
+    from fidelity.realruns import replay, replay_config
+    rows = []
+    for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
+        run = read_run(d)
+        real = run.requests
+        real_m = _lss_metrics(real)
+        peer = peer_errors(d)
+        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
+        profile = layer_profile(shared, d.name, work)
+        for name in models + (["layer-profile"] if profile else []):
+            t0 = time.perf_counter()
+            res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
+            m = _lss_metrics(res.requests)
+            row = {"run": d.name, "cost_model": name, "num_requests": len(real),
+                   "sim_wall_s": round(time.perf_counter() - t0, 1)}
+            for k in real_m:
+                row[f"real_{k}"], row[f"sim_{k}"] = real_m[k], m[k]
+                row[f"err_{k}"] = m[k] / real_m[k] - 1 if real_m[k] else math.nan
+                row[f"peer_err_{k}"] = peer.get(k, math.nan)
+            rows.append(row)
+            say(f"{d.name} {name}: TPOT mean {m['tpot_mean_ms']:.2f} ms (real {real_m['tpot_mean_ms']:.2f}), "
+                f"TTFT mean {m['ttft_mean_ms']:.0f} ms (real {real_m['ttft_mean_ms']:.0f}), {row['sim_wall_s']} s")
+    return pd.DataFrame(rows)
+
+
+def layer_profile(shared: Path, run_name: str, work: Path) -> str | None:
+    """A profile fitted to vLLM's own per-layer kernel timings on the run's GPU and model
+    (calibration.import_llmservingsim + calibration.fit), when the profiler folder has them; None else."""
+    folder = shared / LSS_DIR / "profiler_perf" / f"{run_name}_bf16"
+    if not (folder / "meta.yaml").exists():
+        return None
+    from calibration import import_llmservingsim
+    out = work / f"{run_name}-layers"
+    path = work / f"{run_name}-layers.json"
+    if not path.exists():
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = import_llmservingsim.main([str(folder), "--out", str(out), "--fit", str(path)])
+        if rc != 0:
+            return None
+    return str(path)
+
+
+def _lss_metrics(req: pd.DataFrame) -> dict:
+    """The peer's metrics (validation_summary.txt): TTFT, TPOT and latency (E2E) mean/p50/p99, ms."""
+    fin = req[req["status"] == "finished"]
+    ttft = (fin["first_token_s"] - fin["arrival_s"]) * 1e3
+    e2e = (fin["finish_s"] - fin["arrival_s"]) * 1e3
+    tpot = ((fin["finish_s"] - fin["first_token_s"]) * 1e3 / (fin["output_tokens"] - 1)).where(fin["output_tokens"] > 1)
+    out = {}
+    for k, v in (("ttft", ttft), ("tpot", tpot.dropna()), ("e2e", e2e)):
+        out[f"{k}_mean_ms"] = float(v.mean())
+        out[f"{k}_p50_ms"] = float(v.median())
+        out[f"{k}_p99_ms"] = float(np.percentile(v, 99))
+    return out
+
+
+def summary(stages: pd.DataFrame) -> pd.DataFrame:
+    """Median and p90 |error| per cost model and metric over the sustained real stages, and the count of
+    stages on the wrong side of the knee (over every stage)."""
+    rows = []
+    for name, g in stages.groupby("cost_model", sort=False):
+        ok = g[g["real_class"] == "sustained"]
+        row = {"cost_model": name, "stages": len(g), "wrong_class": int((g["real_class"] != g["sim_class"]).sum())}
+        for k in METRICS:
+            e = ok[f"err_{k}"].abs().dropna()
+            row[f"{k} median|err|"] = float(e.median()) if len(e) else math.nan
+            row[f"{k} p90|err|"] = float(np.percentile(e, 90)) if len(e) else math.nan
+            row[f"{k} median err"] = float(ok[f"err_{k}"].median()) if len(e) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _percent(s: pd.DataFrame) -> pd.DataFrame:
+    t = s.copy()
+    for c in t.columns:
+        if "err" in c:
+            t[c] = t[c].map(lambda v: "" if pd.isna(v) else f"{v:+.1%}" if "median err" in c else f"{v:.1%}")
+    return t
+
+
+def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
+    from experiments.report import md_table
+    lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
+    if len(stages):
+        s = summary(stages)
+        lines += ["## vLLM 0.15.1, H100 SXM stages", "",
+                  "Errors are simulated / real - 1; summaries over the sustained real stages (the saturated ones "
+                  "show where the knee is, not a latency to match). TTFT is the simulator's own: the HTTP front "
+                  "end of `vllm serve` is modelled separately.", "",
+                  md_table(_percent(s)), ""]
+        cols = ["run", "stage", "rate", "cost_model", "real_class", "sim_class"]
+        for k in METRICS:
+            cols += [f"real_{k}", f"sim_{k}"]
+        lines += [md_table(stages[cols].round(1)), ""]
+    if len(runs):
+        cols = ["run", "cost_model"]
+        keys = [c[5:] for c in runs.columns if c.startswith("real_")]
+        t = runs[cols].copy()
+        for k in keys:
+            t[f"{k} err"] = runs[f"err_{k}"].map(lambda v: f"{v:+.0%}")
+            t[f"{k} peer"] = runs[f"peer_err_{k}"].map(lambda v: "" if pd.isna(v) else f"{v:+.0%}")
+        lines += ["## vLLM 0.19.0 runs (LLMServingSim's set)", "",
+                  "Error of this simulator and of the peer simulator (validation_summary.txt) on the same runs.", "",
+                  md_table(t), ""]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = Parser(prog="python -m benchmarks.gpu_fidelity", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/gpu-fidelity", help="folder for stages.csv, runs.csv, report.md")
+    ap.add_argument("--shared", default=None, help="the shared data folder (default: ../shared)")
+    ap.add_argument("--models", default="roofline,default",
+                    help="cost models, comma-separated: roofline (datasheet prior), default (what a plain run picks)")
+    ap.add_argument("--max-stage-s", type=positive_float, default=600.0,
+                    help="simulate at most this many seconds of each H100 stage's arrivals (default 600)")
+    ap.add_argument("--sets", default="h100,llmservingsim", help="which sets: h100, llmservingsim")
+    a = ap.parse_args(argv)
+    models = [m for m in a.models.split(",") if m]
+    bad = [m for m in models if m not in ("roofline", "default")]
+    if bad or not models:
+        ap.error(f"argument --models: unknown cost model {(bad or [''])[0]!r}; expected roofline and/or default")
+    sets = [x for x in a.sets.split(",") if x]
+    if not sets or any(x not in ("h100", "llmservingsim") for x in sets):
+        ap.error(f"argument --sets: expected h100 and/or llmservingsim, got {a.sets!r}")
+    try:
+        out_dir(a.out)   # before minutes of replay
+    except OutputError as e:
+        ap.error(str(e))
+    shared = find_shared(a.shared)
+    if shared is None or not (shared / "real-runs").is_dir():
+        print("gpu_fidelity: no ../shared/real-runs beside the checkout (or --shared): nothing to replay, skipped")
+        return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = runs = pd.DataFrame()
+    with tempfile.TemporaryDirectory() as work:   # the models' config.json files, for the sweep points
+        if "h100" in sets and (shared / STAGES_CSV).exists():
+            stages = h100_stages(shared, models, Path(work), a.max_stage_s)
+            stages.to_csv(out / "stages.csv", index=False)
+        if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
+            runs = llmservingsim_runs(shared, models, Path(work))
+            runs.to_csv(out / "runs.csv", index=False)
+    print(report(stages, runs, out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

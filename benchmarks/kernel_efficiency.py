@@ -1,0 +1,181 @@
+"""The roofline prior's kernel constants, recomputed from measured kernel timings.
+
+    python -m benchmarks.kernel_efficiency [--shared PATH]
+
+Fits latency = fixed + bytes / (datasheet bandwidth x efficiency) (least squares on relative error) to:
+decode-shaped bf16 GEMMs (m <= 64, weights >= 4 MB) and paged decode attention (bf16 KV, full attention,
+KV >= 4 MB) in NVIDIA aiconfigurator's vLLM tables (the `aiconfigurator-core` package, when installed);
+the same two families in vLLM 0.19's own per-layer timings on an RTX 4090 and an RTX PRO 6000 Server
+Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-reduce (vLLM's custom
+all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff).
+Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
+adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
+"""
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from commandline.parser import Parser  # noqa: E402
+from costmodels.catalog import GPUS  # noqa: E402
+
+TABLE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200-sxm", "a100_sxm": "a100-80gb"}
+PROFILER_GPUS = {"RTX4090": "rtx-4090", "RTXPRO6000": "rtx-pro-6000-server"}
+LLAMA31_8B = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
+
+
+def fit(num_bytes: np.ndarray, latency_s: np.ndarray, bytes_per_s: float) -> tuple[float, float, float]:
+    """(fixed seconds, efficiency, median |relative error|) of latency = fixed + bytes / (bw x eff)."""
+    a = np.c_[np.ones_like(num_bytes), num_bytes / bytes_per_s]
+    w = 1 / latency_s
+    coef, *_ = np.linalg.lstsq(a * w[:, None], latency_s * w, rcond=None)
+    return float(coef[0]), 1 / float(coef[1]), float(np.median(np.abs(a @ coef / latency_s - 1)))
+
+
+def line(what: str, f) -> str:
+    return f"{what}: {f[1]:.2f} of datasheet + {f[0] * 1e6:.1f} us fixed (median |err| {f[2]:.0%})"
+
+
+def tables(root: Path) -> None:
+    for g, name in TABLE_GPUS.items():
+        bw = GPUS[name].hbm_bytes_per_s
+        gemm = sorted(glob.glob(f"{root}/{g}/gemm/vllm/*/gemm_perf.parquet"))
+        if gemm:
+            d = pd.read_parquet(gemm[-1])
+            d = d[(d.gemm_dtype == "bfloat16") & (d.m <= 64) & (d.n * d.k * 2 >= 4e6)]
+            b = (d.n * d.k * 2 + d.m * (d.n + d.k) * 2.0).to_numpy()
+            print(line(f"{name} decode GEMM (aiconfigurator vllm {gemm[-1].split('/')[-2]}, {len(d)} rows)",
+                       fit(b, d.latency.to_numpy() * 1e-3, bw)))
+        attn = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/generation_attention_perf.parquet"))
+        if attn:
+            d = pd.read_parquet(attn[-1])
+            d = d[(d.kv_cache_dtype == "bfloat16") & ((d.window_size == 0) if "window_size" in d else True)]
+            b = (d.batch_size * (d.isl + d.step) * 2 * d.num_key_value_heads * d.head_dim * 2.0).to_numpy()
+            keep = b >= 4e6
+            print(line(f"{name} decode attention (aiconfigurator vllm {attn[-1].split('/')[-2]}, {keep.sum()} rows)",
+                       fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
+    comm = Path(root) / "h100_sxm" / "comm"
+    for label, path, backend in (("vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
+                                 ("NCCL 2.27 all-reduce", "nccl/2.27.3/nccl_perf.parquet", None)):
+        if not (comm / path).exists():
+            continue
+        t = pd.read_parquet(comm / path)
+        t = t[t.backend == backend] if backend else t[(t.op_name == "all_reduce") & (t.nccl_dtype == "half")]
+        for tp in (2, 4, 8):
+            s = t[(t.num_gpus == tp) & (t.message_size * 2 >= 256e3) & (t.message_size * 2 <= 64e6)]
+            if len(s):
+                ring = s.message_size.to_numpy() * 2.0 * 2 * (tp - 1) / tp
+                print(line(f"h100-sxm {label} TP{tp} (link)", fit(ring, s.latency.to_numpy() * 1e-3,
+                                                                  GPUS["h100-sxm"].interconnect_bytes_per_s)))
+
+
+def profiler(shared: Path) -> None:
+    base = shared / "real-runs" / "llmservingsim" / "profiler_perf"
+    for g, name in PROFILER_GPUS.items():
+        d = base / f"{g}_Llama-3.1-8B_bf16" / "tp1"
+        if not d.is_dir():
+            continue
+        bw = GPUS[name].hbm_bytes_per_s
+        dense = pd.read_csv(d / "dense.csv")
+        s = dense[dense.layer.isin(LLAMA31_8B) & (dense.tokens <= 64)]
+        b = np.array([LLAMA31_8B[l][0] * LLAMA31_8B[l][1] * 2 + t * sum(LLAMA31_8B[l]) * 2
+                      for l, t in zip(s.layer, s.tokens)], dtype=float)
+        print(line(f"{name} decode GEMM (vLLM 0.19 eager, Llama-3.1-8B, {len(s)} rows)", fit(b, s.time_us.to_numpy() * 1e-6, bw)))
+        a = pd.read_csv(d / "attention.csv")
+        a = a[(a.prefill_chunk == 0) & (a.n_decode > 0)]
+        b = (a.n_decode * a.kv_decode * 2 * 8 * 128 * 2.0).to_numpy()
+        keep = b >= 4e6
+        print(line(f"{name} decode attention (vLLM 0.19 eager, {keep.sum()} rows)",
+                   fit(b[keep], a.time_us.to_numpy()[keep] * 1e-6, bw)))
+        act = dense[(dense.layer == "act_fn") & (dense.tokens == 2048)]
+        if len(act):   # silu_and_mul: reads gate and up, writes their product
+            moved = 2048 * 3 * 14336 * 2.0
+            print(f"{name} silu_and_mul at 2,048 tokens: {moved / (act.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
+        norm = dense[(dense.layer == "layernorm") & (dense.tokens == 2048)]
+        if len(norm):   # fused residual add + RMSNorm: reads x and the residual, writes both
+            moved = 2048 * 4 * 4096 * 2.0
+            print(f"{name} fused add+RMSNorm at 2,048 tokens ({moved / 1e6:.0f} MB): "
+                  f"{moved / (norm.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
+
+
+PRIOR_BEFORE = dict(gemm_memory=0.75, gemm_fixed_s=2e-6, attention_memory=0.70, decode_attention_fixed_s=2e-6,
+                    elementwise_memory=0.60, l2_speedup=1.0)   # the constants this prior replaced
+
+
+def op_comparison(shared: Path) -> str:
+    """The roofline's per-op terms (the replaced constants and the current ones) against vLLM 0.19's own
+    per-layer timings, op by op, as Markdown tables."""
+    from costmodels.catalog import get_gpu, get_model
+    from costmodels.profile import gemm_shapes
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    from experiments.report import md_table
+    model = get_model("llama-3.1-8b")
+    shp = gemm_shapes(model, 1)
+    ops = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+    out = []
+    for g, name in PROFILER_GPUS.items():
+        base = shared / "real-runs" / "llmservingsim" / "profiler_perf" / f"{g}_Llama-3.1-8B_bf16" / "tp1"
+        if not base.is_dir():
+            continue
+        dense, att = pd.read_csv(base / "dense.csv"), pd.read_csv(base / "attention.csv")
+        priors = {p: RooflineCostModel(model, get_gpu(name), 1, "bf16", eff=e)
+                  for p, e in (("before", Efficiencies(**PRIOR_BEFORE)), ("after", Efficiencies()))}
+        rows = []
+
+        def add(op, x, measured_us, priced):
+            row = {"op": op, "tokens / batch": x, "measured us": round(float(measured_us), 1)}
+            for p, m in priors.items():
+                v = priced(m) * 1e6
+                row[f"{p} us"], row[f"{p} err"] = round(v, 1), f"{v / measured_us - 1:+.0%}"
+            rows.append(row)
+        for layer, op in ops.items():
+            for t in (1, 64, 512, 2048):
+                meas = dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]
+                add(layer, t, meas, lambda m, t=t, op=op: m._gemm_s(t, *shp[op]))
+        for nd, kv in ((16, 1024), (64, 1024), (128, 2048), (256, 2048)):
+            meas = att[(att.prefill_chunk == 0) & (att.n_decode == nd) & (att.kv_decode == kv)].time_us.iloc[0]
+            add(f"decode attention, context {kv}", nd, meas,
+                lambda m, nd=nd, kv=kv: m._decode_attention_s(float(nd * kv), nd) / model.num_layers)
+        for t in (64, 512, 2048):   # a layer has two norms, one rotary, one SiLU*mul
+            one = lambda layer, t=t: dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]  # noqa: E731
+            add("elementwise (2 norms, rotary, silu_mul)", t, 2 * one("layernorm") + one("rotary_emb") + one("act_fn"),
+                lambda m, t=t: m._elementwise_s(t, model.intermediate_size))
+        out.append(f"### {name}: vLLM 0.19.0, Llama-3.1-8B, one layer (eager-mode timings, launch included)\n\n"
+                   + md_table(pd.DataFrame(rows)))
+    return "\n\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = Parser(prog="python -m benchmarks.kernel_efficiency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shared", help="the shared data folder (default: ../shared beside the checkout)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also print the roofline's per-op terms against vLLM 0.19's per-layer timings")
+    a = ap.parse_args(argv)
+    if a.shared and not (Path(a.shared) / "real-runs").is_dir():
+        ap.error(f"argument --shared: {a.shared} has no real-runs folder")
+    from costmodels import aic
+    root = aic.tables_root()
+    if root is not None:
+        tables(Path(root))
+    else:
+        print("aiconfigurator-core not installed: table fits skipped")
+    shared = Path(a.shared) if a.shared else next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared")
+                                                   if (p / "real-runs").is_dir()), None)
+    if shared is not None and (shared / "real-runs").is_dir():
+        profiler(shared)
+        if a.compare:
+            print(op_comparison(shared))
+    else:
+        print("no ../shared/real-runs: profiler fits skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

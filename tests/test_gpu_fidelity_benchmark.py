@@ -1,0 +1,52 @@
+"""benchmarks.gpu_fidelity: --help has no side effects, no shared data is a clean skip, and a small set of
+runs written here (a stages CSV and an LLMServingSim folder) goes through end to end."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from benchmarks import gpu_fidelity
+from tests.test_llmservingsim_reader import write_run
+
+STAGE = {"experiment": "llama-2-7b-tp1-general", "model": "meta-llama/Llama-2-7b-hf", "profile": "general",
+         "tensor_parallel_size": 1, "stage": "stage_0", "requested_rate_per_s": 2.0, "achieved_rate_per_s": 2.0,
+         "sent": 1200, "ok": 1200, "failed": 0, "prompt_tokens_mean": 575.5, "output_tokens_counted_mean": 210.0,
+         "ttft_mean_ms": 27.1, "ttft_p50_ms": 26.0, "ttft_p90_ms": 30.0, "ttft_p99_ms": 36.6, "e2e_mean_ms": 2057.6,
+         "e2e_p90_ms": 2300.0, "e2e_p99_ms": 2401.8, "client_tpot_mean_ms_halved": 4.0, "client_itl_p90_ms": 8.0,
+         "per_token_ms_counted": 9.71, "output_tok_per_s": 500.0}
+
+
+def test_help_has_no_side_effects(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        gpu_fidelity.main(["--help"])
+    assert e.value.code == 0 and "--out" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_shared_data_it_skips(tmp_path, capsys):
+    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 0
+    assert "skipped" in capsys.readouterr().out and not (tmp_path / "out").exists()
+
+
+def test_bad_argument_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:   # the shared parser's refusal: one line, exit 2
+        gpu_fidelity.main(["--models", "magic", "--shared", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--models" in err and err.count("\n") == 1
+
+
+def test_small_runs_end_to_end(tmp_path, capsys):
+    shared = tmp_path / "shared"
+    (shared / "real-runs").mkdir(parents=True)
+    pd.DataFrame([STAGE]).to_csv(shared / gpu_fidelity.STAGES_CSV, index=False)
+    write_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B")
+    out = tmp_path / "out"
+    assert gpu_fidelity.main(["--shared", str(shared), "--out", str(out), "--models", "roofline",
+                              "--max-stage-s", "5"]) == 0
+    stages, runs = pd.read_csv(out / "stages.csv"), pd.read_csv(out / "runs.csv")
+    assert len(stages) == 1 and stages["num_requests"].iloc[0] == 10
+    assert stages["real_class"].iloc[0] == stages["sim_class"].iloc[0] == "sustained"
+    assert stages["sim_per_token_ms"].iloc[0] > 0 and len(runs) == 1
+    assert runs["peer_err_ttft_mean_ms"].iloc[0] == pytest.approx(0.10)
+    assert "vLLM 0.15.1" in (out / "report.md").read_text()
