@@ -20,6 +20,9 @@ from costmodels.gpuspec import parse_gpu
 from experiments.configcheck import ConfigError, check_keys, check_tree, number  # noqa: F401 (re-exported)
 from experiments.engine_config import (EngineSettings, check_engine_rules, parse_engine_settings,
                                        resolve_policy)
+from experiments.autoscaling_config import parse_autoscaling
+from experiments.gateway_config import parse_gateway
+from simcore.gateway import GatewayLimits
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
                                   parse_disaggregation, parse_slo)
 from experiments.sweepfile import load_sweep_file, resolve_relative_paths  # noqa: F401 (re-exported)
@@ -27,7 +30,7 @@ from workloads.errors import WorkloadError
 from workloads.synthetic import Workload, parse_workload
 
 TOP_KEYS = {"name", "description", "seeds", "model", "hardware", "tensor_parallel_size", "dtype", "profile",
-            "engine", "workload", "grid", "cluster", "disaggregation", "slo",
+            "engine", "workload", "grid", "cluster", "disaggregation", "slo", "gateway", "autoscaling",
             "search", "capacity"}  # validated by experiments.search / experiments.capacity_plan; not part of a point
 TOP_KEYS |= set(DEPLOYMENT_KEYS)  # precision and parallelism: parsed by costmodels.deployment
 
@@ -47,6 +50,8 @@ class PointConfig:
     disaggregation: DisaggSettings | None = None  # None: co-located prefill and decode
     slo: SloSettings | None = None  # per-request SLOs for goodput (None: no goodput columns)
     deployment: Deployment | None = None  # precision and parallelism (None: bf16 at tensor_parallel_size)
+    gateway: GatewayLimits | None = None  # admission control ahead of each replica (None: none)
+    autoscaling: dict | None = None  # experiments/autoscaling_config.py's checked values (None: fixed replicas)
 
     @property
     def num_gpus(self) -> int:
@@ -140,8 +145,17 @@ def resolve_point(raw: dict) -> PointConfig:
                               f"use one of {', '.join(DISAGG_POLICIES)}")
         if settings.enable_prefix_caching:
             raise ConfigError("disaggregation: engine.enable_prefix_caching is not modelled with disaggregation")
+    gateway = parse_gateway(raw.get("gateway"))
+    if gateway is not None and disagg is not None:
+        raise ConfigError("gateway: not modelled with disaggregation (put it in front of a co-located deployment)")
+    if gateway is not None and deployment.pipeline_parallel_size > 1:
+        raise ConfigError("gateway: not modelled with pipeline parallelism (pipeline_parallel_size > 1)")
+    autoscaling = parse_autoscaling(raw.get("autoscaling"), raw.get("cluster"))
+    if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
+        raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")
     return PointConfig(model, gpu, deployment.tensor_parallel_size, deployment.dtype, profile, policy, settings,
-                       workload, parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")), deployment)
+                       workload, parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")), deployment,
+                       gateway, autoscaling)
 
 
 # ---- sweeps ----

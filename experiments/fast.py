@@ -31,6 +31,10 @@ def fast_path_reason(cfg, specs) -> str | None:
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
+    if getattr(cfg, "autoscaling", None) is not None:
+        return "autoscaling: modelled on the SimPy engine only (simcore/autoscaler.py)"
+    if getattr(cfg, "gateway", None) is not None:
+        return "gateway: admission control is modelled on the SimPy engine only (simcore/gateway.py)"
     # Every engine setting (experiments/engine_config.py's EngineSettings) is modelled by both engines; a new
     # one that the fast engine cannot model exactly belongs here, as a reason.
     return None

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import plots
+from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
                                 md_table, with_basis)
@@ -61,6 +62,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     if g:
         made.append(g)
     (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
+    made += append_why_sections(out, results, grid_keys, setup)   # experiments/why_report.py
     return made
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,14 +15,17 @@ from costmodels.basis import cost_model_basis
 from costmodels import deployment
 from costmodels.deployment import Deployment
 from costmodels.frontend import NONE as NO_FRONTEND, FrontendLatency, frontend_of
+from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
 from experiments.fast import num_replicas as fast_replicas
-from experiments.tables import TableWriter, write_run_tables
+from experiments.tables import TableWriter, read_table, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
+from simcore.gateway import gateway_counts
+from experiments.autoscaling_run import autoscaled_cluster, autoscaling_keys
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
 from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
@@ -136,6 +140,8 @@ def resolved_dict(cfg: PointConfig, plan: MemoryPlan, cost: dict, seed: int) -> 
                         **dataclasses.asdict(cfg.cluster.router)}} if cfg.cluster is not None else {}),
         **(disaggregation.resolved_keys(cfg) if cfg.disaggregation is not None else {}),
         **({"slo": dataclasses.asdict(cfg.slo)} if cfg.slo is not None else {}),
+        **({"gateway": dataclasses.asdict(cfg.gateway)} if cfg.gateway is not None else {}),
+        **({"autoscaling": cfg.autoscaling} if cfg.autoscaling is not None else {}),
     }
 
 
@@ -176,8 +182,14 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
             engines = [PipelinedEngine(env, cfg.policy, cost_model, limits, log, replica_id=i, num_stages=num_stages)
                        for i in range(num_replicas)]
         else:
+            if cfg.autoscaling is not None:   # every replica it may start, idle until it does
+                num_replicas = cfg.autoscaling["max_replicas"]
             engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
-        submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
+        if cfg.autoscaling is not None:   # simcore/autoscaler.py
+            scaler = autoscaled_cluster(cfg, engines, len(gen.specs))
+            submit = scaler.submit
+        else:
+            submit = engines[0].submit if num_replicas == 1 else Cluster(engines, cfg.cluster.router).submit
     engine = engines[0]
     arrival = cfg.workload.arrival
     closed = (arrival.concurrency, arrival.think_time_s) if arrival.is_closed else None
@@ -199,6 +211,10 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
+    add_binding(cfg, plan, requests, iterations, summary)
+    if cfg.autoscaling is not None:
+        per_replica = cfg.deployment.gpus_per_replica if cfg.deployment else cfg.tensor_parallel_size
+        summary.update(autoscaling_keys(scaler, requests, cfg.autoscaling.get("gpu_price_per_hour"), per_replica))
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, described(cost_model, frontend), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
@@ -219,7 +235,8 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
         summary.update(disaggregation.summary_keys(requests, replicas, disagg, cfg))
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
-        summary.update(cluster_summary(summary, replicas), router=cfg.cluster.router.name)
+        summary.update(cluster_summary(summary, replicas),
+                       router=cfg.cluster.router.name if cfg.cluster is not None else "round_robin")
     return requests, summary, replicas
 
 
@@ -247,7 +264,8 @@ def engine_limits(cfg: PointConfig, plan) -> EngineLimits:
         preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
-        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching)
+        check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
+        gateway=cfg.gateway)
 
 
 def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) -> PointConfig:
@@ -276,6 +294,8 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
     summary["input_tok_per_s"] = summary["total_tok_per_s"] - summary["output_tok_per_s"]   # the prompts' side
     summary.update(load_stats(requests, summary["duration_s"], cfg.workload.arrival.is_closed))
     summary["rejected_reasons"] = rejected_reasons(requests)
+    if cfg.gateway is not None:   # what admission control ended (simcore/gateway.py)
+        summary.update(gateway_counts(requests.loc[requests["status"] == "rejected", "reject_reason"]))
     add_goodput(cfg, requests, summary)
     summary["flags"] = flag_words(summary)
 
@@ -286,6 +306,24 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
     if cfg.slo is not None:
         requests["meets_slo"] = meets_slo(requests, cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.e2e_ms)
         summary.update(goodput_stats(requests["meets_slo"], summary["duration_s"], cfg.num_gpus))
+
+
+def add_binding(cfg: PointConfig, plan: MemoryPlan, requests: pd.DataFrame, iterations: pd.DataFrame | None,
+                summary: dict, tables_dir=None) -> None:
+    """What bound the run (experiments/binding.py), in place; the iterations are read back from
+    `tables_dir` when they were streamed there. Not for a disaggregated deployment (two kinds of replica)."""
+    if cfg.disaggregation is not None:
+        return
+    from experiments.binding import STEP_COLUMNS, binding_keys
+    if iterations is None:
+        iterations = read_table(Path(tables_dir), "iterations", STEP_COLUMNS)
+    roofline = None
+    if not (cfg.profile or "").startswith("constant"):   # the stub prices no GPU: no resources to name
+        d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
+        roofline = RooflineCostModel(cfg.model, cfg.gpu, deployment=d)
+    fell_behind = bool(summary.get("unstable")) or math.isinf(summary.get("offered_rate_per_s") or 0.0)
+    summary.update(binding_keys(cfg.policy, requests, iterations, num_usable_blocks(plan.num_gpu_blocks),
+                                plan.block_size, roofline, fell_behind))
 
 
 def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:
@@ -319,6 +357,7 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)
+    add_binding(cfg, plan, requests, iterations if writer is None else None, summary, tables_dir)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
     write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)

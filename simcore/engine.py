@@ -12,6 +12,7 @@ import simpy
 
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
+from simcore.gateway import Deadlines, refusal, watch
 from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
 from simcore.log import EngineLog, IterationRecord
 from simcore.decisions import DecisionApplier
@@ -55,6 +56,12 @@ class Engine(DecisionApplier):
         self.executor = executor
         self._wake: simpy.Event | None = None
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
+        self.in_step = False
+        self.deadlines = None   # admission control (simcore/gateway.py): queue and client deadlines
+        self.abandoning: list[Request] = []   # abandoned while their step runs; they leave when it ends
+        if limits.gateway is not None and limits.gateway.has_deadlines:
+            self.deadlines, self.deadline_wake = Deadlines(limits.gateway), None
+            env.process(watch(self))
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -65,6 +72,8 @@ class Engine(DecisionApplier):
         self.requests[spec.request_id] = req
         self.log.arrival(spec, self.replica_id, self.env.now)
         reason = self._reject_reason(spec)
+        if reason is None and self.limits.gateway is not None:
+            reason = refusal(self.limits.gateway, len(self.waiting), len(self.waiting) + len(self.running))
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
             self.log.done(req, self.replica_id)
@@ -72,7 +81,31 @@ class Engine(DecisionApplier):
                 self.on_done(req)
             return
         self.waiting.append(req)
+        if self.deadlines is not None:
+            self.deadlines.add(req, self.env.now)
+            if self.deadline_wake is not None and not self.deadline_wake.triggered:
+                self.deadline_wake.succeed()
         self._wake_up()
+
+    def end_at_gateway(self, req: Request, reason: str) -> None:
+        """A gateway deadline passed (simcore/gateway.py): `req` leaves with `reason` now, or, running in
+        the step in flight, when that step ends."""
+        if req.status is Status.RUNNING and self.in_step:
+            req.reject_reason = reason
+            self.abandoning.append(req)
+            return
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.pool.free(req)
+        else:
+            self.waiting.remove(req)
+            if req.status is Status.SWAPPED:
+                self.swap_space.num_used_blocks -= req.num_blocks
+                req.num_blocks = 0
+        req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
+        self.log.done(req, self.replica_id)
+        if self.on_done:
+            self.on_done(req)
 
     # ---- disaggregation: a request prefilled on another engine (simcore/disagg.py) ----
     def received(self, req: Request) -> None:
@@ -150,7 +183,9 @@ class Engine(DecisionApplier):
                 duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
             else:  # real hardware: measured wall time of this very batch (see __init__)
                 duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
+            self.in_step = True
             yield env.timeout(duration_s)
+            self.in_step = False
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:
                 self._check_invariants()
@@ -177,7 +212,7 @@ class Engine(DecisionApplier):
             else:
                 num_prefill += s.num_new_tokens
             req.num_computed_tokens += s.num_new_tokens
-            if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
+            if req.num_computed_tokens == req.num_tokens and req.reject_reason is None:  # caught up: sample
                 if take_sample(req, now, log):
                     done.append(req)
                 elif handoff:
@@ -192,6 +227,10 @@ class Engine(DecisionApplier):
             log.done(req, self.replica_id)
         self._release_finished(done)
         num_padding = sum(n for n, _ in shape) - (num_prefill + num_decode) if batch.padded_shape else 0
+        for req in self.abandoning:   # their clients left during the step (simcore/gateway.py)
+            reason, req.reject_reason = req.reject_reason, None
+            self.end_at_gateway(req, reason)
+        self.abandoning.clear()
         log.iteration(IterationRecord(
             start_s, duration_s, num_prefill, num_decode, num_padding, len(batch.scheduled), len(batch.preempt),
             len(self.waiting), len(self.running) + len(self.draining), self.pool.num_used_blocks, self.replica_id))

@@ -21,12 +21,14 @@ class Arrival:
     """`poisson`/`gamma`/`constant`: open loop at `rate_per_s` (inf: everything at t = 0), gamma inter-arrivals
     with coefficient of variation `cv` (cv = 1 is Poisson, > 1 bursty), constant: evenly spaced sends 1 /
     rate apart from t = 0 (inference-perf's and GuideLLM's constant mode). `closed`: `concurrency` users, each
-    sending its next request `think_time_s` after its previous one finishes."""
+    sending its next request `think_time_s` after its previous one finishes. `rate_profile`: a rate that
+    changes over time (workloads/rates.py; poisson or constant only), `rate_per_s` then its mean."""
     process: str
     rate_per_s: float | None = None
     cv: float = 1.0
     concurrency: int | None = None
     think_time_s: float = 0.0
+    rate_profile: object = None   # workloads.rates.RateProfile
 
     @property
     def is_closed(self) -> bool:

@@ -11,6 +11,8 @@ from simcore.kvcache import DEFAULT_BLOCK_SIZE
 from simcore.request import RequestSpecs
 from workloads.distributions import LengthDist, parse_length_dist
 from workloads.errors import WorkloadError, check_keys, finite_number
+from workloads.rates import arrival_times_s as profile_arrival_times_s
+from workloads.rates import parse_rate_profile
 from workloads.prefix import (RequestClass, Sessions, SharedPrefix, parse_mix, parse_sessions,
                               parse_shared_prefix, prefix_block_ids, sample_mix, session_layout)
 from workloads.requests import (LONG_PROMPTS, OPEN_LOOP_PROCESSES, PROCESSES, Arrival, GeneratedRequests,  # noqa: F401
@@ -63,6 +65,14 @@ def parse_arrival(spec, key: str = "workload.arrival") -> Arrival:
         return Arrival("closed", concurrency=c, think_time_s=think)
     if "rate_per_s" not in spec:
         raise WorkloadError(f"{key}.rate_per_s: required for process {process}")
+    if isinstance(spec["rate_per_s"], dict):   # a rate that changes over time (workloads/rates.py)
+        if process not in ("poisson", "constant"):
+            raise WorkloadError(f"{key}.rate_per_s: a rate that changes over time needs process poisson or "
+                                f"constant, got {process}")
+        if "cv" in spec:
+            raise WorkloadError(f"{key}.cv: not used with a rate that changes over time (process {process})")
+        profile = parse_rate_profile(spec["rate_per_s"], f"{key}.rate_per_s")
+        return Arrival(process, rate_per_s=profile.mean_rate_per_s, rate_profile=profile)
     rate = finite_number(f"{key}.rate_per_s", spec["rate_per_s"], strict=True, allow_inf=True)
     return Arrival(process, rate_per_s=rate, cv=finite_number(f"{key}.cv", spec.get("cv", 1.0), strict=True))
 
@@ -139,6 +149,8 @@ def check_num_requests(key: str, n: int) -> None:
 def arrival_times_s(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
     if arrival.is_closed:
         return np.zeros(n)
+    if arrival.rate_profile is not None:
+        return profile_arrival_times_s(arrival.rate_profile, n, arrival.process, rng)
     if np.isinf(arrival.rate_per_s):
         return np.zeros(n)
     mean_gap = 1.0 / arrival.rate_per_s
@@ -203,7 +215,11 @@ def describe_workload(w: Workload | TraceWorkload) -> dict:
     if isinstance(w, TraceWorkload):
         return {"trace": {k: v for k, v in dataclasses.asdict(w).items() if v is not None}}
     dist = lambda d: None if d is None else {"dist": d.dist, **dict(d.params)}  # noqa: E731
-    out = {"num_requests": w.num_requests, "arrival": dataclasses.asdict(w.arrival),
+    arrival = {k: v for k, v in dataclasses.asdict(w.arrival).items() if k != "rate_profile"}
+    if w.arrival.rate_profile is not None:   # as written, with its mean and peak
+        p = w.arrival.rate_profile
+        arrival.update(rate_per_s=p.spec, mean_rate_per_s=p.mean_rate_per_s, peak_rate_per_s=p.peak_rate_per_s)
+    out = {"num_requests": w.num_requests, "arrival": arrival,
            "prompt_tokens": dist(w.prompt_tokens), "output_tokens": dist(w.output_tokens),
            "priority": dataclasses.asdict(w.priority) if w.priority else None}
     for k in ("shared_prefix", "sessions"):

@@ -1,0 +1,57 @@
+"""The capacity-planning examples (examples/binding.yaml, examples/diurnal.yaml) run end to end at reduced
+size through `python -m experiments.run` and write what they promise."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from tests.test_examples import EXAMPLES, assert_plots, run
+
+
+def reduced(name: str, tmp_path: Path, **workload) -> Path:
+    sweep = yaml.safe_load((EXAMPLES / name).read_text())
+    sweep["workload"].update(workload)
+    f = tmp_path / name
+    f.write_text(yaml.safe_dump(sweep))
+    return f
+
+
+def test_binding_example(tmp_path):
+    f = reduced("binding.yaml", tmp_path, num_requests=150)
+    sweep = yaml.safe_load(f.read_text())
+    sweep["grid"]["workload.arrival.rate_per_s"] = [2, float("inf")]
+    f.write_text(yaml.safe_dump(sweep))
+    md = run(f, tmp_path / "out")
+    assert_plots(tmp_path / "out", {"binding_vs_load.png"})
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(r["binding"]) == ["demand", "kv"]   # the squeezed KV cache binds at saturation
+    assert "## What binds" in md and "KV capacity binds" in md
+
+
+def test_diurnal_example(tmp_path):
+    f = reduced("diurnal.yaml", tmp_path, num_requests=300)
+    md = run(f, tmp_path / "out")
+    assert_plots(tmp_path / "out", {"load_over_time.png"})
+    assert "## Offered vs achieved load over time" in md
+    resolved = yaml.safe_load((tmp_path / "out" / "points" / "p000-seed0" / "config.yaml").read_text())
+    assert resolved["workload"]["arrival"]["rate_per_s"] == {"diurnal": {"mean": 8, "peak_to_trough": 4,
+                                                                         "period_s": 3600}}
+    assert resolved["workload"]["arrival"]["peak_rate_per_s"] > 12.7
+
+
+def test_gateway_example(tmp_path):
+    f = reduced("gateway.yaml", tmp_path, num_requests=300)
+    md = run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert r["num_gateway_refused"].iloc[0] == 0 and r["num_gateway_refused"].is_monotonic_increasing
+    assert "## Admission control" in md and "refused with a 429" in md
+
+
+def test_autoscaling_example(tmp_path):
+    f = reduced("autoscaling.yaml", tmp_path, num_requests=400)
+    md = run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(r["replicas_peak"])[1:] == [4, 2] and (r["gpu_hours"] > 0).all()
+    assert "## Autoscaling" in md and "GPU-hours" in md
