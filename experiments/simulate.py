@@ -324,6 +324,16 @@ def add_binding(cfg: PointConfig, plan: MemoryPlan, requests: pd.DataFrame, iter
     fell_behind = bool(summary.get("unstable")) or math.isinf(summary.get("offered_rate_per_s") or 0.0)
     summary.update(binding_keys(cfg.policy, requests, iterations, num_usable_blocks(plan.num_gpu_blocks),
                                 plan.block_size, roofline, fell_behind))
+    summary["prefill_time_share"] = prefill_time_share(iterations)
+
+
+def prefill_time_share(iterations: pd.DataFrame) -> float:
+    """The share of GPU time in steps that carry prefill tokens (a mixed chunked-prefill step counts as
+    prefill: it is priced as one pass); the rest is decode-only steps. The same rule as the search's
+    steady-state window (experiments/search.py), over the whole run."""
+    busy = float(iterations["duration_s"].sum())
+    prefill = float(iterations.loc[iterations["prefill_tokens"] > 0, "duration_s"].sum())
+    return prefill / busy if busy > 0 else math.nan
 
 
 def add_prefix_cache_stats(summary: dict, requests: pd.DataFrame, pools) -> None:

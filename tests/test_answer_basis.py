@@ -2,6 +2,8 @@
 the console, summary.md, results.csv, search.csv, capacity.csv and every plot's title are read back."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import yaml
@@ -133,3 +135,12 @@ def test_a_family_with_nothing_held_out_is_said_so():
     from costmodels.basis import _profile_error
     text = _profile_error({"gemm": {"held_out_median_ape": 2.0}, "sampling": {"held_out_median_ape": None}})
     assert text == "median held-out error gemm 2.0%, sampling none held out"
+
+
+def test_a_plain_sweep_reports_the_prefill_share_of_gpu_time():
+    """Both sides of the work: the share of GPU time in steps carrying prefill, from the run's own steps."""
+    import pandas as pd
+    from experiments.simulate import prefill_time_share
+    steps = pd.DataFrame({"duration_s": [0.03, 0.01, 0.01, 0.0], "prefill_tokens": [512, 0, 0, 16]})
+    assert prefill_time_share(steps) == pytest.approx(0.6)
+    assert math.isnan(prefill_time_share(steps.iloc[:0]))
