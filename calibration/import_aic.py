@@ -170,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep rows faster than the GPU's datasheet peak (dropped by default: timing bugs)")
     ap.add_argument("--fit", type=Path, metavar="PROFILE.json", help="also fit and write this profile")
     args = ap.parse_args(argv)
+    try:   # the arguments themselves first, whatever tables are installed
+        model = model_arg(args.model)
+        check_tp(model, args.tp)
+        out_dir(args.out)
+        if args.fit:
+            out_file(args.fit, "--fit")
+    except (CatalogError, OutputError) as e:
+        return refuse(e)
     root = args.root or default_root()
     if root is None:
         ap.error("--root: no tables root given and no aiconfigurator_core package installed")
@@ -181,11 +189,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"(there: {', '.join(known) or 'none'})")
     version = args.vllm or newest_version(root, args.gpu)
     try:
-        model = model_arg(args.model)
-        check_tp(model, args.tp)
-        out_dir(args.out)
-        if args.fit:
-            out_file(args.fit, "--fit")
         rows, meta = import_tables(root, args.gpu, model, args.tp, args.dtype, version, args.keep_above_peak)
     except (CatalogError, OutputError) as e:
         return refuse(e)
