@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from calibration import allreduce, family_kernels, fit, grid, measurements
-from calibration.holdout import BAD_FIT_RC, add_quality_options, holdout_limits
+from calibration.holdout import add_quality_options, holdout_limits
 from calibration.kernels import Builder, Timer, parse_batch
 from calibration.layer import LlamaStep
 from commandline.argtypes import positive_int

@@ -9,7 +9,6 @@ run is an error); `off` always runs the SimPy engine.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pandas as pd
