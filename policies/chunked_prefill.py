@@ -45,6 +45,15 @@ def _cap(n: int, budget: int, threshold: int) -> int:
     return min(threshold if 0 < threshold < n else n, budget)
 
 
+def spec_row(req: Request, n: int, lookahead: int, max_model_len: int) -> tuple[int, int]:
+    """A running request's tokens and KV under speculative decoding, as vLLM V1 schedules them: its
+    uncomputed tokens plus its drafts (`n`, already capped by the budget), at most up to max_model_len - 1
+    (room for the sampled token), and KV held for them plus `lookahead` slots (at most max_model_len).
+    Returns (tokens, KV tokens to hold)."""
+    n = min(n, max_model_len - req.num_computed_tokens - 1)
+    return n, min(req.num_computed_tokens + n + lookahead, max_model_len)
+
+
 def _in_priority_order(waiting):
     """Waiting requests lowest (priority, arrival, id) first, popped lazily from a heap."""
     heap = [(_priority_key(r), i) for i, r in enumerate(waiting)]
@@ -142,8 +151,13 @@ class ChunkedPrefill:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = _cap(req.num_uncomputed_tokens, budget, threshold)
-            need = view.blocks_to_hold(req, req.num_computed_tokens + n)
+            n = _cap(req.num_uncomputed_tokens + req.num_spec_tokens, budget, threshold)
+            lookahead = view.num_lookahead_tokens
+            if lookahead or req.num_spec_tokens:   # speculative decoding (simcore/speculative.py)
+                n, held = spec_row(req, n, lookahead, view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+            else:
+                need = view.blocks_to_hold(req, req.num_computed_tokens + n)
             while need > free:  # preempt until it fits
                 if by_priority:  # the lowest priority, latest arrival (first such in list order on ties)
                     victim = max(running, key=lambda r: (r.spec.priority, r.spec.arrival_s))
@@ -163,7 +177,8 @@ class ChunkedPrefill:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
-            scheduled[req.request_id] = Scheduled(req.request_id, n)
+            scheduled[req.request_id] = (Scheduled(req.request_id, n, held) if lookahead or req.num_spec_tokens
+                                         else Scheduled(req.request_id, n))
             blocks_taken[req.request_id] = need
             view.take(req, req.num_computed_tokens + n)
             free -= need
@@ -186,8 +201,16 @@ class ChunkedPrefill:
             need = view.blocks_to_hold(req, num_tokens)
             if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted
-            out.append(Scheduled(req.request_id, n))
-            if n < left:   # a chunk: it holds KV only for what it computes this step
+            lookahead = view.num_lookahead_tokens
+            if lookahead:   # speculative decoding: the chunk's KV plus the drafts' slots must fit too
+                held = min(req.num_computed_tokens + hit + n + lookahead, view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+                if need > free:
+                    break
+                out.append(Scheduled(req.request_id, n, held))
+            else:
+                out.append(Scheduled(req.request_id, n))
+            if n < left and not lookahead:   # a chunk: it holds KV only for what it computes this step
                 need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
             free -= need
             if caching:

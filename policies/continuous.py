@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.chunked_prefill import spec_row
 from policies.defaults import GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.request import RequestSpec, Status
@@ -127,6 +128,8 @@ class Continuous:
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
+            if view.num_lookahead_tokens:   # speculative decoding: the drafts' KV slots too (vLLM V1)
+                reserve = max(reserve, min(num_tokens + view.num_lookahead_tokens, view.max_model_len))
             need = view.blocks_to_hold(req, max(num_tokens, reserve))
             if free - need < watermark_blocks:
                 break
@@ -142,7 +145,13 @@ class Continuous:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            need = view.blocks_to_hold(req, req.num_computed_tokens + 1)
+            n, held = 1, 0
+            if req.num_spec_tokens or view.num_lookahead_tokens:   # speculative decoding (vLLM V1's counting)
+                n, held = spec_row(req, min(1 + req.num_spec_tokens, budget), view.num_lookahead_tokens,
+                                   view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+            else:
+                need = view.blocks_to_hold(req, req.num_computed_tokens + 1)
             while need > free:
                 victim = running.pop()
                 preempted.append(victim.request_id)
@@ -153,10 +162,10 @@ class Continuous:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
-            out.append(Scheduled(req.request_id, 1))
-            view.take(req, req.num_computed_tokens + 1)
+            out.append(Scheduled(req.request_id, n, held))
+            view.take(req, req.num_computed_tokens + n)
             free -= need
-            budget -= 1
+            budget -= n
             i += 1
         return free, budget
 

@@ -47,6 +47,7 @@ class DecisionApplier:
                 raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
             self.running.remove(req)
             req.num_preemptions += 1
+            req.num_spec_tokens = 0   # vLLM drops a preempted request's drafts
             if self.limits.preemption_mode == "swap" and self.swap_space.can_hold(req.num_blocks):
                 # vLLM V0 swap: KV copied to host; progress kept.
                 self.swap_space.num_used_blocks += req.num_blocks
@@ -84,7 +85,8 @@ class DecisionApplier:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             n = s.num_new_tokens
             # req.num_uncomputed_tokens, inlined (once per scheduled request: the fast path's admissions)
-            if not 0 < n <= req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens:
+            if not 0 < n <= (req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
+                             + req.num_spec_tokens):   # drafts to verify (speculative decoding)
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
             if status is not RUNNING:

@@ -27,6 +27,7 @@ class EngineLimits:
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
     gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    speculative: object = None           # simcore.speculative.Speculation: speculative decoding, or None
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:

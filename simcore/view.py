@@ -52,6 +52,7 @@ class EngineView:
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
     decoders: LazyProgress | None = None
+    num_lookahead_tokens: int = 0   # speculative decoding: KV slots held past each scheduled row (vLLM's)
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):
