@@ -218,8 +218,8 @@ class Engine(DecisionApplier):
         handoff = self.limits.handoff_after_first_token
         for s in batch.scheduled:
             req = self.requests[s.request_id]
-            if is_decode(req):
-                num_decode += 1
+            if is_decode(req):   # (a verification computes 1 + its drafts)
+                num_decode += 1 if self.speculation is None else s.num_new_tokens
             else:
                 num_prefill += s.num_new_tokens
             if self.speculation is not None:   # verify drafts: the accepted ones and the bonus, in one chunk

@@ -577,7 +577,7 @@ class FastEngine(DecisionApplier):
         for req, n, _ in explicit:
             g = req.num_generated_tokens
             if req.spec.num_prompt_tokens + g - req.num_computed_tokens == 1 and g > 0:   # rules.is_decode
-                num_decode += 1
+                num_decode += n   # a verification computes 1 + its drafts
             else:
                 num_prefill += n
             emitted = speculative.verified(req, n, draws, counters)
