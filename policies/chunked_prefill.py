@@ -118,7 +118,10 @@ class ChunkedPrefill:
                                                threshold)
         # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
         if not preempted:
-            for s in self._schedule_waiting(view, budget, free, len(running), threshold):
+            pad = 0   # speculative decoding: vLLM pads a 1-token admission to 1 + k rows (spec_pad, below)
+            if view.num_speculative_tokens and not any(r.is_prefilling for r in running if r.request_id in scheduled):
+                pad = view.num_speculative_tokens
+            for s in self._schedule_waiting(view, budget, free, len(running), threshold, pad, bool(scheduled)):
                 scheduled[s.request_id] = s
         return Batch(tuple(scheduled.values()), tuple(preempted),
                      preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
@@ -186,7 +189,7 @@ class ChunkedPrefill:
             i += 1
         return budget, free
 
-    def _schedule_waiting(self, view, budget, free, num_seqs, threshold) -> list[Scheduled]:
+    def _schedule_waiting(self, view, budget, free, num_seqs, threshold, pad=0, ran=False) -> list[Scheduled]:
         """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
@@ -197,6 +200,13 @@ class ChunkedPrefill:
             hit = view.num_cached_prefix_tokens(req) if caching else 0
             num_tokens = req.num_tokens
             left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
+            if pad and left == 1 and (ran or req.num_computed_tokens) and \
+                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+                # vLLM pads a one-token admission to a uniform 1 + k verification (placeholder drafts,
+                # always rejected) when no prefill chunk runs, to keep the step's CUDA graph; too big: stop
+                if 1 + pad > budget:
+                    break
+                left = 1 + pad
             n = min(threshold if 0 < threshold < left else left, budget)   # _cap, inlined (the fast path's hot loop)
             need = view.blocks_to_hold(req, num_tokens)
             if need > free:

@@ -84,7 +84,8 @@ class Continuous:
             if preempted:
                 return Batch(tuple(decodes), tuple(preempted), preempt_at=tuple(order or ()))
             swapped_in, free = self._swap_in_pass(view, len(running), free)
-            prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget)
+            prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget,
+                                                bool(decodes))
             return Batch(tuple(decodes + swapped_in + prefills))
         prefills, free = self._prefill_pass(view, len(running), free, budget)
         if prefills:
@@ -114,7 +115,7 @@ class Continuous:
         prefills = self._prefill_pass(view, num_running, free, budget - num_running)[0]
         return DecodeShortcut(tuple(prefills)) if prefills else QUIET
 
-    def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
+    def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int, ran: bool = False):
         out: list[Scheduled] = []
         waiting = view.waiting
         if not waiting or waiting[0].status is Status.SWAPPED:
@@ -125,11 +126,17 @@ class Continuous:
         for req in waiting:
             num_tokens = req.num_tokens
             n = num_tokens - req.num_computed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
+            pad = view.num_speculative_tokens if self.mix_prefill_decode else 0
+            if pad and n == 1 and (ran or req.num_computed_tokens) and \
+                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+                n = 1 + pad   # vLLM V1 pads a one-token admission to a 1 + k verification (chunked_prefill's)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
             if view.num_lookahead_tokens:   # speculative decoding: the drafts' KV slots too (vLLM V1)
-                reserve = max(reserve, min(num_tokens + view.num_lookahead_tokens, view.max_model_len))
+                reserve = max(reserve, min(num_tokens - 1 + n + view.num_lookahead_tokens
+                                           if n > num_tokens - req.num_computed_tokens else
+                                           num_tokens + view.num_lookahead_tokens, view.max_model_len))
             need = view.blocks_to_hold(req, max(num_tokens, reserve))
             if free - need < watermark_blocks:
                 break

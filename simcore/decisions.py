@@ -15,6 +15,8 @@ RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
 
 
 class DecisionApplier:
+    _num_pad_drafts = 0   # speculative decoding: placeholder drafts a one-token row may carry (k)
+
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
     (the policy's holds_slots_until_drained) and `log` (`event`, `preemption`)."""
@@ -85,8 +87,9 @@ class DecisionApplier:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             n = s.num_new_tokens
             # req.num_uncomputed_tokens, inlined (once per scheduled request: the fast path's admissions)
-            if not 0 < n <= (req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
-                             + req.num_spec_tokens):   # drafts to verify (speculative decoding)
+            left = req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
+            if not 0 < n <= left + (req.num_spec_tokens or (self._num_pad_drafts if left == 1 else 0)):
+                # (speculative decoding: drafts to verify, or a one-token row padded with placeholders)
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
             if status is not RUNNING:

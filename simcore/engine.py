@@ -67,6 +67,7 @@ class Engine(DecisionApplier):
         self.speculation = limits.speculative
         if self.speculation is not None:
             self.draws = speculative.AcceptanceDraws(self.speculation)
+            self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
         self.process = env.process(self._loop())
 
@@ -141,7 +142,8 @@ class Engine(DecisionApplier):
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
                           self.draining, self.policy_state, self.prefix_cache,
-                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0)
+                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0)
 
     def _loop(self):
         env = self.env

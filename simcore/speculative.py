@@ -139,18 +139,21 @@ def verified(req, num_new_tokens: int, draws: AcceptanceDraws, counters: SpecCou
     (one ITL chunk) and gives it new drafts if it goes on (`num_spec_tokens`)."""
     total = req.spec.num_prompt_tokens + req.num_generated_tokens
     c = req.num_computed_tokens + num_new_tokens
+    real = req.num_spec_tokens   # drafted tokens; beyond them a row carries placeholders (vLLM's padding)
     req.num_spec_tokens = 0   # vLLM clears the drafts once scheduled; new ones come after the step
     drafts = c - total
     if drafts < 0:
         req.num_computed_tokens = c
         return 0
     accepted = 0
-    if drafts > 0:
+    if drafts > 0 and real > 0:
+        if real > drafts:
+            real = drafts
         accepted = draws.next(req)
-        if accepted > drafts:
-            accepted = drafts
+        if accepted > real:
+            accepted = real
         counters.num_verifications += 1
-        counters.num_draft_tokens += drafts
+        counters.num_draft_tokens += real
         counters.num_accepted_tokens += accepted
     req.num_computed_tokens = c - (drafts - accepted)
     left = req.spec.num_output_tokens - req.num_generated_tokens

@@ -53,6 +53,7 @@ class EngineView:
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
     decoders: LazyProgress | None = None
     num_lookahead_tokens: int = 0   # speculative decoding: KV slots held past each scheduled row (vLLM's)
+    num_speculative_tokens: int = 0  # speculative decoding: k drafts a decoding request carries
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):

@@ -79,6 +79,7 @@ class FastEngine(DecisionApplier):
         if self.speculation is not None:
             self.shortcut = None
             self.draws = speculative.AcceptanceDraws(self.speculation)
+            self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
@@ -214,7 +215,8 @@ class FastEngine(DecisionApplier):
         return EngineView(now, self.waiting, self.running, self.num_blocks - self.pool.num_used_blocks,
                           self.num_blocks, self.block_size, self.max_model_len, self.draining, self.policy_state,
                           self.prefix_cache,
-                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0)
+                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
