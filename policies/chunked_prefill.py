@@ -121,7 +121,7 @@ class ChunkedPrefill:
             pad = 0   # speculative decoding: vLLM pads a 1-token admission to 1 + k rows (spec_pad, below)
             if view.num_speculative_tokens and not any(r.is_prefilling for r in running if r.request_id in scheduled):
                 pad = view.num_speculative_tokens
-            for s in self._schedule_waiting(view, budget, free, len(running), threshold, pad, bool(scheduled)):
+            for s in self._schedule_waiting(view, budget, free, len(running), threshold, pad, len(scheduled)):
                 scheduled[s.request_id] = s
         return Batch(tuple(scheduled.values()), tuple(preempted),
                      preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
@@ -152,9 +152,13 @@ class ChunkedPrefill:
         blocks_taken: dict[int, int] = {}
         by_priority = self.scheduling_policy == "priority"
         i = 0
+        slots = view.num_draft_slots
         while i < len(running) and budget > 0:
             req = running[i]
-            n = _cap(req.num_uncomputed_tokens + req.num_spec_tokens, budget, threshold)
+            room = budget - (len(scheduled) + 1) * slots if slots else budget   # vLLM's input_budget - draft_slots
+            if room <= 0:
+                break
+            n = _cap(req.num_uncomputed_tokens + req.num_spec_tokens, room, threshold)
             lookahead = view.num_lookahead_tokens
             if lookahead or req.num_spec_tokens:   # speculative decoding (simcore/speculative.py)
                 n, held = spec_row(req, n, lookahead, view.max_model_len)
@@ -189,25 +193,26 @@ class ChunkedPrefill:
             i += 1
         return budget, free
 
-    def _schedule_waiting(self, view, budget, free, num_seqs, threshold, pad=0, ran=False) -> list[Scheduled]:
+    def _schedule_waiting(self, view, budget, free, num_seqs, threshold, pad=0, num_ran=0) -> list[Scheduled]:
         """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
         caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
-            if budget <= 0 or num_seqs >= self.max_num_seqs:
+            room = budget - (num_ran + len(out) + 1) * view.num_draft_slots if view.num_draft_slots else budget
+            if room <= 0 or num_seqs >= self.max_num_seqs:
                 break
             hit = view.num_cached_prefix_tokens(req) if caching else 0
             num_tokens = req.num_tokens
             left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
-            if pad and left == 1 and (ran or req.num_computed_tokens) and \
+            if pad and left == 1 and (num_ran or req.num_computed_tokens) and \
                     req.num_computed_tokens + pad + 2 <= view.max_model_len:
                 # vLLM pads a one-token admission to a uniform 1 + k verification (placeholder drafts,
                 # always rejected) when no prefill chunk runs, to keep the step's CUDA graph; too big: stop
-                if 1 + pad > budget:
+                if 1 + pad > room:
                     break
                 left = 1 + pad
-            n = min(threshold if 0 < threshold < left else left, budget)   # _cap, inlined (the fast path's hot loop)
+            n = min(threshold if 0 < threshold < left else left, room)   # _cap, inlined (the fast path's hot loop)
             need = view.blocks_to_hold(req, num_tokens)
             if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted

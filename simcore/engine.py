@@ -143,7 +143,8 @@ class Engine(DecisionApplier):
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
                           self.draining, self.policy_state, self.prefix_cache,
                           num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
-                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0)
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
+                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
 
     def _loop(self):
         env = self.env

@@ -89,6 +89,12 @@ class Speculation:
         return self.num_speculative_tokens if self.method in LOOKAHEAD_METHODS else 0
 
     @property
+    def num_draft_slots(self) -> int:
+        """vLLM's `max_num_new_slots_for_drafting`: input slots per scheduled request the budget keeps for
+        the drafter (a draft model keeps one unsliced input token; EAGLE, MTP and n-gram none)."""
+        return 1 if self.method == "draft_model" else 0
+
+    @property
     def mean_acceptance_length(self) -> float:
         """Tokens a full verification emits on average: 1 + sum of r_i."""
         return 1.0 + float(sum(self.acceptance))

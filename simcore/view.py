@@ -54,6 +54,7 @@ class EngineView:
     decoders: LazyProgress | None = None
     num_lookahead_tokens: int = 0   # speculative decoding: KV slots held past each scheduled row (vLLM's)
     num_speculative_tokens: int = 0  # speculative decoding: k drafts a decoding request carries
+    num_draft_slots: int = 0         # speculative decoding: input slots a draft model takes per request (vLLM)
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):

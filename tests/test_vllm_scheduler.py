@@ -107,7 +107,8 @@ def test_step_latencies_price_each_step():
 
 
 SPEC_SETS = [("eagle3", 3, ("tight_kv", "long_prompts")), ("ngram", 4, ("tight_kv", "threshold")),
-             ("eagle3", 2, ("no_chunking", "tight_kv")), ("eagle3", 5, ("priority", "tight_kv", "max_num_seqs"))]
+             ("eagle3", 2, ("no_chunking", "tight_kv")), ("eagle3", 5, ("priority", "tight_kv", "max_num_seqs")),
+             ("draft_model", 3, ("tight_kv", "threshold"))]   # a draft model keeps one input slot a request
 
 
 @pytest.mark.parametrize("method, k, features", SPEC_SETS, ids=lambda x: x if isinstance(x, str) else
@@ -118,7 +119,7 @@ def test_speculative_decoding_makes_the_same_decisions_as_vllm(vllm, method, k, 
     # both sides accept the same drawn number of drafts (simcore/speculative.py)
     steps = verifications = preemptions = 0
     for seed in range(3):
-        case = replace(random_case(seed, features, num_requests=16), num_speculative_tokens=k, spec_method=method,
+        case = replace(random_case(seed, features, num_requests=24), num_speculative_tokens=k, spec_method=method,
                        spec_acceptance=tuple(0.8 ** i for i in range(1, k + 1)), spec_seed=seed)
         theirs = assert_equal(case)
         steps += len(theirs)

@@ -216,7 +216,8 @@ class FastEngine(DecisionApplier):
                           self.num_blocks, self.block_size, self.max_model_len, self.draining, self.policy_state,
                           self.prefix_cache,
                           num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
-                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0)
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
+                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
