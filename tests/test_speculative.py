@@ -150,3 +150,23 @@ def test_defaults_are_the_published_figures():
     assert parse_speculative({"method": "eagle3", "num_speculative_tokens": 2}).acceptance == geometric(0.743, 2)
     rates = parse_speculative({"method": "ngram", "num_speculative_tokens": 7}).acceptance
     assert rates[:5] == (0.81, 0.74, 0.70, 0.68, 0.66) and list(rates) == sorted(rates, reverse=True)
+
+
+def test_a_cluster_with_speculation_matches_on_the_fast_path():
+    # replicas behind a router share one set of counters; every request's draws follow it to its replica
+    import pandas as pd
+    from experiments.simulate import simulate
+    workload = {"num_requests": 60, "arrival": {"process": "poisson", "rate_per_s": 40},
+                "prompt_tokens": {"dist": "lognormal", "median": 300, "sigma": 0.8, "max": 2000},
+                "output_tokens": {"dist": "lognormal", "median": 100, "sigma": 0.8, "max": 500}}
+    runs = [simulate({"model": "llama-3.1-8b", "workload": workload,
+                      "cluster": {"num_replicas": 3, "router": "least_outstanding"},
+                      "engine": {"fast_path": fp, "num_gpu_blocks": 300,
+                                 "speculative": {"method": "ngram", "num_speculative_tokens": 4}}}, seed=3)
+            for fp in ("on", "off")]
+    a, b = (r.iterations.sort_values(["start_s", "replica_id"], kind="stable").reset_index(drop=True) for r in runs)
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    keys = ("spec_decode_steps", "spec_acceptance_length", "spec_draft_acceptance_rate", "tpot_mean_ms")
+    assert [runs[0].summary[k] for k in keys] == [runs[1].summary[k] for k in keys]
+    assert runs[0].summary["spec_decode_steps"] > 0
