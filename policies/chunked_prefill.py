@@ -13,7 +13,10 @@ Prefix caching (engine.enable_prefix_caching): a new or preempted request's pref
 prefix, as vLLM's Phase B does after `get_computed_blocks`, including blocks that requests scheduled
 earlier in the same step register or evict (`EngineView.take`).
 
-Simplifications: no speculative decoding, multimodal encoder budget, LoRA slots, KV connectors or
+Speculative decoding (engine.speculative, docs/speculative.md): a decoding request asks for 1 + its drafts,
+KV for them plus the drafter's lookahead, as vLLM V1 (`spec_row`); checked against vLLM's Scheduler too.
+
+Simplifications: no multimodal encoder budget, LoRA slots, KV connectors or
 `watermark` (vLLM's default 0). Async scheduling (vLLM's `async_scheduling`, the batch queue of
 vllm/v1/engine/core.py) is not followed: vLLM then schedules step k+1 before it has processed step k's
 output, so a finished request's slot and KV are reused one step later; ours frees them at once. Measured

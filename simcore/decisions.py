@@ -15,11 +15,10 @@ RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
 
 
 class DecisionApplier:
-    _num_pad_drafts = 0   # speculative decoding: placeholder drafts a one-token row may carry (k)
-
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
     (the policy's holds_slots_until_drained) and `log` (`event`, `preemption`)."""
+    _num_pad_drafts = 0   # speculative decoding: placeholder drafts a one-token row may carry (k)
 
     def can_receive(self, num_tokens: int) -> bool:
         """Whether KV for `num_tokens` tokens fits in free blocks now."""
