@@ -210,3 +210,18 @@ def test_random_workloads_make_the_same_decisions_as_vllms_hybrid_manager(vllm, 
         assert d is None, f"{case.knobs()}: {d}"
         preemptions += sum(len(s.preempted) for s in theirs)
     assert preemptions > 0
+
+
+def test_the_32_user_example_preempts_only_without_the_hybrid_manager(tmp_path):
+    pytest.importorskip("aiconfigurator_core")   # gpt-oss-120b's config.json ships with it
+    import yaml
+    from pathlib import Path
+    sweep = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "gpt_oss_hybrid_kv.yaml").read_text())
+    sweep.pop("grid"), sweep.pop("seeds"), sweep.pop("name"), sweep.pop("description")
+    sweep["workload"]["num_requests"] = 120
+    sweep["profile"] = "roofline"
+    on = simulate(sweep, seed=0).summary
+    sweep["engine"]["disable_hybrid_kv_cache_manager"] = True
+    off = simulate(sweep, seed=0).summary
+    assert on["num_gpu_blocks"] in (2 * off["num_gpu_blocks"], 2 * off["num_gpu_blocks"] + 1)
+    assert on["num_preemptions"] == 0 < off["num_preemptions"]
