@@ -225,3 +225,13 @@ def test_the_32_user_example_preempts_only_without_the_hybrid_manager(tmp_path):
     off = simulate(sweep, seed=0).summary
     assert on["num_gpu_blocks"] in (2 * off["num_gpu_blocks"], 2 * off["num_gpu_blocks"] + 1)
     assert on["num_preemptions"] == 0 < off["num_preemptions"]
+
+
+def test_pipeline_stages_refuse_the_hybrid_pool():
+    import simpy
+    from simcore.pipeline import PipelinedEngine
+    from costmodels import RooflineCostModel, get_gpu, get_model
+    from costmodels.deployment import Deployment
+    cost = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), deployment=Deployment(pipeline_parallel_size=2))
+    with pytest.raises(SimulationError, match="disable_hybrid_kv_cache_manager"):
+        PipelinedEngine(simpy.Environment(), POLICY, cost, EngineLimits(50, 16, 512, kv_groups=GROUPS), num_stages=2)
