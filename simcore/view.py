@@ -55,6 +55,7 @@ class EngineView:
     num_lookahead_tokens: int = 0   # speculative decoding: KV slots held past each scheduled row (vLLM's)
     num_speculative_tokens: int = 0  # speculative decoding: k drafts a decoding request carries
     num_draft_slots: int = 0         # speculative decoding: input slots a draft model takes per request (vLLM)
+    hybrid_kv: object | None = None  # the engine's simcore.hybridkv.HybridBlockPool under vLLM's hybrid manager
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):
@@ -78,7 +79,10 @@ class EngineView:
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,
         plus, for a swapped request, the blocks it brings back from the host. With prefix caching, a new
-        request's hit blocks that other requests hold (or take this step) are shared and take no free block."""
+        request's hit blocks that other requests hold (or take this step) are shared and take no free block.
+        Under vLLM's hybrid manager the pool answers, net of the out-of-window blocks freed first."""
+        if self.hybrid_kv is not None:
+            return self.hybrid_kv.blocks_to_hold(req, num_tokens)
         if self.prefix_cache is not None and self._is_new(req):
             return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
         held = req.num_blocks
