@@ -73,6 +73,8 @@ def read_run(path: str | Path) -> RealRun:
     col = {k: np.array([float(r[k]) for r in rows]) for k in NEED}
     req = _table(d / REQUESTS, np.arange(len(rows)), col["queued_ts"], col["input_toks"].astype(int),
                  col["output_toks"].astype(int), col["first_token_ts"], col["last_token_ts"])
+    if all(isinstance(r.get("scheduled_ts"), (int, float)) for r in rows):   # when prefill began (request_fit)
+        req["scheduled_s"] = np.array([float(r["scheduled_ts"]) for r in rows]) - col["queued_ts"].min()
     info = {"vllm_version": meta.get("vllm_version"), "model_id": meta.get("model"),
             "engine_kwargs": meta["engine_kwargs"], "kv_cache": meta.get("kv_cache") or {},
             "hardware": meta.get("hardware") or {}}
