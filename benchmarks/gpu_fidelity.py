@@ -18,7 +18,8 @@ the summary errors (median and p90 of |error|). For the LLMServingSim runs it al
 closed form from its requests' times and applies the fit to the others (benchmarks/gpu_cross_fit.py:
 cross_fit.csv, cross_fit_params.csv, cross_fit.md). TTFT is as a client measures it: the engine plus the
 serving front end (costmodels/frontend.py: `vllm serve` over HTTP for the H100 stages, which `vllm bench
-serve` drove; in-process AsyncLLM for the LLMServingSim runs, as they ran). Cost models: `roofline`
+serve` drove; none for the LLMServingSim runs, whose times are all the engine core's: TTFT from the
+core receiving the tokenised request). Cost models: `roofline`
 (the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
 and they have the GPU, else the same prior). Writes stages.csv, runs.csv and report.md under --out.
 Without ../shared (or --shared) it says so and exits 0.
