@@ -59,7 +59,8 @@ def relation(a: str, b: str) -> str:
 def cross_fit(shared: Path, work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(fits, cross): one row per fit run with its parameters; one per (fit run, target run, method)."""
     from fidelity.realruns import replay
-    from fidelity.request_fit import ScaledCostModel, fit_prior_scale, fit_step_terms
+    from costmodels.scaled import ScaledCostModel
+    from fidelity.request_fit import fit_prior_scale, fit_step_terms
     runs = _runs(shared, work)
     real = {n: _lss_metrics(r[0].requests) for n, r in runs.items()}
     fits, rows = [], []

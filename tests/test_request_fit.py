@@ -13,7 +13,8 @@ from experiments.simulate import point_cost_model, simulate
 from fidelity import fit_engine
 from fidelity.llmservingsim import read_run
 from fidelity.realruns import replay, replay_config
-from fidelity.request_fit import ScaledCostModel, fit_prior_scale, fit_step_terms
+from costmodels.scaled import ScaledCostModel
+from fidelity.request_fit import fit_prior_scale, fit_step_terms
 from tests.fake_runs import true_model
 
 POINT = {"model": "tiny", "hardware": "h100-sxm", "dtype": "bf16",
@@ -128,3 +129,24 @@ def test_scaled_model_prices_alike_by_every_entry_point(lss_run):
     sums = np.array([900, 1500, 3000])
     assert list(m.decode_steps_time_s(3, sums, 3)) == [m.decode_step_time_fn(3, 3)(int(s)) for s in sums]
     assert m.step_time_s() == 0.0 and m.describe()["kind"] == "scaled-prior"
+
+
+def test_cross_fit_table_over_runs(tmp_path, capsys):
+    """benchmarks.gpu_cross_fit fits each run and replays every run with each fit (and the plain prior);
+    without the shared folder it skips, exit 0."""
+    from benchmarks import gpu_cross_fit
+    assert gpu_cross_fit.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "o0")]) == 0
+    assert "skipped" in capsys.readouterr().out
+    lss = tmp_path / "shared" / "real-runs" / "llmservingsim"
+    write_lss_run(lss / "H100_tiny", seed=3)
+    small = json.loads(json.dumps(POINT))
+    small["workload"]["num_requests"] = 60
+    write_lss_run(lss / "H100_tiny-b", small, seed=4)
+    assert gpu_cross_fit.main(["--shared", str(tmp_path / "shared"), "--out", str(tmp_path / "o")]) == 0
+    import pandas as pd
+    cross = pd.read_csv(tmp_path / "o" / "cross_fit.csv")
+    assert len(cross) == 2 * 2 * 2 + 2
+    assert set(cross["relation"]) == {"itself", "same GPU, other model", "no fit"}
+    own = cross[(cross["relation"] == "itself") & (cross["method"] == "step terms")]
+    assert (own["err_tpot_mean_ms"].abs() < 0.06).all()
+    assert (tmp_path / "o" / "cross_fit.md").exists()
