@@ -60,27 +60,32 @@ def cross_fit(shared: Path, work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(fits, cross): one row per fit run with its parameters; one per (fit run, target run, method)."""
     from fidelity.realruns import replay
     from costmodels.scaled import ScaledCostModel
-    from fidelity.request_fit import fit_prior_scale, fit_step_terms
+    from fidelity.request_fit import RequestFitError, fit_prior_scale, fit_step_terms
     runs = _runs(shared, work)
     real = {n: _lss_metrics(r[0].requests) for n, r in runs.items()}
     fits, rows = [], []
     for name, (run, cfg, prior, budget, dp) in runs.items():
         t0 = time.perf_counter()
-        steps = fit_step_terms([run], [budget], [dp], f"{name} (timestamps)", cfg.dtype)
-        t1 = time.perf_counter()
-        scale, per_step, held = fit_prior_scale(run, prior, budget, dp)
+        try:
+            steps = fit_step_terms([run], [budget], [dp], f"{name} (timestamps)", cfg.dtype)
+            t1 = time.perf_counter()
+            scale, per_step, held = fit_prior_scale(run, prior, budget, dp)
+        except RequestFitError as e:
+            say(f"{name}: not fitted ({e})")
+            continue
         t2 = time.perf_counter()
+        held, steps_held = held or {}, steps.held_out or {}   # None: too few requests to leave any out
         c = dict(zip(("per_step_s", "per_decode_seq_s", "per_token_s", "per_decode_ctx_s"),
                      (steps.coefficients[i] for i in (0, 2, 3, 5))))
         fits.append({"fit_run": name, **{f"steps_{k}": v for k, v in c.items()},
-                     "steps_held_out_median_ape_pct": steps.held_out["median_ape_pct"],
-                     "steps_held_out_p90_ape_pct": steps.held_out["p90_ape_pct"],
+                     "steps_held_out_median_ape_pct": steps_held.get("median_ape_pct", math.nan),
+                     "steps_held_out_p90_ape_pct": steps_held.get("p90_ape_pct", math.nan),
                      "steps_fit_s": round(t1 - t0, 3), "scale": scale, "scale_per_step_s": per_step,
-                     "scale_held_out_median_ape_pct": held["median_ape_pct"],
-                     "scale_held_out_p90_ape_pct": held["p90_ape_pct"], "scale_fit_s": round(t2 - t1, 3)})
+                     "scale_held_out_median_ape_pct": held.get("median_ape_pct", math.nan),
+                     "scale_held_out_p90_ape_pct": held.get("p90_ape_pct", math.nan), "scale_fit_s": round(t2 - t1, 3)})
         say(f"fit on {name}: step terms {', '.join(f'{k} {v:.3g}' for k, v in c.items())} "
-            f"(held out {steps.held_out['median_ape_pct']}%); prior x {scale:.3f} + {per_step * 1e3:.2f} ms a step "
-            f"(held out {held['median_ape_pct']}%)")
+            f"(held out {steps_held.get('median_ape_pct', '-')}%); prior x {scale:.3f} + {per_step * 1e3:.2f} ms "
+            f"a step (held out {held.get('median_ape_pct', '-')}%)")
         for target, (trun, tcfg, tprior, _, _) in runs.items():
             models = {"step terms": steps, "prior scale": ScaledCostModel(tprior, scale, per_step, name)}
             for method, cm in models.items():
@@ -98,6 +103,10 @@ def cross_fit(shared: Path, work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def report(fits: pd.DataFrame, cross: pd.DataFrame, out: Path) -> str:
     from experiments.report import md_table
+    if fits.empty:
+        text = "# Fit on one run, apply to the others\n\nNo run had enough requests to fit.\n"
+        (out / "cross_fit.md").write_text(text)
+        return text
     f = fits.copy()
     for k in f.columns:
         if k.startswith("steps_per") or k == "scale_per_step_s":
