@@ -150,3 +150,19 @@ def test_cross_fit_table_over_runs(tmp_path, capsys):
     own = cross[(cross["relation"] == "itself") & (cross["method"] == "step terms")]
     assert (own["err_tpot_mean_ms"].abs() < 0.06).all()
     assert (tmp_path / "o" / "cross_fit.md").exists()
+
+
+def test_fit_timestamps_on_client_side_runs(tmp_path):
+    """`--fit timestamps` fits client-side runs (vllm bench serve JSON) in closed form too: no replay."""
+    import yaml
+    from tests.fake_runs import TINY_POINT, as_vllm_bench_json, make_run, point
+    run_dir = make_run(tmp_path / "calib", "rate10", point({"process": "poisson", "rate_per_s": 10}, 120), seed=4)
+    bench = as_vllm_bench_json(run_dir, tmp_path / "bench.json")
+    cfg = tmp_path / "point.yaml"
+    cfg.write_text(yaml.safe_dump(TINY_POINT))
+    out = tmp_path / "p.json"
+    assert fit_engine.main([str(bench), "--config", str(cfg), "--out", str(out), "--fit", "timestamps"]) == 0
+    data = json.loads(out.read_text())
+    assert data["held_out"]["within_fit"]["of"] == "decode intervals"
+    truth = true_model()
+    assert read_stepfit(out).step_time_s([], [300] * 8) == pytest.approx(truth.step_time_s([], [300] * 8), rel=0.2)
