@@ -22,7 +22,14 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def requests_frame(log: EngineLog) -> pd.DataFrame:
-    return _with_latencies(pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS)))
+    df = pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS))
+    for c in TIME_COLUMNS:   # floats even when every value is absent (None) or SimPy's clock was an int 0
+        if df[c].dtype != np.float64:
+            df[c] = df[c].astype(np.float64)
+    return _with_latencies(df)
+
+
+TIME_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s")
 
 
 def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
@@ -59,7 +66,10 @@ def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
 
 
 def iterations_frame(log: EngineLog) -> pd.DataFrame:
-    return pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
+    df = pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
+    if not len(df):   # no step at all (a gateway ended every request): typed as a run with steps
+        df = df.astype({c: np.float64 if c.endswith("_s") else np.int64 for c in ITERATION_COLUMNS})
+    return df
 
 
 def stats_ms(prefix: str, values_s) -> dict:
