@@ -31,9 +31,6 @@ def fast_path_reason(cfg, specs) -> str | None:
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
-    autoscaling = getattr(cfg, "autoscaling", None)
-    if autoscaling is not None and autoscaling["signal"] == "ttft_p99_s":
-        return "autoscaling.signal: ttft_p99_s reads the SimPy engine's event log (simcore/autoscaler.py)"
     # Every engine setting (experiments/engine_config.py's EngineSettings) is modelled by both engines; a new
     # one that the fast engine cannot model exactly belongs here, as a reason.
     return None

@@ -63,8 +63,6 @@ class Autoscaling(Cluster):
         self.events: list[ScalingEvent] = [ScalingEvent(0.0, i, "serve") for i in range(limits.min_replicas)]
         self.last_action_s = -float("inf")
         self.end_s = 0.0   # the scaler's last look
-        # ttft_p99_s only: each request's arrival, and the first tokens of the window (first token time, TTFT)
-        self.arrival_s: dict[int, float] = {}
         self.ttfts: deque[tuple[float, float]] = deque()
 
     # ---- routing among the serving replicas only ----
@@ -78,8 +76,6 @@ class Autoscaling(Cluster):
             raise SimulationError(f"router {self.router.name} picked replica {i}, which is {self.state[i]}")
         self.num_routed += 1
         self.routed_to.append(i)
-        if self.limits.signal == "ttft_p99_s":   # (kept only for this signal: millions of requests a day)
-            self.arrival_s[spec.request_id] = spec.arrival_s
         return i
 
     # ---- the scaler ----
@@ -95,12 +91,11 @@ class Autoscaling(Cluster):
         return self._ttft_p99_s(now)
 
     def first_tokens(self):
-        """(time, request id) of the first tokens since the last call, in order (the engine's own log)."""
+        """(time, TTFT) of the first tokens sampled since the last call, in the order the engines sampled them."""
         raise NotImplementedError
 
     def _ttft_p99_s(self, now: float) -> float:
-        for t, rid in self.first_tokens():
-            self.ttfts.append((t, t - self.arrival_s[rid]))
+        self.ttfts.extend(self.first_tokens())
         while self.ttfts and self.ttfts[0][0] < now - self.limits.window_s:
             self.ttfts.popleft()
         return float(np.percentile([t for _, t in self.ttfts], 99)) if self.ttfts else 0.0
@@ -189,13 +184,20 @@ class AutoscaledCluster(Autoscaling):
         super().__init__(engines, router, limits, num_requests)
         self.env = engines[0].env
         self.num_events_seen = 0
+        self.arrival_s: dict[int, float] = {}   # ttft_p99_s: each request's arrival
         for e in self.engines:   # a draining replica leaves with the step that ends its last request
             e.on_step = self._after_step
         self.env.process(self._scaler())
 
+    def submit(self, spec: RequestSpec) -> None:
+        if self.limits.signal == "ttft_p99_s":   # the first-token events carry only the request's id
+            self.arrival_s[spec.request_id] = spec.arrival_s
+        super().submit(spec)
+
     def first_tokens(self):
         events = self.engines[0].log.events
-        out = [(e.time_s, e.request_id) for e in events[self.num_events_seen:] if e.kind == "first_token"]
+        out = [(e.time_s, e.time_s - self.arrival_s[e.request_id]) for e in events[self.num_events_seen:]
+               if e.kind == "first_token"]
         self.num_events_seen = len(events)
         return out
 

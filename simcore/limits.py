@@ -26,7 +26,7 @@ class EngineLimits:
     # Prefill instance of a disaggregated deployment (simcore/disagg.py): a request that sampled its first
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
-    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (simcore/gateway.py)
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:

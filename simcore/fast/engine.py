@@ -121,6 +121,7 @@ class FastEngine(DecisionApplier):
         # Admission control (simcore/fast/gateway.py; a cluster sets up its replicas'); its watch starts
         # before the engine. `abandoning`: clients that left while their request's step runs.
         self.gateway, self.abandoning = None, []
+        self.first_token_sink = None   # a list given (time, TTFT) of each first token (autoscaling's signal)
         if limits.gateway is not None and cluster is None:
             self.gateway = FastGateway(self, limits.gateway, -3)
             self.traffic.watch = self.gateway if self.gateway.deadlines is not None else None
@@ -549,6 +550,8 @@ class FastEngine(DecisionApplier):
                     req.first_token_s = now
                     if self.events is not None:
                         self.log.event(now, req, "first_token")
+                    if self.first_token_sink is not None:
+                        self.first_token_sink.append((now, now - req.spec.arrival_s))
                 else:
                     lt = req.last_token_s
                     gaps[lt] = gaps.get(lt, 0) + 1
