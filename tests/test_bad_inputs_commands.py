@@ -141,6 +141,8 @@ CASES = [
     ("memory-unknown-policy", "benchmarks.memory", ["1000", "--policy", "fifo"], "--policy"),
     ("replicas-requests-zero", "benchmarks.replicas", ["--num-requests", "0"], "--num-requests"),
     ("replicas-bogus", "benchmarks.replicas", ["--bogus"], "--bogus"),
+    ("day-hours-zero", "benchmarks.autoscaling_day", ["--hours", "0"], "--hours"),
+    ("day-repeats-bogus", "benchmarks.autoscaling_day", ["--repeats", "x"], "--repeats"),
     ("speed-requests-zero", "benchmarks.speed", ["--requests", "0"], "--requests"),
     ("speed-repeats-negative", "benchmarks.speed", ["--repeats", "-2"], "--repeats"),
     ("speed-unknown-section", "benchmarks.speed", ["--sections", "5"], "--sections"),
