@@ -7,6 +7,7 @@ results.csv (replicas, GPU-hours, cost, SLO attainment).
     python -m benchmarks.autoscaling_day                 # the whole day (minutes on one core)
     python -m benchmarks.autoscaling_day --hours 1       # the same curve compressed into one hour (1/24 of it)
     python -m benchmarks.autoscaling_day --repeats 3     # the median of three runs
+    python -m benchmarks.autoscaling_day --hours 1 --mean-rps 150   # five times the traffic: tens of replicas
 
 On a shared machine wall time depends on what else runs; the CPU times do much less.
 """
@@ -33,21 +34,23 @@ ANSWER = ("num_requests", "num_finished", "replicas_peak", "replicas_mean", "gpu
           "ttft_p99_ms", "num_scale_ups", "num_scale_downs")
 
 
-def sweep(hours: float) -> dict:
-    """The example, its diurnal period (and request count) compressed to `hours` when shorter than a day."""
+def sweep(hours: float, mean_rps: float | None = None) -> dict:
+    """The example, its diurnal period compressed to `hours` and its mean rate set to `mean_rps` (None: the
+    example's), with one period's requests."""
     cfg = yaml.safe_load(EXAMPLE.read_text())
-    if hours < 24:
-        diurnal = cfg["workload"]["arrival"]["rate_per_s"]["diurnal"]
-        diurnal["period_s"] = hours * 3600
-        cfg["workload"]["num_requests"] = int(round(diurnal["mean"] * hours * 3600))
+    diurnal = cfg["workload"]["arrival"]["rate_per_s"]["diurnal"]
+    diurnal["period_s"] = hours * 3600
+    if mean_rps is not None:
+        diurnal["mean"] = mean_rps
+    cfg["workload"]["num_requests"] = int(round(diurnal["mean"] * hours * 3600))
     return cfg
 
 
-def run_once(hours: float) -> dict:
+def run_once(hours: float, mean_rps: float | None = None) -> dict:
     """One `experiments.run` of the day in a child process: its times, peak memory and results row."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "day.yaml"
-        path.write_text(yaml.safe_dump(sweep(hours)))
+        path.write_text(yaml.safe_dump(sweep(hours, mean_rps)))
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(path), "--out", str(Path(tmp) / "out"),
                                  "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -71,9 +74,11 @@ def main(argv=None) -> int:
     parser = Parser(prog="python -m benchmarks.autoscaling_day", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=positive_float, default=24.0,
                         help="the diurnal period in hours (default 24: the example as shipped)")
+    parser.add_argument("--mean-rps", type=positive_float, default=None,
+                        help="the diurnal curve's mean rate, requests/s (default: the example's, 30)")
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs, one at a time (default 1)")
     args = parser.parse_args(argv)
-    runs = [run_once(args.hours) for _ in range(args.repeats)]
+    runs = [run_once(args.hours, args.mean_rps) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "user_s", "sys_s", "peak_mb")}
     last = runs[-1]
     print(f"{args.hours:g} h of diurnal traffic, {int(last['num_requests']):,} requests, {args.repeats} run(s), median:")

@@ -143,6 +143,7 @@ CASES = [
     ("replicas-bogus", "benchmarks.replicas", ["--bogus"], "--bogus"),
     ("day-hours-zero", "benchmarks.autoscaling_day", ["--hours", "0"], "--hours"),
     ("day-repeats-bogus", "benchmarks.autoscaling_day", ["--repeats", "x"], "--repeats"),
+    ("day-mean-negative", "benchmarks.autoscaling_day", ["--mean-rps", "-3"], "--mean-rps"),
     ("speed-requests-zero", "benchmarks.speed", ["--requests", "0"], "--requests"),
     ("speed-repeats-negative", "benchmarks.speed", ["--repeats", "-2"], "--repeats"),
     ("speed-unknown-section", "benchmarks.speed", ["--sections", "5"], "--sections"),
