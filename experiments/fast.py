@@ -3,7 +3,8 @@
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
 policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
 preemption mode, prefix caching, priority scheduling, a cluster of replicas behind any router
-(simcore/fast/cluster.py), prefill/decode disaggregation (simcore/fast/disagg.py); not pipeline
+(simcore/fast/cluster.py), prefill/decode disaggregation (simcore/fast/disagg.py), a gateway's admission
+control (simcore/fast/gateway.py), autoscaling (simcore/fast/autoscaling.py); not pipeline
 parallelism, and no engine feature it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
 run is an error); `off` always runs the SimPy engine.
 """
