@@ -135,7 +135,9 @@ def kv_bytes_per_token(model: ModelShape, d: Deployment) -> int:
 # 0.2e9: what is left of vLLM's own KV block counts once weights, activations and the sampler's tensors
 # are taken out, the same on two GPUs, two models and two versions (H100 SXM, Llama-2-7B, vLLM 0.15.1:
 # 7,463 blocks, ../shared/real-runs/README.md -> 0.19e9; RTX 4090, Llama-3.1-8B, vLLM 0.19.0: 2,588
-# blocks, LLMServingSim's vllm_meta.json -> 0.21e9). The CUDA context exists before vLLM's baseline
+# blocks, LLMServingSim's vllm_meta.json -> 0.21e9), and what vLLM's own start-up log prints in public
+# reports ("non_torch_memory takes 0.16GiB", H100 80GB, vllm-project/vllm PR #12126; "0.20GiB", a 24 GB
+# card, PR #14447; at TP > 1 NCCL's buffers add more, not modelled here). The CUDA context exists before vLLM's baseline
 # snapshot and is not counted; CUDA graphs are captured after the KV cache is allocated and counted only
 # from vLLM 0.21 on (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), so not in the versions this represents.
 NON_TORCH_PROFILE_BYTES = 0.2e9
