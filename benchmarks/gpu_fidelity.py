@@ -14,9 +14,12 @@
 
 Per stage or run it prints real vs simulated TTFT mean/p99, per-token time ((E2E - TTFT) / (output - 1),
 the README's definition), E2E mean/p99 and throughput, each side's class (sustained or saturated), and
-the summary errors (median and p90 of |error|). TTFT is as a client measures it: the engine plus the
+the summary errors (median and p90 of |error|). For the LLMServingSim runs it also fits each run in
+closed form from its requests' times and applies the fit to the others (benchmarks/gpu_cross_fit.py:
+cross_fit.csv, cross_fit_params.csv, cross_fit.md). TTFT is as a client measures it: the engine plus the
 serving front end (costmodels/frontend.py: `vllm serve` over HTTP for the H100 stages, which `vllm bench
-serve` drove; in-process AsyncLLM for the LLMServingSim runs, as they ran). Cost models: `roofline`
+serve` drove; none for the LLMServingSim runs, whose times are all the engine core's: TTFT from the
+core receiving the tokenised request). Cost models: `roofline`
 (the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
 and they have the GPU, else the same prior). Writes stages.csv, runs.csv and report.md under --out.
 Without ../shared (or --shared) it says so and exits 0.
@@ -297,7 +300,8 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
             t[f"{k} peer"] = runs[f"peer_err_{k}"].map(lambda v: "" if pd.isna(v) else f"{v:+.0%}")
         lines += ["## vLLM 0.19.0 runs (LLMServingSim's set)", "",
                   "Error of this simulator and of the peer simulator (validation_summary.txt) on the same runs.", "",
-                  md_table(t), ""]
+                  md_table(t), "",
+                  "Fitted to one run and applied to the others (fidelity/request_fit.py): cross_fit.md.", ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
@@ -339,6 +343,11 @@ def main(argv=None) -> int:
         if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
             runs = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
+            from benchmarks import gpu_cross_fit   # fit on one run, apply to the others: cross_fit.md
+            fits, cross = gpu_cross_fit.cross_fit(shared, Path(work))
+            fits.to_csv(out / "cross_fit_params.csv", index=False)
+            cross.to_csv(out / "cross_fit.csv", index=False)
+            gpu_cross_fit.report(fits, cross, out)
     print(report(stages, runs, out))
     return 0
 

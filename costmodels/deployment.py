@@ -128,20 +128,40 @@ def kv_bytes_per_token(model: ModelShape, d: Deployment) -> int:
     return int(layers * per_layer)
 
 
+# Memory vLLM's start-up profile counts beyond the weights and the profiling forward's live tensors
+# (vllm/v1/worker/gpu_worker.py determine_available_memory: KV = total x gpu_memory_utilization - weights
+# - torch peak increase - non-torch increase). The non-torch part is what the first forward loads outside
+# PyTorch's allocator: cuBLAS/cuBLASLt workspaces and lazily loaded kernel modules (attention, sampling).
+# 0.2e9: what is left of vLLM's own KV block counts once weights, activations and the sampler's tensors
+# are taken out, the same on two GPUs, two models and two versions (H100 SXM, Llama-2-7B, vLLM 0.15.1:
+# 7,463 blocks, ../shared/real-runs/README.md -> 0.19e9; RTX 4090, Llama-3.1-8B, vLLM 0.19.0: 2,588
+# blocks, LLMServingSim's vllm_meta.json -> 0.21e9), and what vLLM's own start-up log prints in public
+# reports ("non_torch_memory takes 0.16GiB", H100 80GB, vllm-project/vllm PR #12126; "0.20GiB", a 24 GB
+# card, PR #14447; at TP > 1 NCCL's buffers add more, not modelled here). The CUDA context exists before vLLM's baseline
+# snapshot and is not counted; CUDA graphs are captured after the KV cache is allocated and counted only
+# from vLLM 0.21 on (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), so not in the versions this represents.
+NON_TORCH_PROFILE_BYTES = 0.2e9
+# vLLM's dummy sampler run (gpu_model_runner._dummy_sampler_run) samples min(max_num_seqs, token budget)
+# rows with top-k = vocab - 1 and top-p 0.9, so the full-vocabulary sort path runs: fp32 logits, the
+# sorted values, their int64 indices (two fp32 widths), the softmax and its cumulative sum are live at
+# once: 6 fp32 [rows, vocab] tensors. Logits are gathered to the full vocabulary on every TP rank.
+SAMPLER_FP32_COPIES = 6
+
+
 def activation_reserve_bytes(model: ModelShape, d: Deployment, max_num_batched_tokens: int,
                              max_num_seqs: int) -> float:
-    """Peak non-KV memory of vLLM's profiling forward at the token budget: the largest live activations
-    (hidden states, QKV or the MLA projections, the widest MLP intermediate: dense, or the top-k experts'
-    gate/up outputs per token), fp32 logits for the sampled sequences, plus about 1.5 GiB of CUDA context,
-    NCCL buffers and CUDA graphs that vLLM also counts."""
+    """Non-KV, non-weight memory of vLLM's (0.15-0.19) start-up profile at the token budget: the largest
+    live activations of the profiling forward (hidden states, QKV or the MLA projections, the widest MLP
+    intermediate: dense, or the top-k experts' gate/up outputs per token), the dummy sampler run's fp32
+    tensors, and the non-torch memory the first forward loads (NON_TORCH_PROFILE_BYTES)."""
     dt, tp = d.activation_bytes(), d.tp
     mlp = 3 * model.intermediate_size // tp if model.num_dense_layers else 0
     if model.is_moe:
         shard = 1 if d.enable_expert_parallel else tp
         mlp = max(mlp, model.experts_per_token * (3 * model.moe_intermediate_size // shard + model.hidden_size))
     per_token = dt * (4 * model.hidden_size + mlp)
-    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size // tp * 4 * 2
-    return max_num_batched_tokens * per_token + logits + 1.5 * 1024**3
+    sampler = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size * 4 * SAMPLER_FP32_COPIES
+    return max_num_batched_tokens * per_token + sampler + NON_TORCH_PROFILE_BYTES
 
 
 DEPLOYMENT_KEYS = ("dtype", "quantization", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size",

@@ -8,25 +8,34 @@ from costmodels import deployment as _deployment
 from costmodels.deployment import Deployment
 from experiments.autoscaling_config import autoscaling_limits
 from policies.routers import RoundRobin
-from simcore.autoscaler import AutoscaledCluster
+from simcore.autoscaler import AutoscaledCluster, Autoscaling, AutoscalingLimits
+
+
+def scaling_limits(cfg) -> AutoscalingLimits:
+    """The point's autoscaling limits, its start-up derived from the model's weights where not set."""
+    d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
+    return autoscaling_limits(cfg.autoscaling, _deployment.weight_bytes_per_gpu(cfg.model, d),
+                              cfg.gpu.host_link_bytes_per_s)
+
+
+def scaling_router(cfg):
+    """The router in front of the autoscaled replicas: the cluster section's, else round robin."""
+    return cfg.cluster.router if cfg.cluster is not None else RoundRobin()
 
 
 def autoscaled_cluster(cfg, engines, num_requests: int) -> AutoscaledCluster:
-    d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
-    limits = autoscaling_limits(cfg.autoscaling, _deployment.weight_bytes_per_gpu(cfg.model, d),
-                                cfg.gpu.host_link_bytes_per_s)
-    router = cfg.cluster.router if cfg.cluster is not None else RoundRobin()
-    return AutoscaledCluster(engines, router, limits, num_requests)
+    """The SimPy engine's autoscaled cluster of `engines` (the fast path's: simcore/fast/autoscaling.py)."""
+    return AutoscaledCluster(engines, scaling_router(cfg), scaling_limits(cfg), num_requests)
 
 
-def autoscaling_keys(scaler: AutoscaledCluster, requests: pd.DataFrame, gpu_price_per_hour: float | None,
+def autoscaling_keys(scaler: Autoscaling, requests: pd.DataFrame, gpu_price_per_hour: float | None,
                      gpus_per_replica: int) -> dict:
     """`gpu_hours` (every GPU of every replica from its start to its leaving), `replicas_mean` (over the
     scaler's span), `replicas_peak`, `num_scale_ups` / `num_scale_downs`, `startup_s`, `replica_timeline`
     ('time:replicas ...'), `cost` with a price, and with an SLO `slo_attainment_by_hour` ('hour:share ...',
     by arrival hour)."""
     timeline = scaler.replica_timeline()
-    span_s = max(scaler.env.now, 1e-9)
+    span_s = max(scaler.end_s, 1e-9)
     replica_s = sum(scaler.gpu_s)
     out = {"gpu_hours": replica_s * gpus_per_replica / 3600, "replicas_mean": replica_s / span_s,
            "replicas_peak": max(n for _, n in timeline),

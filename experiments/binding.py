@@ -176,10 +176,11 @@ def step_bounds(roofline, it: pd.DataFrame, block_size: int) -> dict:
     each weighted by its duration: `bound_<resource>_frac`; `bound_memory_steps`, the share of that time
     in steps whose memory traffic took longer than their compute; `step_bound` 'memory' or 'compute'. A
     decode's context is the KV held after the step shared out over the running requests."""
-    busy = it[(it["prefill_tokens"] + it["decode_tokens"]) > 0]
+    busy = np.flatnonzero((it["prefill_tokens"].to_numpy() + it["decode_tokens"].to_numpy()) > 0)
     if not len(busy):
         return {}
-    rows = busy.iloc[np.unique(np.linspace(0, len(busy) - 1, min(len(busy), NUM_SAMPLED_STEPS)).astype(int))]
+    # the sampled rows only (a day's steps are tens of millions: no copy of the busy ones)
+    rows = it.iloc[busy[np.unique(np.linspace(0, len(busy) - 1, min(len(busy), NUM_SAMPLED_STEPS)).astype(int))]]
     totals = dict.fromkeys(RESOURCES, 0.0)
     memory_time = weight = 0.0
     for r in rows.itertuples(index=False):
@@ -225,7 +226,8 @@ def binding_keys(policy, requests: pd.DataFrame, it: pd.DataFrame, num_blocks: i
     served = requests.loc[requests["status"] != "rejected", SERVED_COLUMNS]
     if not len(it) or not len(served):
         return {}
-    window = it[admission_window(it, float(served["arrival_s"].max()))]
+    keep = admission_window(it, float(served["arrival_s"].max()))
+    window = it if keep.all() else it[keep]
     watermark = int(getattr(policy, "watermark", 0.0) * num_blocks)   # vLLM V0 keeps 1% free at admission
     codes = step_limits(window, served, admission_limits(policy), num_blocks, block_size, watermark)
     out = limit_fractions(codes, window, idle_time_s(window))

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from experiments.capacity_over_time import parse_scaler, parse_target, profile_columns
 from experiments.config import ConfigError, check_keys, number
 from policies.routers import ROUTERS
+from workloads.rates import RateProfile
 
-CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom", "verify", "router"}
+CAPACITY_KEYS = {"target_rps", "gpu_price_per_hour", "headroom", "verify", "router", "autoscaling"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class CapacitySpec:
     headroom: float = 0.2                     # each replica runs at <= (1 - headroom) of its SLO capacity
     verify: bool = True                       # simulate the planned cluster at the target load
     router: str = "round_robin"               # the load balancer used for that check (policies/routers.py)
+    # A time-varying target (experiments/capacity_over_time.py): its shape (target_rps is then its peak)
+    # and the simulated check's autoscaler.
+    target_profile: RateProfile | None = None
+    scaler: dict | None = None
 
 
 def parse_capacity(spec) -> CapacitySpec:
@@ -38,7 +44,14 @@ def parse_capacity(spec) -> CapacitySpec:
     check_keys("capacity", spec, CAPACITY_KEYS)
     if "target_rps" not in spec:
         raise ConfigError("capacity.target_rps: required (the load to plan for, requests/s)")
-    out = {k: number(f"capacity.{k}", spec[k], strict=True) for k in ("target_rps", "gpu_price_per_hour") if k in spec}
+    profile = parse_target(spec["target_rps"])
+    out = {k: number(f"capacity.{k}", spec[k], strict=True) for k in ("target_rps", "gpu_price_per_hour")
+           if k in spec and not (k == "target_rps" and profile is not None)}
+    if profile is not None:
+        out.update(target_rps=profile.peak_rate_per_s, target_profile=profile,
+                   scaler=parse_scaler(spec.get("autoscaling")))
+    elif "autoscaling" in spec:
+        raise ConfigError("capacity.autoscaling: only with a time-varying target_rps (a rate shape)")
     h = number("capacity.headroom", spec.get("headroom", 0.2))
     if h >= 1:
         raise ConfigError(f"capacity.headroom: expected a fraction in [0, 1), got {h!r}")
@@ -92,6 +105,9 @@ def plan(searches: pd.DataFrame, over: str, tp_by_point: dict[str, int], spec: C
         if spec.gpu_price_per_hour is not None:
             row.update(token_costs(gpus * spec.gpu_price_per_hour if gpus is not None else math.nan,
                                    spec.target_rps, in_per_req, tok_per_req))
+        if spec.target_profile is not None:   # the rate over time: replicas over time, three fleets' cost
+            row.update(profile_columns(spec.target_profile, lambda r: replicas_needed(r, cap, spec.headroom), tp,
+                                       spec.gpu_price_per_hour))
         row["note"] = basis_note
         row["cost_model_basis"] = s.get("cost_model_basis", "")
         rows.append(row)

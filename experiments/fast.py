@@ -3,7 +3,8 @@
 `engine.fast_path: auto` (default) uses it whenever it reproduces the SimPy engine exactly: any registered
 policy (it runs the policy's own `schedule`, plus its optional `schedule_decodes` shortcut), either
 preemption mode, prefix caching, priority scheduling, a cluster of replicas behind any router
-(simcore/fast/cluster.py), prefill/decode disaggregation (simcore/fast/disagg.py); not pipeline
+(simcore/fast/cluster.py), prefill/decode disaggregation (simcore/fast/disagg.py), a gateway's admission
+control (simcore/fast/gateway.py), autoscaling (simcore/fast/autoscaling.py); not pipeline
 parallelism, and no engine feature it does not model (any engine setting it does not know left at its default). `on` insists (a configuration it cannot
 run is an error); `off` always runs the SimPy engine.
 """
@@ -16,6 +17,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from simcore.engine import EngineLimits, SimulationError
 from experiments import disaggregation
+from experiments.autoscaling_run import scaling_limits, scaling_router
 from simcore.fast.cluster import FastCluster
 from simcore.fast.engine import FastEngine
 from simcore.fast.log import STATUS_NAMES
@@ -30,10 +32,6 @@ def fast_path_reason(cfg, specs) -> str | None:
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
-    if getattr(cfg, "autoscaling", None) is not None:
-        return "autoscaling: modelled on the SimPy engine only (simcore/autoscaler.py)"
-    if getattr(cfg, "gateway", None) is not None:
-        return "gateway: admission control is modelled on the SimPy engine only (simcore/gateway.py)"
     # Every engine setting (experiments/engine_config.py's EngineSettings) is modelled by both engines; a new
     # one that the fast engine cannot model exactly belongs here, as a reason.
     return None
@@ -81,6 +79,9 @@ def num_replicas(cfg) -> int:
     d = getattr(cfg, "disaggregation", None)
     if d is not None:
         return d.num_prefill_replicas + d.num_decode_replicas
+    autoscaling = getattr(cfg, "autoscaling", None)
+    if autoscaling is not None:   # every replica it may start, idle until it does
+        return autoscaling["max_replicas"]
     cluster = getattr(cfg, "cluster", None)
     return cluster.num_replicas if cluster is not None else 1
 
@@ -112,7 +113,8 @@ class ColumnSpill:
         self.file.close()
 
 
-def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False) -> tuple:
+def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None, handed_over: bool = False,
+             keep: dict | None = None) -> tuple:
     """Simulate `specs` under `cfg` on the fast path, one engine, a cluster of them (simcore/fast/cluster.py) or
     a disaggregated deployment (simcore/fast/disagg.py):
     (requests frame, iterations, ITL, the replicas' prefix-caching pools, the disaggregated deployment or
@@ -123,7 +125,8 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     and `iterations` is their IterationTotals (what the summary needs) instead, and the ITL samples are
     gathered in canonical form as the run goes (simcore.metrics.ItlSamples; no end times: None).
     `handed_over`: `specs` is a one-item list holding the specs, which this empties, so that they are freed
-    as soon as the engine is done with them (the caller keeps no other reference)."""
+    as soon as the engine is done with them (the caller keeps no other reference). `keep`: with autoscaling,
+    `keep["autoscaling"]` is set to the scaler (simcore.autoscaler.Autoscaling: its log and GPU time)."""
     if handed_over:
         specs = specs.pop()
     arrival = cfg.workload.arrival
@@ -140,11 +143,17 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         if iteration_writer is not None:
             raise ValueError("run_fast: a disaggregated deployment's iteration rows are not streamed")
         engine = disagg = disaggregation.build_fast(cfg, cost_model, limits, specs, closed)
-    elif num_replicas(cfg) > 1:
+    elif num_replicas(cfg) > 1 or getattr(cfg, "autoscaling", None) is not None:
         if iteration_writer is not None:
             raise ValueError("run_fast: a cluster's iteration rows are not streamed")
-        engine = FastCluster(cfg.policy, cost_model, limits, specs, cfg.cluster.router, cfg.cluster.num_replicas,
-                             closed=closed)
+        if getattr(cfg, "autoscaling", None) is not None:   # simcore/fast/autoscaling.py
+            engine = FastCluster(cfg.policy, cost_model, limits, specs, scaling_router(cfg), num_replicas(cfg),
+                                 closed=closed, autoscaling=scaling_limits(cfg))
+            if keep is not None:
+                keep["autoscaling"] = engine.cluster
+        else:
+            engine = FastCluster(cfg.policy, cost_model, limits, specs, cfg.cluster.router,
+                                 cfg.cluster.num_replicas, closed=closed)
     else:
         itl = ItlSamples() if iteration_writer is not None else None   # streamed: canonical ITL as it goes
         engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,

@@ -14,6 +14,7 @@ import pandas as pd
 
 from costmodels.basis import rests_on
 from experiments import plots
+from experiments.capacity_over_time import check_sentence
 from experiments.capacity_plan import CapacitySpec, replicas_curve
 from experiments.config import set_dotted
 from experiments.search import pretty_metric
@@ -314,8 +315,11 @@ def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path)
         show = [c for c in ("policy", "capacity_rps_per_replica", "replicas", "gpus", "utilization",
                             "input_tok_per_s", "output_tok_per_s", "prefill_time_share", "cost_per_hour",
                             "cost_per_million_input_tokens", "cost_per_million_output_tokens",
-                            "cost_per_million_total_tokens", "check_meets_slo",
-                            *[f"check_{m}" for m, _ in res.spec.slo_ms]) if c in cap.columns]
+                            "cost_per_million_total_tokens", "target_rps_mean", "replicas_at_mean",
+                            "gpu_hours_peak", "gpu_hours_mean", "gpu_hours_following",
+                            "check_autoscaled_gpu_hours", "check_autoscaled_slo_attainment", "check_peak_gpu_hours",
+                            "check_peak_slo_attainment", "check_mean_gpu_hours", "check_mean_slo_attainment",
+                            "check_meets_slo", *[f"check_{m}" for m, _ in res.spec.slo_ms]) if c in cap.columns]
         t = cap.copy()
         t["policy"] = [labels[g] for g in t["grid_point"]]
         lines += ["", md_table(t[show]), "", f"Capacity basis: {cap['capacity_basis'].iloc[0]}.", ""]
@@ -328,6 +332,8 @@ def _check_sentence(r, spec, cap_spec) -> str:
     ok = getattr(r, "check_meets_slo", None)
     if ok is None or (isinstance(ok, float) and math.isnan(ok)):
         return ""
+    if getattr(cap_spec, "target_profile", None) is not None:   # a time-varying target: three fleets
+        return check_sentence(r, spec, cap_spec)
     vals = ", ".join(f"{pretty_metric(m)} {getattr(r, f'check_{m}'):,.0f} ms" for m, _ in spec.slo_ms)
     verdict = "meets the SLO" if ok else "**misses the SLO**: plan more replicas or more headroom"
     return (f" Check: {int(r.replicas)} simulated replicas behind {r.check_router} at {cap_spec.target_rps:g} "

@@ -45,7 +45,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
             ratio.attrs["label"] = "output throughput, continuous / static (x)"
         made.append(plots.metric_by_setting(results, others[0], "output_tok_per_s", "output throughput (tokens/s)",
                                             out / "plots" / "throughput_by_setting.png", setup, ratio=ratio))
-        chosen = first[first[others[0]] == first[others[0]].iloc[-1]]
+        chosen = _at_last_value(first, others[0])
     else:
         chosen = first
     runs = {_label(r, grid_keys): out / "points" / r["point"] for _, r in chosen.iterrows()}
@@ -55,7 +55,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     if load_keys:
         low = first[first[load_keys[0]] == first[load_keys[0]].min()]
     else:
-        low = first[first[others[0]] == first[others[0]].iloc[-1]] if others else first
+        low = _at_last_value(first, others[0]) if others else first
     for k in [k for k in others if results[k].notna().all()]:  # one static panel: settings as in the first row
         low = low[low[k] == low[k].iloc[0]] if len(low) else low
     g = _gantt({_label(r, grid_keys): out / "points" / r["point"] for _, r in low.iterrows()}, out, setup)
@@ -64,6 +64,13 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
     made += append_why_sections(out, results, grid_keys, setup)   # experiments/why_report.py
     return made
+
+
+def _at_last_value(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """The rows whose `key` equals the last row's (a missing value, NaN or None, matches missing ones)."""
+    column = frame[key]
+    last = column.iloc[-1]
+    return frame[column.isna()] if pd.isna(last) else frame[column == last]
 
 
 def policy_ratio(results: pd.DataFrame, by: list[str], num: str = "continuous", den: str = "static",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.capacity_over_time import verify_over_time
 from experiments.capacity_plan import CapacitySpec, parse_capacity, plan
 from experiments.executors import open_executor
 from experiments.report import answer_sentence, label_of, md_table, search_bases, search_report
@@ -39,7 +40,10 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
     if cap is not None:
         show = [c for c in ("configuration", "capacity_rps_per_replica", "replicas", "gpus",
                             "cost_per_hour", "cost_per_million_input_tokens", "cost_per_million_output_tokens",
-                            "cost_per_million_total_tokens", "check_meets_slo")
+                            "cost_per_million_total_tokens", "gpu_hours_peak", "gpu_hours_mean",
+                            "gpu_hours_following", "check_autoscaled_gpu_hours", "check_autoscaled_slo_attainment",
+                            "check_peak_gpu_hours", "check_peak_slo_attainment", "check_mean_gpu_hours",
+                            "check_mean_slo_attainment", "check_meets_slo")
                 if c in cap.columns or c == "configuration"]
         table = cap.assign(configuration=[labels[g] for g in cap["grid_point"]])   # the answers' own labels
         lines += ["", "capacity plan:", md_table(table[show])]
@@ -55,6 +59,8 @@ def verify_plan(res: SearchResult, cap: pd.DataFrame, spec: CapacitySpec, out: P
     Saved under capacity/ and reused on a rerun, like search points."""
     if not spec.verify or not res.spec.over.endswith("rate_per_s"):
         return cap
+    if spec.target_profile is not None:   # a time-varying target: three fleets over one span
+        return verify_over_time(res, cap, spec, out, jobs, dask_address)
     by_id = {f"g{p.index:03d}": p for p in res.grid_points}
     seed = int(res.points["seed"].iloc[0])
     tasks, found = {}, {}

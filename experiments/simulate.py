@@ -222,11 +222,16 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     add_binding(cfg, plan, requests, iterations, summary)
     if cfg.autoscaling is not None:
-        per_replica = cfg.deployment.gpus_per_replica if cfg.deployment else cfg.tensor_parallel_size
-        summary.update(autoscaling_keys(scaler, requests, cfg.autoscaling.get("gpu_price_per_hour"), per_replica))
+        add_autoscaling_keys(cfg, scaler, requests, summary)
     return SimResult(requests, iterations, summary,
                      resolved_dict(cfg, plan, described(cost_model, frontend), seed), replicas,
                      np.asarray(log.itl_gaps_s, dtype=float), np.asarray(log.itl_gaps_s.end_s, dtype=float))
+
+
+def add_autoscaling_keys(cfg: PointConfig, scaler, requests: pd.DataFrame, summary: dict) -> None:
+    """The autoscaler's results-row keys (experiments/autoscaling_run.py), in place."""
+    per_replica = cfg.deployment.gpus_per_replica if cfg.deployment else cfg.tensor_parallel_size
+    summary.update(autoscaling_keys(scaler, requests, cfg.autoscaling.get("gpu_price_per_hour"), per_replica))
 
 
 def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.DataFrame, itl, usable: int,
@@ -360,12 +365,13 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     bitwise: tests/test_stream_tables.py); several replicas' are returned, as the SimPy engine's."""
     n = fast_replicas(cfg)
     writer = None
-    if tables_dir is not None and n == 1:
+    if tables_dir is not None and n == 1 and cfg.autoscaling is None:
         Path(tables_dir).mkdir(parents=True, exist_ok=True)
         writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
+    keep = {}   # the autoscaler, if any
     try:
         requests, iterations, itl, prefix_caches, disagg = run_fast(cfg, limits, cost_model, handed or [gen.specs],
-                                                                    writer, handed_over=True)
+                                                                    writer, handed_over=True, keep=keep)
     finally:
         if writer is not None:
             writer.close()
@@ -379,6 +385,8 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)
     add_binding(cfg, plan, requests, iterations if writer is None else None, summary, tables_dir)
+    if "autoscaling" in keep:
+        add_autoscaling_keys(cfg, keep["autoscaling"], requests, summary)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
     write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)

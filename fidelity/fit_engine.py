@@ -15,8 +15,15 @@ GuideLLM benchmarks JSON, or a per-request CSV (fidelity/realruns.py). The resul
   the client's send to the request reaching vLLM's scheduler (input processing, IPC; above the floor it
   is waiting for a step to end, which our engine models) plus the median time from the step that sampled
   a request's first token to the client receiving it (output processing, streaming).
+- Runs with per-request times on the engine's clock and no steps (LLMServingSim's run format: queued,
+  scheduled, first- and last-token times) fit four step terms in closed form, in well under a second
+  (fidelity/request_fit.py): each request's decode interval holds exactly output - 1 steps, and the
+  work of those steps is rebuilt from every request's times; per_step_s, per_token_s,
+  per_decode_seq_s and per_decode_ctx_s by relative-error least squares. The fixed latency is 0: those
+  times are the engine's own (in-process AsyncLLM, no front end). `--fit timestamps` fits any run
+  without steps this way.
 - Runs with client-side times only (vllm bench serve, GuideLLM, CSV) fit five step terms and the fixed
-  latency by replay: our engine replays each run's exact requests (same send times, same lengths) and
+  latency by replay (`--fit replay`, the default for them): our engine replays each run's exact requests (same send times, same lengths) and
   Nelder-Mead minimises the squared log error of TTFT p50/p90, TPOT p50/p90, E2E p50 and throughput
   (these five terms also for a MoE model: no MoE term in a fit by replay).
 
@@ -46,6 +53,7 @@ from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError
 from fidelity.realruns import RealRun, RealRunError, read_runs, replay, replay_config
+from fidelity.request_fit import DECODE_INTERVALS, RequestFitError, fit_step_terms
 from fidelity.runchecks import failed_requests_line
 from fidelity.stepfit import TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_features
 from costmodels.stepmodel import MoeTerm
@@ -206,12 +214,24 @@ def fit_by_replay(runs: list[RealRun], cfgs: list, source: str, dtype: str, maxi
     return dataclasses.replace(model, held_out={"replay_fit_rmse_log": round(float(np.sqrt(res.fun)), 4)})
 
 
+def fit_on_timestamps(runs: list[RealRun], cfgs: list, source: str, dtype: str) -> StepFitCostModel:
+    """Four step terms in closed form from the requests' own times (fidelity/request_fit.py)."""
+    budgets = [int(getattr(c.policy, "max_num_batched_tokens", 2048) or 2048) for c in cfgs]
+    dps = [int(c.deployment.data_parallel_size) if c.deployment is not None else 1 for c in cfgs]
+    try:
+        return fit_step_terms(runs, budgets, dps, source, dtype)
+    except RequestFitError as e:
+        raise FitError(f"{', '.join(r.name for r in runs)}: {e}") from None
+
+
 def fit(runs: list[RealRun], cfgs: list, source: str, dtype: str, replay_iterations: int = 200,
-        use_moe_term: bool = True) -> StepFitCostModel:
+        use_moe_term: bool = True, method: str = "auto") -> StepFitCostModel:
     if all(r.steps is not None for r in runs):
         return fit_on_steps(runs, source, dtype, moe_term(cfgs[0].model) if use_moe_term else None)
     if any(r.steps is not None for r in runs):
         raise FitError("mix of runs with and without engine steps; fit them separately")
+    if method == "timestamps" or (method == "auto" and all(r.format == "llmservingsim" for r in runs)):
+        return fit_on_timestamps(runs, cfgs, source, dtype)
     return fit_by_replay(runs, cfgs, source, dtype, replay_iterations)
 
 
@@ -241,6 +261,9 @@ def parse_args(argv):
                     help="refuse the fit above this held-out median metric error (default 15)")
     ap.add_argument("--replay-iterations", type=positive_int, default=200,
                     help="Nelder-Mead iterations of a fit by replay (runs without engine steps)")
+    ap.add_argument("--fit", choices=("auto", "timestamps", "replay"), default="auto",
+                    help="how runs without engine steps are fitted: timestamps (closed form from per-request "
+                         "times), replay, or auto (timestamps for engine-clock runs, replay for client-side ones)")
     ap.add_argument("--keep-bad-fit", action="store_true", help="write the profile even when the thresholds fail")
     ap.add_argument("--no-moe-term", action="store_true",
                     help="fit a MoE model with the dense terms only (to see what the MoE term buys)")
@@ -284,17 +307,19 @@ def main(argv: list[str] | None = None) -> int:
         rows, fitted = [], {}
         for k, (train, test) in enumerate(folds):
             m = fitted[tuple(train)] = fit([runs[i] for i in train], [cfgs[i] for i in train], source, dtype,
-                                           args.replay_iterations, not args.no_moe_term)
+                                           args.replay_iterations, not args.no_moe_term, args.fit)
             rows += [dict(compare_run(runs[i], cfgs[i], m), fold=k) for i in test]
             _say(f"fold {k + 1}/{len(folds)}: fitted on {len(train)} run(s), judged on "
                  f"{', '.join(sorted({runs[i].point for i in test}))}")
         final_idx = folds[0][0] if args.holdout else list(range(len(runs)))
         model = fitted.get(tuple(final_idx)) or fit([runs[i] for i in final_idx], [cfgs[i] for i in final_idx],
-                                                    source, dtype, args.replay_iterations, not args.no_moe_term)
+                                                    source, dtype, args.replay_iterations, not args.no_moe_term,
+                                                    args.fit)
         held = _summarise_errors(rows) if rows else {"runs": 0, "note": "one point only: nothing held out"}
         held["scheme"] = ("--holdout " + " ".join(args.holdout)) if args.holdout else (
             "leave-one-point-out" if folds else "none")
-        # the fit's own check: fit_step_model's random 20% of steps, or a replay fit's final log error
+        # the fit's own check: a random 20% of steps (or of requests' decode intervals), or a replay fit's
+        # final log error
         held["within_fit"] = model.held_out or {}
         lat = measured_latency([runs[i] for i in final_idx])
         prov = {"runs": [r.name for r in runs], "fitted_on": [runs[i].name for i in final_idx],
@@ -302,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                                     r.meta.get("backend") or "?")
                                                                                 for r in runs}),
                 "devices": sorted({str(r.meta.get("device", "?")) for r in runs}),
-                "request_latency": lat or {"method": "replay fit"},
+                "request_latency": lat or ({"method": "none: the requests' times are the engine's own"}
+                                           if (model.held_out or {}).get("of") == DECODE_INTERVALS
+                                           else {"method": "replay fit"}),
                 "command": "python -m fidelity.fit_engine " + " ".join(argv)}
         model = dataclasses.replace(model, held_out=held, provenance=prov)
         data = dict(model.to_json(), model_shape=dataclasses.asdict(cfgs[0].model), dtype=dtype)
@@ -345,6 +372,9 @@ def write_report(path: Path, model: StepFitCostModel, rows: list[dict], held: di
     lines += [f"| request_latency_s | {model.request_latency_s:.4g} |", ""]
     lines += [f"Held out ({held.get('scheme')}): " + ", ".join(f"{k} {v}" for k, v in held.items()
                                                               if k not in ("scheme", "within_fit")), ""]
+    if held.get("within_fit"):
+        lines += ["Within the fit (left out of it at random): " + ", ".join(
+            f"{k} {v}" for k, v in held["within_fit"].items()), ""]
     if rows:
         df = pd.DataFrame(rows)
         lines += ["| run | metric | real | sim | error % |", "|---|---|---|---|---|"]

@@ -73,6 +73,8 @@ def read_run(path: str | Path) -> RealRun:
     col = {k: np.array([float(r[k]) for r in rows]) for k in NEED}
     req = _table(d / REQUESTS, np.arange(len(rows)), col["queued_ts"], col["input_toks"].astype(int),
                  col["output_toks"].astype(int), col["first_token_ts"], col["last_token_ts"])
+    if all(isinstance(r.get("scheduled_ts"), (int, float)) for r in rows):   # when prefill began (request_fit)
+        req["scheduled_s"] = np.array([float(r["scheduled_ts"]) for r in rows]) - col["queued_ts"].min()
     info = {"vllm_version": meta.get("vllm_version"), "model_id": meta.get("model"),
             "engine_kwargs": meta["engine_kwargs"], "kv_cache": meta.get("kv_cache") or {},
             "hardware": meta.get("hardware") or {}}
@@ -106,7 +108,10 @@ def replay_point(run: RealRun, model: str | None = None, hardware=None) -> dict:
               "max_num_seqs": int(kw.get("max_num_seqs") or 256),
               "max_num_batched_tokens": int(kw.get("max_num_batched_tokens") or 2048),
               "enable_prefix_caching": bool(kv.get("enable_prefix_caching", True)),   # on by default in V1
-              "gpu_memory_utilization": float(kv.get("gpu_memory_utilization") or 0.9)}
+              "gpu_memory_utilization": float(kv.get("gpu_memory_utilization") or 0.9),
+              # no front end: the run's times are all the engine core's (queued_ts when the core received
+              # the request, already tokenised; first/last_token_ts when the core's step produced the token)
+              "frontend": "none"}
     if kw.get("max_model_len"):
         engine["max_model_len"] = int(kw["max_model_len"])
     if kv.get("block_size"):

@@ -5,9 +5,10 @@ after `startup_s` (loading weights, capturing CUDA graphs); a draining one takes
 when the step that ends its last one ends. GPU time is counted from a replica's start to its leaving (a
 replica still serving at the end: to the scaler's last look, at most `interval_s` after the last request).
 
-Modelled on the SimPy engine (the fast path declines a point with autoscaling). Ignored: scaling by more than
-one replica per decision, failed starts, requests routed to a replica that is starting (they wait at the
-router's choice among the serving ones).
+The rules (`Autoscaling`) are shared by the SimPy engine (`AutoscaledCluster`, a process) and the fast
+path (simcore/fast/autoscaling.py, events of its own loop), so both take the same decisions. Ignored:
+scaling by more than one replica per decision, failed starts, requests routed to a replica that is starting
+(they wait at the router's choice among the serving ones).
 """
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ class ScalingEvent:
     kind: str          # start, serve, drain, leave
 
 
-class AutoscaledCluster(Cluster):
-    """A Cluster of `max_replicas` engines of which only the serving ones receive requests. `events` is the
-    scaling log; `replica_seconds()` the GPU time per replica, replica-seconds in all."""
+class Autoscaling(Cluster):
+    """The scaler's rules over `max_replicas` engines (SimPy's or the fast path's), of which only the serving
+    ones receive requests; its clock is the caller's, so that both engines share every decision: `look(now)`
+    every `interval_s`, `serve(i, now)` when a start-up ends, `after_step(replica_id, now)` after each applied
+    step, `finish(now)` at its last look. `events` is the scaling log; `gpu_s` the GPU time per replica."""
 
     def __init__(self, engines, router, limits: AutoscalingLimits, num_requests: int):
         super().__init__(engines, router)
@@ -54,18 +57,13 @@ class AutoscaledCluster(Cluster):
         if not 1 <= limits.min_replicas <= limits.max_replicas == len(engines):
             raise SimulationError("autoscaling: needs 1 <= min_replicas <= max_replicas engines")
         self.limits = limits
-        self.env = engines[0].env
         self.state = [SERVING if i < limits.min_replicas else OFF for i in range(len(engines))]
         self.since = [0.0 if i < limits.min_replicas else None for i in range(len(engines))]
         self.gpu_s = [0.0] * len(engines)
         self.events: list[ScalingEvent] = [ScalingEvent(0.0, i, "serve") for i in range(limits.min_replicas)]
         self.last_action_s = -float("inf")
-        self.arrival_s: dict[int, float] = {}
-        self.ttfts: deque[tuple[float, float]] = deque()   # (first token time, TTFT) in the window
-        self.num_events_seen = 0
-        for e in self.engines:   # a draining replica leaves with the step that ends its last request
-            e.on_step = self._after_step
-        self.env.process(self._scaler())
+        self.end_s = 0.0   # the scaler's last look
+        self.ttfts: deque[tuple[float, float]] = deque()
 
     # ---- routing among the serving replicas only ----
     def loads(self, spec: RequestSpec) -> list[ReplicaLoad]:
@@ -80,12 +78,8 @@ class AutoscaledCluster(Cluster):
         self.routed_to.append(i)
         return i
 
-    def submit(self, spec: RequestSpec) -> None:
-        self.arrival_s[spec.request_id] = spec.arrival_s
-        super().submit(spec)
-
     # ---- the scaler ----
-    def signal(self) -> float:
+    def signal(self, now: float) -> float:
         serving = [e for e, s in zip(self.engines, self.state) if s == SERVING]
         kind = self.limits.signal
         if kind == "waiting_per_replica":
@@ -94,71 +88,75 @@ class AutoscaledCluster(Cluster):
             return sum(len(e.running) for e in serving) / len(serving)
         if kind == "kv_usage":
             return float(np.mean([e.pool.num_used_blocks / e.pool.num_blocks for e in serving]))
-        return self._ttft_p99_s()
+        return self._ttft_p99_s(now)
 
-    def _ttft_p99_s(self) -> float:
-        now, events = self.env.now, self.engines[0].log.events
-        for e in events[self.num_events_seen:]:
-            if e.kind == "first_token":
-                self.ttfts.append((e.time_s, e.time_s - self.arrival_s[e.request_id]))
-        self.num_events_seen = len(events)
+    def first_tokens(self):
+        """(time, TTFT) of the first tokens sampled since the last call, in the order the engines sampled them."""
+        raise NotImplementedError
+
+    def _ttft_p99_s(self, now: float) -> float:
+        self.ttfts.extend(self.first_tokens())
         while self.ttfts and self.ttfts[0][0] < now - self.limits.window_s:
             self.ttfts.popleft()
         return float(np.percentile([t for _, t in self.ttfts], 99)) if self.ttfts else 0.0
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         """No request left anywhere and none to come: the scaler stops, so the run can end."""
         return self.num_routed >= self.num_requests and not any(e.waiting or e.running for e in self.engines)
 
-    def _scaler(self):
-        lim, env = self.limits, self.env
-        while not self._idle():
-            yield env.timeout(lim.interval_s)
-            self._leave_drained()
-            if env.now - self.last_action_s < lim.cooldown_s:
-                continue
-            value = self.signal()
-            active = [i for i, s in enumerate(self.state) if s in (SERVING, STARTING)]
-            if value > lim.scale_up_above and len(active) < lim.max_replicas:
-                self._start(self.state.index(DRAINING) if DRAINING in self.state else self.state.index(OFF))
-            elif value < lim.scale_down_below and sum(s == SERVING for s in self.state) > lim.min_replicas \
-                    and STARTING not in self.state:
-                serving = [i for i, s in enumerate(self.state) if s == SERVING]
-                e = self.engines
-                self._drain(max(serving, key=lambda i: (-(len(e[i].waiting) + len(e[i].running)), i)))
-        for i, s in enumerate(self.state):   # the run's end: GPU time up to the scaler's last look
-            if s != OFF:
-                self.gpu_s[i] += env.now - self.since[i]
-                self.since[i] = env.now
+    def look(self, now: float) -> int | None:
+        """One look of the scaler at `now`: the replica it started (whose start-up the caller times), else None."""
+        lim = self.limits
+        self._leave_drained(now)
+        if now - self.last_action_s < lim.cooldown_s:
+            return None
+        value = self.signal(now)
+        active = [i for i, s in enumerate(self.state) if s in (SERVING, STARTING)]
+        if value > lim.scale_up_above and len(active) < lim.max_replicas:
+            return self._start(self.state.index(DRAINING) if DRAINING in self.state else self.state.index(OFF),
+                               now)
+        if value < lim.scale_down_below and sum(s == SERVING for s in self.state) > lim.min_replicas \
+                and STARTING not in self.state:
+            serving = [i for i, s in enumerate(self.state) if s == SERVING]
+            e = self.engines
+            self._drain(max(serving, key=lambda i: (-(len(e[i].waiting) + len(e[i].running)), i)), now)
+        return None
 
-    def _start(self, i: int) -> None:
-        now = self.env.now
+    def finish(self, now: float) -> None:
+        """The run's end: GPU time up to the scaler's last look."""
+        self.end_s = now
+        for i, s in enumerate(self.state):
+            if s != OFF:
+                self.gpu_s[i] += now - self.since[i]
+                self.since[i] = now
+
+    def _start(self, i: int, now: float) -> int | None:
+        self.last_action_s = now
         if self.state[i] == DRAINING:   # a draining replica is taken back at once: it is still loaded
             self.state[i] = SERVING
             self.events.append(ScalingEvent(now, i, "serve"))
-        else:
-            self.state[i], self.since[i] = STARTING, now
-            self.events.append(ScalingEvent(now, i, "start"))
-            self.env.process(self._serve_after_startup(i))
-        self.last_action_s = now
+            return None
+        self.state[i], self.since[i] = STARTING, now
+        self.events.append(ScalingEvent(now, i, "start"))
+        return i
 
-    def _serve_after_startup(self, i: int):
-        yield self.env.timeout(self.limits.startup_s)
+    def serve(self, i: int, now: float) -> None:
+        """Replica `i`'s start-up ended: it serves."""
         self.state[i] = SERVING
-        self.events.append(ScalingEvent(self.env.now, i, "serve"))
+        self.events.append(ScalingEvent(now, i, "serve"))
 
-    def _drain(self, i: int) -> None:
+    def _drain(self, i: int, now: float) -> None:
         self.state[i] = DRAINING
-        self.events.append(ScalingEvent(self.env.now, i, "drain"))
-        self.last_action_s = self.env.now
-        self._leave_drained()
+        self.events.append(ScalingEvent(now, i, "drain"))
+        self.last_action_s = now
+        self._leave_drained(now)
 
-    def _after_step(self, engine, batch) -> None:
-        if self.state[engine.replica_id] == DRAINING:
-            self._leave_drained()
+    def after_step(self, replica_id: int, now: float) -> None:
+        """A replica applied a step: a draining replica leaves with the step that ends its last request."""
+        if self.state[replica_id] == DRAINING:
+            self._leave_drained(now)
 
-    def _leave_drained(self) -> None:
-        now = self.env.now
+    def _leave_drained(self, now: float) -> None:
         for i, s in enumerate(self.state):
             e = self.engines[i]
             if s == DRAINING and not (e.waiting or e.running or e.draining):
@@ -177,3 +175,47 @@ class AutoscaledCluster(Cluster):
             elif not out or out[-1][1] != n:
                 out.append((ev.time_s, n))
         return out
+
+
+class AutoscaledCluster(Autoscaling):
+    """The autoscaler on the SimPy engine: a process that looks every `interval_s`, one per start-up."""
+
+    def __init__(self, engines, router, limits: AutoscalingLimits, num_requests: int):
+        super().__init__(engines, router, limits, num_requests)
+        self.env = engines[0].env
+        self.num_events_seen = 0
+        self.arrival_s: dict[int, float] = {}   # ttft_p99_s: each request's arrival
+        for e in self.engines:   # a draining replica leaves with the step that ends its last request
+            e.on_step = self._after_step
+        self.env.process(self._scaler())
+
+    def submit(self, spec: RequestSpec) -> None:
+        if self.limits.signal == "ttft_p99_s":   # the first-token events carry only the request's id
+            self.arrival_s[spec.request_id] = spec.arrival_s
+        super().submit(spec)
+
+    def first_tokens(self):
+        events = self.engines[0].log.events
+        out = [(e.time_s, e.time_s - self.arrival_s[e.request_id]) for e in events[self.num_events_seen:]
+               if e.kind == "first_token"]
+        self.num_events_seen = len(events)
+        return out
+
+    def _scaler(self):
+        env = self.env
+        while not self.idle():
+            yield env.timeout(self.limits.interval_s)
+            started = self.look(env.now)
+            if started is not None:
+                env.process(self._serve_after_startup(started))
+        self.finish(env.now)
+
+    def _serve_after_startup(self, i: int):
+        yield self.env.timeout(self.limits.startup_s)
+        self.serve(i, self.env.now)
+
+    def _drain(self, i: int, now: float | None = None) -> None:
+        super()._drain(i, self.env.now if now is None else now)
+
+    def _after_step(self, engine, batch) -> None:
+        self.after_step(engine.replica_id, self.env.now)

@@ -106,6 +106,7 @@ class Engine(DecisionApplier):
         if req.status is Status.RUNNING:
             self.running.remove(req)
             self.pool.free(req)
+            self._release_finished(())   # the last running one gone: a drained batch's slots are freed
         else:
             self.waiting.remove(req)
             if req.status is Status.SWAPPED:

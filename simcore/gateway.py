@@ -6,8 +6,8 @@ first token has not come after that long abandons the request, and the engine fr
 Each ends the request as the engine's own refusals do (status rejected, with its reason), so every count,
 flag and goodput rule treats it alike. A request abandoned while it runs leaves at the end of the step in
 flight, as vLLM handles an abort between steps (vllm/v1/engine/core.py `abort_requests`); a token that step
-samples for it reaches nobody. Modelled on the SimPy engine (simcore/engine.py); the fast path does not
-run a point with a gateway.
+samples for it reaches nobody. The rules here serve both engines: the SimPy engine (simcore/engine.py, the
+`watch` process below) and the fast path (simcore/fast/gateway.py, the same watch as events of its loop).
 """
 from __future__ import annotations
 

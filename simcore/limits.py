@@ -28,7 +28,7 @@ class EngineLimits:
     # Prefill instance of a disaggregated deployment (simcore/disagg.py): a request that sampled its first
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
-    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (simcore/gateway.py)
     speculative: object = None           # simcore.speculative.Speculation: speculative decoding, or None
     # vLLM's hybrid KV cache manager (simcore.hybridkv.KVCacheGroups: sliding-window layers hold only their
     # window); None: one group of every layer, each holding the whole sequence.

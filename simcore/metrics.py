@@ -22,7 +22,14 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def requests_frame(log: EngineLog) -> pd.DataFrame:
-    return _with_latencies(pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS)))
+    df = pd.DataFrame.from_records(log.requests, columns=list(REQUEST_COLUMNS))
+    for c in TIME_COLUMNS:   # floats even when every value is absent (None) or SimPy's clock was an int 0
+        if df[c].dtype != np.float64:
+            df[c] = df[c].astype(np.float64)
+    return _with_latencies(df)
+
+
+TIME_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s")
 
 
 def requests_frame_from_columns(columns: dict) -> pd.DataFrame:
@@ -59,7 +66,10 @@ def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
 
 
 def iterations_frame(log: EngineLog) -> pd.DataFrame:
-    return pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
+    df = pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
+    if not len(df):   # no step at all (a gateway ended every request): typed as a run with steps
+        df = df.astype({c: np.float64 if c.endswith("_s") else np.int64 for c in ITERATION_COLUMNS})
+    return df
 
 
 def stats_ms(prefix: str, values_s) -> dict:
@@ -364,6 +374,14 @@ def _unfinished_at(requests: pd.DataFrame, t: float) -> int:
     return int((arrived & ~done).sum())
 
 
+def _queued_at(requests: pd.DataFrame, t: float) -> int:
+    """Requests arrived by `t`, not yet admitted and not ended by `t`: the queue at `t`."""
+    arrived = requests["arrival_s"].to_numpy(float) <= t
+    admitted = requests["admitted_s"].to_numpy(float) <= t   # NaN compares False
+    done = requests["finish_s"].to_numpy(float) <= t
+    return int((arrived & ~admitted & ~done).sum())
+
+
 def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> dict:
     """Offered against achieved load, and whether the backlog kept growing (the run is past saturation).
 
@@ -374,8 +392,10 @@ def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> 
     `waiting_at_end_frac` that as a share of all requests. Open loop is `unstable` when this backlog grew
     over the second half of the send window by at least 5% of all requests (and at least 5 requests), to
     more than 1.5x its size at the midpoint: arrivals outpace the engine and latencies grow with the run's
-    length instead of settling. With every request at t = 0, a backlog of 5% of them suffices. A closed loop
-    cannot hold more than its users and is never flagged."""
+    length instead of settling; or when the queue alone (arrived, not yet admitted) grew so: an engine that
+    admits hundreds into running holds a large backlog at the midpoint already, which hides the queue's growth
+    from the first test. With every request at t = 0, a backlog of 5% of them suffices. A closed loop cannot
+    hold more than its users and is never flagged."""
     n = len(requests)
     arrivals = requests["arrival_s"].to_numpy(float)
     finished = int((requests["status"] == "finished").sum())
@@ -391,7 +411,11 @@ def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> 
     span = t1 - t0
     out["offered_rate_per_s"] = (n - 1) / span if span > 0 else (math.inf if n > 1 else math.nan)
     mid = _unfinished_at(requests, t0 + span / 2) if span > 0 else 0
-    grew = end - mid >= max(UNSTABLE_GROWTH_MIN, UNSTABLE_GROWTH_FRAC * n) and end > 1.5 * mid
+    least = max(UNSTABLE_GROWTH_MIN, UNSTABLE_GROWTH_FRAC * n)
+    grew = end - mid >= least and end > 1.5 * mid
+    if not grew and span > 0:
+        q_mid, q_end = _queued_at(requests, t0 + span / 2), _queued_at(requests, t1)
+        grew = q_end - q_mid >= least and q_end > 1.5 * q_mid
     out["unstable"] = bool(grew)
     return out
 

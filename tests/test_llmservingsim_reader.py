@@ -58,6 +58,7 @@ def test_replay_point_is_the_engine_it_ran(tmp_path):
     assert p["hardware"] == {"base": "rtx-4090", "name": "rtx-4090", "memory_bytes": 25250627584.0}
     assert p["engine"]["max_num_seqs"] == 64 and p["engine"]["max_num_batched_tokens"] == 1024
     assert p["engine"]["enable_prefix_caching"] and p["dtype"] == "bf16"
+    assert p["engine"]["frontend"] == "none"   # the engine core's own times: no front end in them
     assert p["data_parallel_size"] == 2 and p["cluster"]["num_replicas"] == 2
     assert gpu_of(read_run(write_run(tmp_path / "s", memory=None))) == "rtx-4090"
 

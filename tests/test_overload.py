@@ -129,3 +129,26 @@ def test_a_load_with_rejected_requests_never_passes():
     assert row["loads_with_rejections"].split()[0] == "1"
     words = answer_sentence(next(res.searches.itertuples()), res.spec, "chunked")
     assert "Requests were rejected at 1" in words and "worst seed at the lowest load" in words
+
+
+def test_a_growing_queue_behind_a_full_running_set_is_unstable():
+    # 400 requests at 1 per 0.1 s; the engine admits the first 100 at once and none after, finishing none
+    # until 100 s: the backlog (running + queued) is 250 at the midpoint and 400 at the end (less than 1.5x),
+    # but the queue alone grows from 150 to 300
+    from simcore.metrics import load_stats
+    arrival = np.arange(400) * 0.1
+    admitted = np.where(np.arange(400) < 100, arrival, np.nan)
+    frame = pd.DataFrame({"arrival_s": arrival, "admitted_s": admitted, "finish_s": np.full(400, 100.0),
+                          "status": "finished"})
+    assert load_stats(frame, 100.0, closed_loop=False)["unstable"]
+    # the same with every request admitted on arrival (a running set that grows without bound) is flagged by
+    # the backlog itself; with the queue capped (a gateway), neither grows and nothing is flagged
+    steady = frame.assign(admitted_s=arrival, finish_s=arrival + 1.0)
+    assert not load_stats(steady, 41.0, closed_loop=False)["unstable"]
+
+
+def test_the_sweep_report_picks_the_last_setting_even_when_it_is_missing():
+    from experiments.report_sweep import _at_last_value
+    frame = pd.DataFrame({"k": [4.0, 16.0, np.nan, np.nan], "point": ["a", "b", "c", "d"]})
+    assert list(_at_last_value(frame, "k").point) == ["c", "d"]
+    assert list(_at_last_value(frame.iloc[:2], "k").point) == ["b"]

@@ -1,5 +1,6 @@
-"""The capacity-planning examples (examples/binding.yaml, examples/diurnal.yaml) run end to end at reduced
-size through `python -m experiments.run` and write what they promise."""
+"""The capacity-planning examples (examples/binding.yaml, diurnal.yaml, gateway.yaml, autoscaling.yaml,
+autoscaling_day.yaml, capacity_over_a_day.yaml) run end to end at reduced size through `python -m experiments.run`
+and write what they promise."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,3 +56,23 @@ def test_autoscaling_example(tmp_path):
     r = pd.read_csv(tmp_path / "out" / "results.csv")
     assert list(r["replicas_peak"])[1:] == [4, 2] and (r["gpu_hours"] > 0).all()
     assert "## Autoscaling" in md and "GPU-hours" in md
+
+
+def test_autoscaling_day_example(tmp_path):
+    f = reduced("autoscaling_day.yaml", tmp_path, num_requests=400)   # the first 13 s of the day
+    run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv").iloc[0]
+    assert r["replica_timeline"].startswith("0:2") and r["gpu_hours"] > 0 and r["num_finished"] == 400
+
+
+def test_capacity_over_a_day_example(tmp_path):
+    f = reduced("capacity_over_a_day.yaml", tmp_path, num_requests=300)
+    sweep = yaml.safe_load(f.read_text())
+    sweep["capacity"]["target_rps"]["diurnal"]["period_s"] = 60   # a day in a minute: 1,800 requests a fleet
+    sweep["search"]["rel_tolerance"] = 0.25
+    f.write_text(yaml.safe_dump(sweep))
+    md = run(f, tmp_path / "out")
+    cap = pd.read_csv(tmp_path / "out" / "capacity.csv").iloc[0]
+    assert cap["replicas"] >= cap["replicas_at_mean"] >= cap["replicas_at_trough"] >= 1
+    assert {"check_autoscaled_gpu_hours", "check_peak_slo_attainment", "check_mean_slo_attainment_by_hour"} <= set(cap.index)
+    assert "Check over one span of the target" in md

@@ -22,7 +22,9 @@ from array import array
 import numpy as np
 
 from simcore.cluster import Cluster
+from simcore.fast.autoscaling import SCALER_KINDS, START, FastAutoscaling
 from simcore.fast.engine import COMPLETE, IDLE, RESUME, SWAP_WAIT, WAIT_ENDS, FastEngine
+from simcore.fast.gateway import FastGateway
 from simcore.fast.log import Events, FastLog, NoEvents, RequestColumns, StepLog, fast_log
 from simcore.fast.traffic import INF, Traffic
 from simcore.limits import EngineLimits
@@ -31,12 +33,19 @@ from simcore.request import RequestSpecs
 
 class FastCluster:
     """`num_replicas` identical fast engines behind `router`; open loop (`specs` sorted by arrival) or
-    closed loop (`closed = (concurrency, think_time_s)`), as experiments/simulate.py wires the SimPy cluster."""
+    closed loop (`closed = (concurrency, think_time_s)`), as experiments/simulate.py wires the SimPy cluster.
+    With `autoscaling` (simcore.autoscaler.AutoscalingLimits; `num_replicas` = its max_replicas) the replicas
+    are autoscaled (simcore/fast/autoscaling.py): `cluster` is then the scaler, with its log and GPU time."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
-                 closed: tuple[int, float] | None = None, record_events: bool = False):
+                 closed: tuple[int, float] | None = None, record_events: bool = False, autoscaling=None):
         self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed, record_events)
-        self.cluster = Cluster(self.replicas, router)
+        if autoscaling is None:
+            self.cluster = Cluster(self.replicas, router)
+        else:   # started after the engines, before the arrivals (SimPy's order)
+            self.cluster = FastAutoscaling(self.replicas, router, autoscaling, len(specs), self._schedule_event)
+            self.scaler_after_step = self.cluster.after_step
+            heapq.heappush(self.own_events, (0.0, -1.5, START, None))
 
     def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed,
                         record_events: bool) -> None:
@@ -49,10 +58,14 @@ class FastCluster:
         self.log = Events() if record_events else NoEvents()
         self.own_events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fast/disagg.py)
         self.replicas = [FastEngine(policy, cost_model, lim, (), closed=closed, cluster=self) for lim in limits]
+        n = len(self.replicas)
         for i, replica in enumerate(self.replicas):
             replica.replica_id = i
+            if limits[i].gateway is not None:   # each replica's watch starts just before its engine
+                replica.gateway = FastGateway(replica, limits[i].gateway, i - n - 1.5, self._push_watch)
         self.replica_of_request = np.zeros(len(specs), dtype=np.int32)   # where each request ran (its row's)
         self.replica_of_iteration = array("i")
+        self.scaler_after_step = None   # autoscaling: a draining replica leaves with its last step
 
     # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
     def _submit(self, k: int, spec, now: float) -> None:
@@ -123,6 +136,8 @@ class FastCluster:
             if state is COMPLETE:
                 replica.complete_step(now)
                 self.replica_of_iteration.append(replica.replica_id)
+                if self.scaler_after_step is not None:
+                    self.scaler_after_step(replica.replica_id, now)
             replica.next_decision(now)
             if traffic.deferred:
                 traffic.flush_deferred(now)
@@ -130,7 +145,29 @@ class FastCluster:
         self.seq, traffic.holder = replica.seq, self
 
     def _driver_event(self, kind: str, payload, now: float) -> None:
-        raise NotImplementedError(kind)   # a plain cluster schedules none (simcore/fast/disagg.py does)
+        """A gateway watch's event (with the counter lent to its replica) or the autoscaler's; a plain
+        cluster schedules no other (simcore/fast/disagg.py does)."""
+        if kind == "gateway":
+            traffic, replica = self.traffic, payload.engine
+            replica.seq, traffic.holder = self.seq, replica
+            traffic.deferring = True   # ended users think after the watch has slept again
+            payload.fire(now)
+            if traffic.deferred:
+                traffic.flush_deferred(now)
+            traffic.deferring = False
+            self.seq, traffic.holder = replica.seq, self
+        elif kind in SCALER_KINDS:
+            self.cluster.on_event(kind, payload, now)
+        else:
+            raise NotImplementedError(kind)
+
+    def _push_watch(self, t: float, seq, watch) -> None:
+        heapq.heappush(self.own_events, (t, seq, "gateway", watch))
+
+    def _schedule_event(self, t: float, kind: str, payload) -> None:
+        """A driver event at `t`, numbered now (the cluster holds the counter during the scaler's events)."""
+        heapq.heappush(self.own_events, (t, self.seq, kind, payload))
+        self.seq += 1
 
     # ---- results ----
     def _log(self) -> FastLog:

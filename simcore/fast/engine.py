@@ -22,6 +22,7 @@ from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
 from simcore.fast.decoders import BY_ORDER, LazyDecoders
+from simcore.fast.gateway import FastGateway
 from simcore.fast.request import FastRequest
 from simcore.fast.log import (FINISHED, REJECTED, UNFINISHED, Events, FastLog, NoEvents, RequestColumns, StepLog,
                               fast_log)
@@ -41,7 +42,7 @@ RUNNING = Status.RUNNING
 IDLE, RESUME, WOKEN, TIMED = EngineState.IDLE, EngineState.RESUME, EngineState.WOKEN, EngineState.TIMED
 SWAP_WAIT, COMPLETE = EngineState.SWAP_WAIT, EngineState.COMPLETE
 WAIT_ENDS = (TIMED, WOKEN)   # a timed wait's timeout fired, or its wake event was processed
-ARRIVAL, TIMER = "arrival", "timer"   # the event loop's other sources
+ARRIVAL, TIMER, GATEWAY = "arrival", "timer", "gateway"   # the event loop's other sources
 
 
 def padded_tokens(padded) -> int:
@@ -130,6 +131,13 @@ class FastEngine(DecisionApplier):
         # The pending event: what it does, when, and its place in the order. The engine process starts first.
         self.state, self.due_s, self.due_seq = RESUME, 0.0, -2
         self.in_flight = InFlightStep()
+        # Admission control (simcore/fast/gateway.py; a cluster sets up its replicas'); its watch starts
+        # before the engine. `abandoning`: clients that left while their request's step runs.
+        self.gateway, self.abandoning = None, []
+        self.first_token_sink = None   # a list given (time, TTFT) of each first token (autoscaling's signal)
+        if limits.gateway is not None and cluster is None:
+            self.gateway = FastGateway(self, limits.gateway, -3)
+            self.traffic.watch = self.gateway if self.gateway.deadlines is not None else None
 
     @property
     def prefix_caches(self) -> list:
@@ -146,6 +154,9 @@ class FastEngine(DecisionApplier):
             self.log.event(now, req, "arrived")
         reason = reject_reason(spec, self.policy, self.max_model_len, self.num_blocks, self.block_size,
                                self.limits.kv_groups)
+        gateway = self.gateway
+        if reason is None and gateway is not None:
+            reason = gateway.refusal(len(self.waiting), len(self.waiting) + len(self.running))
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
             if self.events is not None:
@@ -158,7 +169,40 @@ class FastEngine(DecisionApplier):
             return
         self.requests[spec.request_id] = req
         self.waiting.append(req)
+        if gateway is not None and gateway.deadlines is not None:
+            gateway.added(req, now)   # (its wake, if any, is numbered before the engine's)
         self._wake_up(now)
+
+    def end_at_gateway(self, req: FastRequest, reason: str, now: float, in_step: bool | None = None) -> None:
+        """simcore.engine.Engine.end_at_gateway: `req` leaves with `reason` now or, running in the step in
+        flight (`in_step`, default: one is), when that step ends (`complete_step`)."""
+        if in_step is None:
+            in_step = self.state is COMPLETE
+        if req.status is RUNNING and in_step:
+            req.reject_reason = reason
+            self.abandoning.append(req)
+            return
+        self.quiet_step = False
+        if req.status is RUNNING:   # never a lazy decoder: it has no first token
+            self.running.remove(req)
+            self.prefilling.discard(req)
+            self.pool.free(req)
+            self._release_finished(())   # the last running one gone: a drained batch's slots are freed
+        else:
+            self.waiting.remove(req)
+            if req.status is Status.SWAPPED:
+                self.swap_space.num_used_blocks -= req.num_blocks
+                req.num_blocks = 0
+        req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
+        del self.requests[req.request_id]
+        columns = self.columns
+        columns.reject_reasons[req.index] = reason
+        columns.record(req, REJECTED)
+        columns.num_left += 1
+        if self.events is not None:
+            self.log.event(now, req, "rejected")
+        if self.on_done is not None:
+            self.on_done(req, now)
 
     def _wake_up(self, now: float) -> None:
         """simcore.engine.Engine._wake_up: the waiting engine's `_wake` event succeeds now."""
@@ -181,6 +225,7 @@ class FastEngine(DecisionApplier):
         steps = self.steps
         streaming = steps.iteration_sink is not None
         idle, timed, woken = IDLE, TIMED, WOKEN   # (locals: read at every event)
+        watch = traffic.watch
         while True:   # the earliest of the engine's event, the next arrival and the first timer: (time, seq)
             t, e, source = self.due_s, self.due_seq, self.state
             if source is idle:
@@ -192,6 +237,8 @@ class FastEngine(DecisionApplier):
                 tt, te, _ = timers[0]
                 if tt < t or (tt == t and te < e):
                     t, e, source = tt, te, TIMER
+            if watch is not None and (watch.due_s < t or (watch.due_s == t and watch.due_seq < e)):
+                t, e, source = watch.due_s, watch.due_seq, GATEWAY
             if t == INF:
                 break
             if source is ARRIVAL:
@@ -199,6 +246,12 @@ class FastEngine(DecisionApplier):
                 first_arrival = False
             elif source is TIMER:
                 traffic.send(heapq.heappop(timers)[2], t)
+            elif source is GATEWAY:   # ended users think after the watch has slept again
+                traffic.deferring = True
+                watch.fire(t)
+                if traffic.deferred:
+                    traffic.flush_deferred(t)
+                traffic.deferring = False
             elif source is timed or source is woken:   # a wait ended: the engine resumes one event later
                 self.state, self.due_seq = RESUME, self.seq
                 self.seq += 1
@@ -516,12 +569,14 @@ class FastEngine(DecisionApplier):
                 num_prefill += n
             c += n
             req.num_computed_tokens = c
-            if c == total:   # caught up: sample one token
+            if c == total and req.reject_reason is None:   # caught up, not abandoned: sample one token
                 req.num_generated_tokens = g + 1
                 if req.first_token_s is None:
                     req.first_token_s = now
                     if self.events is not None:
                         self.log.event(now, req, "first_token")
+                    if self.first_token_sink is not None:
+                        self.first_token_sink.append((now, now - req.spec.arrival_s))
                 else:
                     lt = req.last_token_s
                     gaps[lt] = gaps.get(lt, 0) + 1
@@ -549,6 +604,11 @@ class FastEngine(DecisionApplier):
             if num_lazy and explicit:
                 done.sort(key=BY_ORDER)   # finish order = batch order
             self._finish(done, now)
+        if self.abandoning:   # their clients left during the step (simcore/gateway.py)
+            for req in self.abandoning:
+                reason, req.reject_reason = req.reject_reason, None
+                self.end_at_gateway(req, reason, now, in_step=False)
+            self.abandoning.clear()
         if self.check_invariants and (self.explicit_step or self.shortcut is None
                                       or not 0 <= self.pool.num_used_blocks <= self.num_blocks):
             self._check_invariants()

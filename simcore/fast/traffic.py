@@ -32,6 +32,7 @@ class Traffic:
         self.next_arrival, self.arrival_s, self.arrival_seq = 0, INF, 0
         self.arrival_times = ()
         self.next_spec = 0
+        self.watch = None                # a single engine's gateway watch (simcore/fast/gateway.py), if any
 
     def start(self) -> None:
         """Before the first event: closed-loop users send their first requests at time 0 (as
@@ -82,10 +83,14 @@ class Traffic:
         self.deferred.clear()
 
     def next_external(self) -> tuple[float, int]:
-        """(time, seq) of the next arrival or think timer: what can change an engine's state from outside."""
+        """(time, seq) of the next arrival, think timer or gateway event: what can change an engine's state
+        from outside."""
         ext = (self.arrival_s, self.arrival_seq)
         if self.timers and self.timers[0][:2] < ext:
             ext = self.timers[0][:2]
+        watch = self.watch   # a gateway deadline may end a waiting request
+        if watch is not None and (watch.due_s, watch.due_seq) < ext:
+            ext = (watch.due_s, watch.due_seq)
         return ext
 
     def arrivals(self, now: float, first: bool) -> None:
