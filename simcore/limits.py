@@ -27,6 +27,8 @@ class EngineLimits:
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
     gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    kv_offload: object = None            # simcore.kvoffload.OffloadLimits: host tier for prefix blocks (vLLM's
+                                         # CPU offloading connector; needs prefix caching)
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:
