@@ -133,6 +133,11 @@ class HostKVPool:
             n += 1
         return max(0, n * bpc - first_block)
 
+    def loaded(self, request_id: int, num_blocks: int) -> None:
+        """A request now has its first `num_blocks` blocks (GPU hit and load): vLLM offers only the chunks
+        after them for storing (`update_state_after_alloc`, chunk-level policy)."""
+        self._next_offer[request_id] = max(self._next_offer.get(request_id, 0), num_blocks // self.blocks_per_chunk)
+
     def pin(self, hashes: list[int], first_block: int, num_blocks: int) -> list[int]:
         keys = [self._key(hashes, c) for c in range(first_block // self.blocks_per_chunk,
                                                      (first_block + num_blocks) // self.blocks_per_chunk)]
@@ -221,6 +226,7 @@ class HostLoads:
             cache.cached_tokens_by_request[req.request_id] += h * bs   # vLLM counts loaded tokens as cached
             host.num_blocks_loaded += h
             host.num_loads += 1
+            host.loaded(req.request_id, g + h)
             done_s = max(now_s, host.link_free_s) + host.load_s(h)
             host.link_free_s = done_s
             self.in_flight.append((done_s, req, host.pin(hashes, g, h)))
