@@ -215,10 +215,11 @@ class HostLoads:
             h = host.num_hit_blocks(hashes, g, max_blocks)
             if h == 0:
                 continue
-            need = -(-req.num_tokens // bs) - sum(1 for b in hit_blocks if b.ref_count > 0)
+            num_prompt_blocks = -(-req.num_tokens // bs)
+            need = num_prompt_blocks - sum(1 for b in hit_blocks if b.ref_count > 0)   # shared hits: no free block
             if need + reserved > cache.num_free_blocks:
                 break
-            reserved += need - (g + h)
+            reserved += num_prompt_blocks - (g + h)   # what it takes when admitted after its load
             cache.admit(req)
             cache.grow(req, (g + h) * bs)
             req.num_computed_tokens = (g + h) * bs
