@@ -202,3 +202,18 @@ def test_bad_offload_setting_exits_2_in_one_line(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].endswith("engine.kv_offload.cpu_gb: expected a number >= 0, got -8")
+
+
+def test_the_example_reports_offload_columns(tmp_path):
+    import yaml
+    from tests.test_examples import EXAMPLES, run
+    sweep = yaml.safe_load((EXAMPLES / "kv_offload.yaml").read_text())
+    sweep["workload"]["num_requests"] = 60
+    sweep["grid"]["engine.kv_offload"] = sweep["grid"]["engine.kv_offload"][:2]
+    f = tmp_path / "kv_offload.yaml"
+    f.write_text(yaml.safe_dump(sweep))
+    md = run(f, tmp_path / "out")
+    assert "offload_hit_pct" in md and "recomputed_prompt_ktok" in md
+    results = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert {"offload_hit_rate", "offload_bytes_loaded", "offload_bytes_stored"} <= set(results.columns)
+    assert results["offload_bytes_stored"].iloc[1] > 0
