@@ -101,6 +101,17 @@ def test_host_pool_evicts_least_recent_chunks_and_keeps_a_finished_prefix_longes
     assert df.loc[2, "first_token_s"] == pytest.approx(2.0 + load_s + 0.01 + 31 * 0.001, abs=1e-12)
 
 
+def test_host_chunks_of_two_blocks_store_and_load_whole_chunks_only():
+    lim = EngineLimits(5, BS, 512, enable_prefix_caching=True, kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+                       host_link_bytes_per_s=LINK, kv_offload=OffloadLimits(8, blocks_per_chunk=2))
+    df, engine = run(turns(), lim)
+    host = engine.prefix_cache.host
+    # A's 3 prompt blocks make one whole 32-token chunk (its third block starts a chunk it never fills)
+    assert host.num_hit_tokens == 32 and host.num_blocks_loaded == 2
+    load_s = 2 * BS * KV_BYTES_PER_TOKEN / LINK
+    assert df.loc[2, "first_token_s"] == pytest.approx(2.0 + load_s + 0.01 + 31 * 0.001, abs=1e-12)
+
+
 def test_host_pool_lru_order_after_stores_and_finishes():
     _, engine = run(turns()[:2], limits(num_chunks=8))
     cache, host = engine.prefix_cache, engine.prefix_cache.host
