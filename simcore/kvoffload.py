@@ -20,9 +20,10 @@ What vLLM does, and what is modelled here (vLLM 0.32; paths under vllm/):
   schedules others (v1/core/sched/scheduler.py); the copy runs on its own CUDA stream beside the forward
   passes (v1/kv_offload/cpu/gpu_worker.py). When a step ends after the copy is done the request goes
   back to the head of the waiting queue with the loaded tokens computed, and its loaded blocks join the
-  GPU prefix cache (`delay_cache_blocks`). Here: loads leave the waiting queue at a decision when their
-  blocks fit (in queue order, stopping at the first that does not, as vLLM's allocation does), run one
-  after another over the GPU's host link (each GPU copies its own shard over its own link), and rejoin
+  GPU prefix cache (`delay_cache_blocks`). Here: at each decision the waiting queue is walked in order,
+  each request taking its prompt's blocks on paper, until one does not fit (vLLM's scheduler stops at the
+  first request it cannot allocate); those with a host hit start loading, the others are left to the
+  policy. Loads run one after another over the GPU's host link (each GPU copies its own shard over its own link), and rejoin
   the queue's head at the first decision at or after they end; an idle engine waits for the first.
 - Not modelled: a store's own time (a device-to-host copy on a separate stream that blocks nothing but
   the reuse of the block it reads, which vLLM flushes first), ARC eviction, partial-chunk tail hits.
@@ -30,6 +31,7 @@ What vLLM does, and what is modelled here (vLLM 0.32; paths under vllm/):
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import chain
 from dataclasses import dataclass
 
 from simcore.request import Status
@@ -179,6 +181,7 @@ class HostLoads:
     def __init__(self, host: HostKVPool):
         self.host = host
         self.in_flight: list[tuple[float, object, list[int]]] = []   # (done_s, request, pinned keys), issue order
+        self.rejoined: dict[int, object] = {}   # loaded requests back in the queue (some admitted since)
 
     @property
     def next_done_s(self) -> float:
@@ -197,28 +200,31 @@ class HostLoads:
                 engine.loading.remove(req)
                 cache.cache_full_blocks(req, req.num_computed_tokens)
                 ready.append(req)
+                self.rejoined[req.request_id] = req
             engine.waiting.extendleft(reversed(ready))
-        if not engine.waiting:
+        if not engine.waiting or not len(host):
             return
         bs, started = cache.block_size, []
         # Blocks the loaded requests still need to finish their prompts: kept free, so that a request whose
         # load ended can always be admitted (vLLM allocates only the loaded blocks and can stall here).
-        reserved = sum(-(-r.num_tokens // bs) - r.num_blocks for r in engine.loading)
-        reserved += sum(-(-r.num_tokens // bs) - r.num_blocks for r in engine.waiting if r.num_blocks)
+        self.rejoined = {k: r for k, r in self.rejoined.items() if r.status is Status.WAITING and r.num_blocks}
+        reserved = sum(-(-r.num_tokens // bs) - r.num_blocks for r in chain(engine.loading, self.rejoined.values()))
+        free = cache.num_free_blocks
         for req in engine.waiting:
             if req.num_computed_tokens or req.status is not Status.WAITING:
                 continue
             hit_blocks = cache.match(req.spec, req.num_tokens)
             g = len(hit_blocks)
+            num_prompt_blocks = -(-req.num_tokens // bs)
+            need = num_prompt_blocks - sum(1 for b in hit_blocks if b.ref_count > 0)   # shared hits: no free block
+            if need + reserved > free:
+                break   # vLLM's scheduler stops at the first request it cannot allocate
             max_blocks = (req.num_tokens - 1) // bs
             hashes = cache.block_hashes(req.spec, max_blocks)
             h = host.num_hit_blocks(hashes, g, max_blocks)
-            if h == 0:
+            if h == 0:   # the policy admits it, ahead of those behind it: its blocks are not theirs to load into
+                reserved += need
                 continue
-            num_prompt_blocks = -(-req.num_tokens // bs)
-            need = num_prompt_blocks - sum(1 for b in hit_blocks if b.ref_count > 0)   # shared hits: no free block
-            if need + reserved > cache.num_free_blocks:
-                break
             reserved += num_prompt_blocks - (g + h)   # what it takes when admitted after its load
             cache.admit(req)
             cache.grow(req, (g + h) * bs)
@@ -233,6 +239,7 @@ class HostLoads:
             self.in_flight.append((done_s, req, host.pin(hashes, g, h)))
             engine.loading.append(req)
             started.append(req)
+            free = cache.num_free_blocks
         if started:
             ids = {id(r) for r in started}
             engine.waiting = type(engine.waiting)(r for r in engine.waiting if id(r) not in ids)
