@@ -180,9 +180,9 @@ class ModelShape:
         return 2 * max(1, self.num_kv_heads // tp) * self.head_dim
 
     def kv_bytes_per_token(self, dtype_bytes: float = 2, tp: int = 1) -> int:
-        """KV of every layer for one token, on one of `tp` GPUs (pipeline stages divide it further). Sliding-
-        window layers are counted whole: an upper bound on vLLM's hybrid allocator, which frees their
-        out-of-window blocks."""
+        """KV of every layer for one token, on one of `tp` GPUs (pipeline stages divide it further): what a
+        whole sequence's KV weighs. How many tokens the pool holds is the engine's business: vLLM's hybrid
+        KV cache manager keeps only a sliding-window layer's window (simcore/hybridkv.py)."""
         return int(self.num_layers * self.kv_width(tp) * dtype_bytes)
 
 

@@ -100,7 +100,7 @@ def model_from_hf_config(path: Path) -> ModelShape:
         intermediate_size=c.need("intermediate_size_mlp", "intermediate_size"),  # Llama-4 dense layers
         vocab_size=c.need("vocab_size"), max_model_len=c.optional("max_position_embeddings", 4096),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), head_dim=c.optional("head_dim", None),
-        quantization=_quantization(raw, path), **_sliding(cfg, layers))
+        quantization=_quantization(raw, path), **_sliding(cfg, layers, path))
     if is_moe:
         fields.update(_moe(c, arch, layers))
     if is_mla:
@@ -140,13 +140,38 @@ def _moe(c: _Config, arch: str | None, layers: int) -> dict:
                 shared_expert_intermediate_size=shared, num_moe_layers=num_moe)
 
 
-def _sliding(cfg: dict, layers: int) -> dict:
+# `layer_types` values (transformers' names) whose KV and attention are modelled
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _sliding(cfg: dict, layers: int, path) -> dict:
+    """Which layers attend through a sliding window, and its width. `layer_types` names each layer
+    (gpt-oss: alternating); `sliding_window_pattern` makes every pattern-th layer full (Gemma 3: 6);
+    with neither, a window applies to every layer (Mistral v0.1). Qwen2-style configs carry a window with
+    `use_sliding_window: false`: no window."""
     window = cfg.get("sliding_window")
-    if not window or cfg.get("use_sliding_window") is False:
-        return {}
     types = cfg.get("layer_types")
-    num = sum(1 for t in types if t == "sliding_attention") if types else layers
-    return {"sliding_window": int(window), "num_sliding_layers": num}
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise CatalogError(f"{path}: layer_types: expected a list of {layers} layer types (num_hidden_layers), "
+                               f"got {types!r:.60}")
+        unknown = sorted({str(t) for t in types} - set(LAYER_TYPES))
+        if unknown:
+            raise CatalogError(f"{path}: layer_types: {', '.join(map(repr, unknown))} not modelled; known: "
+                               f"{', '.join(LAYER_TYPES)}")
+    if window is None or cfg.get("use_sliding_window") is False:
+        if types is not None and "sliding_attention" in types:
+            raise CatalogError(f"{path}: sliding_window: layer_types has sliding_attention layers but no window")
+        return {}
+    window = _positive_int(window, "sliding_window", path)
+    if types is not None:
+        num = types.count("sliding_attention")
+    elif cfg.get("sliding_window_pattern") is not None:
+        pattern = _positive_int(cfg["sliding_window_pattern"], "sliding_window_pattern", path)
+        num = layers - layers // pattern   # layer i is full when (i + 1) % pattern == 0 (transformers' Gemma 3)
+    else:
+        num = layers
+    return {"sliding_window": window, "num_sliding_layers": num} if num else {}
 
 
 def _quantization(raw: dict, path) -> str | None:

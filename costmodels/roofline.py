@@ -151,14 +151,14 @@ class RooflineCostModel:
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`
-        keys per query on sliding-window layers). MLA prefill runs it on the up-projected K/V (head dim
+        keys per query on sliding-window layers, counted exactly: `_window_pairs`). MLA prefill runs it on the up-projected K/V (head dim
         nope + rope, value dim v) after decompressing the cached latent. The sums are of integers and
         half-integers, exact in float64 in any order."""
         m, e, dt = self.model, self.eff, self.dt
         if window is None:
             pairs = float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
         else:
-            pairs = float(sum(n * min(c + (n + 1) / 2.0, window) for n, c in prefill))
+            pairs = float(sum(_window_pairs(n, c, window) for n, c in prefill))
         kv_tokens = float(sum(c + n for n, c in prefill))
         if m.is_mla:
             qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
@@ -415,3 +415,14 @@ def activation_reserve_bytes(model: ModelShape, max_num_batched_tokens: int, max
                              tp: int = 1, dtype: str = "bf16") -> float:
     return _deployment.activation_reserve_bytes(model, Deployment(dtype=dtype, tensor_parallel_size=tp),
                                                 max_num_batched_tokens, max_num_seqs)
+
+
+def _window_pairs(n: int, c: int, window: int) -> float:
+    """Query-key pairs of `n` new tokens after `c` cached ones when each query attends to at most `window`
+    keys, itself included (vLLM's sliding window): sum over i = 1..n of min(c + i, window)."""
+    if c + n <= window:
+        return n * c + n * (n + 1) / 2.0
+    if c >= window:
+        return float(n * window)
+    k = window - c   # the first k queries see every earlier token
+    return k * c + k * (k + 1) / 2.0 + (n - k) * window

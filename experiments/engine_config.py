@@ -46,6 +46,9 @@ class EngineSettings:
     swap_space_gb: float = 4.0            # vLLM V0 swap_space per GPU (GiB)
     check_invariants: bool = _LIMITS["check_invariants"]
     enable_prefix_caching: bool = _LIMITS["enable_prefix_caching"]   # on by default in vLLM V1; off here
+    # vLLM's --disable-hybrid-kv-cache-manager: None (vLLM's default: on where it applies), True: sliding-window
+    # layers hold the whole sequence as full-attention ones (experiments/kv_groups.py)
+    disable_hybrid_kv_cache_manager: bool | None = None
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
@@ -64,6 +67,9 @@ class EngineSettings:
             raise ValueError("engine.max_model_len: must be at least 2")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError("engine.num_gpu_blocks: must be at least 1")
+        flag = self.disable_hybrid_kv_cache_manager
+        if flag is not None and not isinstance(flag, bool):
+            raise ValueError(f"engine.disable_hybrid_kv_cache_manager: expected true or false, got {flag!r}")
 
 
 ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}

@@ -19,6 +19,7 @@ from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
+from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, read_table, write_run_tables
 from simcore.cluster import Cluster
@@ -86,6 +87,7 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
     p = cfg.policy
     budget = getattr(p, "max_num_batched_tokens", cfg.model.max_model_len)
     seqs = getattr(p, "max_num_seqs", 256)
+    groups = point_kv_groups(cfg)   # vLLM's hybrid KV cache manager, where it runs
     try:
         return plan_memory(
             gpu_memory_bytes=cfg.gpu.memory_bytes, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
@@ -93,7 +95,8 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
             kv_bytes_per_token=deployment.kv_bytes_per_token(cfg.model, d),
             block_size=cfg.engine.block_size,
             activation_reserve_bytes=deployment.activation_reserve_bytes(cfg.model, d, budget, seqs),
-            num_gpu_blocks=cfg.engine.num_gpu_blocks)
+            num_gpu_blocks=cfg.engine.num_gpu_blocks, kv_groups=groups,
+            bytes_per_block=bytes_per_block(cfg, groups) if groups is not None else None)
     except ValueError as e:
         raise SimulationError(f"engine: {e}") from None
 
@@ -265,7 +268,7 @@ def engine_limits(cfg: PointConfig, plan) -> EngineLimits:
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
-        gateway=cfg.gateway, kv_offload=offload_limits(cfg, plan))
+        gateway=cfg.gateway, kv_groups=plan.kv_groups, kv_offload=offload_limits(cfg, plan))
 
 
 def offload_limits(cfg: PointConfig, plan):

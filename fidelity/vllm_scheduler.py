@@ -25,6 +25,7 @@ from policies.continuous import Continuous
 from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
+from simcore.hybridkv import KVCacheGroups
 from simcore.kvcache import DEFAULT_BLOCK_SIZE, num_usable_blocks
 from simcore.wiring import run_replica
 from simcore.request import RequestSpec, Status
@@ -48,6 +49,17 @@ class Case:
     max_model_len: int = 4096
     prefix_tokens: tuple[int, ...] = ()  # per request: leading prompt tokens shared with its group
     prefix_group: tuple[int, ...] = ()
+    # vLLM's hybrid KV cache manager: this many sliding-window groups of `sliding_window` tokens beside
+    # `num_full_groups` full-attention ones, one shared pool (simcore/hybridkv.py); 0: one full group
+    num_sliding_groups: int = 0
+    num_full_groups: int = 1
+    sliding_window: int = 0
+
+    def kv_groups(self) -> KVCacheGroups | None:
+        if not self.num_sliding_groups:
+            return None
+        return KVCacheGroups(1, self.num_full_groups, self.num_sliding_groups, self.sliding_window,
+                             self.block_size, self.max_num_batched_tokens, self.max_model_len)
 
     def knobs(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("requests", "prefix_tokens", "prefix_group")}
@@ -109,7 +121,7 @@ def our_policy(case: Case):
 
 def run_ours(case: Case, policy=None) -> list[Step]:
     limits = EngineLimits(case.num_gpu_blocks, case.block_size, case.max_model_len,
-                          enable_prefix_caching=case.enable_prefix_caching)
+                          enable_prefix_caching=case.enable_prefix_caching, kv_groups=case.kv_groups())
     feed, steps = _Feed(case.requests), []
     state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0}
 
@@ -163,7 +175,8 @@ def _vllm():
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
             from vllm.v1.core.sched.async_scheduler import AsyncScheduler
             from vllm.v1.core.sched.scheduler import Scheduler
-            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+            from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                                    SlidingWindowSpec)
             from vllm.v1.outputs import ModelRunnerOutput
             from vllm.v1.request import Request
             from vllm.v1.structured_output import StructuredOutputManager
@@ -209,8 +222,13 @@ def vllm_scheduler(case: Case):
     config = v["VllmConfig"](model_config=model, cache_config=cache, scheduler_config=sched)
     spec = v["FullAttentionSpec"](block_size=case.block_size, num_kv_heads=2, head_size=32,
                                   dtype=v["torch"].float32)
-    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[],
-                            kv_cache_groups=[v["KVCacheGroupSpec"](["layers.0"], spec)])
+    groups = [v["KVCacheGroupSpec"]([f"layers.{i}"], spec) for i in range(case.num_full_groups)]
+    if case.num_sliding_groups:
+        window = v["SlidingWindowSpec"](block_size=case.block_size, num_kv_heads=2, head_size=32,
+                                        dtype=v["torch"].float32, sliding_window=case.sliding_window)
+        groups += [v["KVCacheGroupSpec"]([f"layers.{case.num_full_groups + i}"], window)
+                   for i in range(case.num_sliding_groups)]
+    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     base = v["AsyncScheduler"] if case.async_scheduling else v["Scheduler"]
 
     class Recording(base):  # vLLM reports preemptions as a set: keep their order

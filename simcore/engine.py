@@ -13,7 +13,8 @@ import simpy
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.gateway import Deadlines, refusal, watch
-from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
+from simcore.hybridkv import gpu_block_pool
+from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
 from simcore.kvoffload import host_loads
 from simcore.log import EngineLog, IterationRecord
 from simcore.decisions import DecisionApplier
@@ -29,7 +30,7 @@ class Engine(DecisionApplier):
                  log: EngineLog | None = None, on_done: Callable[[Request], None] | None = None,
                  replica_id: int = 0, executor=None, on_handoff: Callable[[Request], None] | None = None,
                  on_step: Callable[["Engine", Batch], None] | None = None):
-        error = engine_settings_error(policy, limits.preemption_mode, limits.enable_prefix_caching)
+        error = engine_settings_error(policy, limits.preemption_mode, limits.enable_prefix_caching, limits.kv_groups)
         if error:
             raise ValueError(error)
         self.env, self.policy, self.cost_model, self.limits = env, policy, cost_model, limits
@@ -39,7 +40,8 @@ class Engine(DecisionApplier):
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
-        self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
+        self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload: loads from the host tier
         self.loading: list[Request] = []    # their requests: blocks held, load in flight (simcore/kvoffload.py)
@@ -131,13 +133,14 @@ class Engine(DecisionApplier):
             self._wake.succeed()
 
     def _reject_reason(self, spec: RequestSpec) -> str | None:
-        return reject_reason(spec, self.policy, self.limits.max_model_len, self.pool.num_blocks, self.limits.block_size)
+        return reject_reason(spec, self.policy, self.limits.max_model_len, self.pool.num_blocks, self.limits.block_size,
+                             self.limits.kv_groups)
 
     # ---- the loop ----
     def view(self) -> EngineView:
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
-                          self.draining, self.policy_state, self.prefix_cache)
+                          self.draining, self.policy_state, self.prefix_cache, hybrid_kv=self.hybrid_kv)
 
     def _loop(self):
         env = self.env

@@ -44,26 +44,33 @@ class MemoryPlan:
     gpu_memory_utilization: float
     weight_bytes: float
     activation_reserve_bytes: float
+    kv_groups: object = None   # vLLM's hybrid KV cache groups (simcore.hybridkv.KVCacheGroups), or None
 
     @property
     def kv_capacity_tokens(self) -> int:
+        """KV tokens as vLLM logs them ("GPU KV cache size"); under the hybrid manager its group-aware
+        figure (simcore.hybridkv.KVCacheGroups.capacity_tokens)."""
+        if self.kv_groups is not None:
+            return self.kv_groups.capacity_tokens(self.num_gpu_blocks)
         return self.num_gpu_blocks * self.block_size
 
 
 def plan_memory(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weight_bytes: float,
                 kv_bytes_per_token: int, block_size: int, activation_reserve_bytes: float,
-                num_gpu_blocks: int | None = None) -> MemoryPlan:
-    """Derive the KV block count, or take `num_gpu_blocks` as given (vLLM's `num_gpu_blocks_override`)."""
+                num_gpu_blocks: int | None = None, kv_groups=None, bytes_per_block: int | None = None) -> MemoryPlan:
+    """Derive the KV block count, or take `num_gpu_blocks` as given (vLLM's `num_gpu_blocks_override`).
+    `bytes_per_block`: one block's bytes when it is not every layer's KV of `block_size` tokens (vLLM's
+    hybrid groups, `kv_groups`: one group's layers)."""
     if num_gpu_blocks is None:
         free = gpu_memory_bytes * gpu_memory_utilization - weight_bytes - activation_reserve_bytes
-        num_gpu_blocks = int(free // (kv_bytes_per_token * block_size))
+        num_gpu_blocks = int(free // (bytes_per_block or kv_bytes_per_token * block_size))
         if num_gpu_blocks <= 0:
             raise ValueError(
                 f"no memory left for the KV cache: {gpu_memory_bytes / 1e9:.0f} GB x {gpu_memory_utilization} "
                 f"< weights {weight_bytes / 1e9:.1f} GB + activations {activation_reserve_bytes / 1e9:.1f} GB; "
                 "use more tensor parallelism, a bigger GPU or engine.num_gpu_blocks")
     return MemoryPlan(num_gpu_blocks, block_size, kv_bytes_per_token, gpu_memory_bytes,
-                      gpu_memory_utilization, weight_bytes, activation_reserve_bytes)
+                      gpu_memory_utilization, weight_bytes, activation_reserve_bytes, kv_groups)
 
 
 class BlockPool:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from simcore.kvcache import DEFAULT_BLOCK_SIZE
 
 PREEMPTION_MODES = ("recompute", "swap")
+# Policies whose engine is vLLM V1, the one with the hybrid KV cache manager (simcore/hybridkv.py).
+HYBRID_KV_POLICIES = ("chunked_prefill",)
 
 
 @dataclass(frozen=True)
@@ -27,17 +29,29 @@ class EngineLimits:
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
     gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    # vLLM's hybrid KV cache manager (simcore.hybridkv.KVCacheGroups: sliding-window layers hold only their
+    # window); None: one group of every layer, each holding the whole sequence.
+    kv_groups: object = None
     kv_offload: object = None            # simcore.kvoffload.OffloadLimits: host tier for prefix blocks (vLLM's
                                          # CPU offloading connector; needs prefix caching)
 
 
-def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:
+def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool, kv_groups=None) -> str | None:
     """Why an engine cannot run `policy` with these settings (one line naming the key), or None. The one
     statement of these rules: both engines refuse with it at the start of a run, and the sweep loader
     (experiments/engine_config.py) with it before any point runs."""
     if preemption_mode not in PREEMPTION_MODES:
         return f"engine.preemption_mode: expected recompute or swap, got {preemption_mode!r}"
+    if kv_groups is not None:
+        if preemption_mode != "recompute":
+            return "engine.preemption_mode: swap is vLLM V0's; the hybrid KV cache manager (vLLM V1) recomputes"
+        if policy is not None and policy.name not in HYBRID_KV_POLICIES:
+            return (f"engine.policy: vLLM's hybrid KV cache manager is modelled for {', '.join(HYBRID_KV_POLICIES)}, "
+                    f"not {policy.name}; set engine.disable_hybrid_kv_cache_manager: true")
     if enable_prefix_caching:
+        if kv_groups is not None:   # vLLM's hit rule for sliding groups (contiguous window blocks) is not modelled
+            return ("engine.enable_prefix_caching: not modelled with sliding-window layers under vLLM's hybrid KV "
+                    "cache manager; set engine.disable_hybrid_kv_cache_manager: true or turn prefix caching off")
         if not getattr(policy, "supports_prefix_caching", False):
             return f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching"
         if preemption_mode != "recompute":

@@ -131,6 +131,9 @@ class PipelinedEngine(Engine):
                                limits.enable_prefix_caching, limits.handoff_after_first_token)
         if error:
             raise SimulationError(error)
+        if limits.kv_groups is not None:   # the stages' views would not see the hybrid pool's own block needs
+            raise SimulationError("pipeline_parallel_size: vLLM's hybrid KV cache manager is not modelled with "
+                                  "pipeline stages; set engine.disable_hybrid_kv_cache_manager: true")
         self.num_stages = num_stages
         self.max_batches_in_flight = max_batches_in_flight or num_stages
         self.in_flight: deque[_InFlight] = deque()

@@ -52,6 +52,7 @@ class EngineView:
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
     decoders: LazyProgress | None = None
+    hybrid_kv: object | None = None  # the engine's simcore.hybridkv.HybridBlockPool under vLLM's hybrid manager
     _step_plan: object = field(default=None, repr=False, compare=False)
 
     def _plan(self):
@@ -75,7 +76,10 @@ class EngineView:
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         """Free GPU blocks `req` takes to hold KV for `num_tokens` tokens: the growth beyond what it holds,
         plus, for a swapped request, the blocks it brings back from the host. With prefix caching, a new
-        request's hit blocks that other requests hold (or take this step) are shared and take no free block."""
+        request's hit blocks that other requests hold (or take this step) are shared and take no free block.
+        Under vLLM's hybrid manager the pool answers, net of the out-of-window blocks freed first."""
+        if self.hybrid_kv is not None:
+            return self.hybrid_kv.blocks_to_hold(req, num_tokens)
         if self.prefix_cache is not None and self._is_new(req):
             return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
         held = req.num_blocks

@@ -29,7 +29,8 @@ from simcore.fast.pricing import StepPricer
 from simcore.fast.state import EngineState, InFlightStep
 from simcore.fast.stretch import plan_more_quiet_steps, plan_quiet_steps
 from simcore.fast.traffic import INF, Traffic
-from simcore.kvcache import BlockPool, HostSwapSpace, PrefixCachingBlockPool
+from simcore.hybridkv import gpu_block_pool
+from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
 from simcore.kvoffload import host_loads
 from simcore.limits import EngineLimits, engine_settings_error
 from simcore.request import RequestSpec, RequestSpecs, Status
@@ -61,7 +62,7 @@ class FastEngine(DecisionApplier):
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, closed: tuple[int, float] | None = None,
                  iteration_sink=None, itl_sink=None, record_events: bool = False, cluster=None):
-        error = engine_settings_error(policy, limits.preemption_mode, limits.enable_prefix_caching)
+        error = engine_settings_error(policy, limits.preemption_mode, limits.enable_prefix_caching, limits.kv_groups)
         if error:
             raise ValueError(error)
         self.policy, self.limits = policy, limits
@@ -70,11 +71,14 @@ class FastEngine(DecisionApplier):
         self.prefix_cache = None
         if limits.enable_prefix_caching:   # block identities: every step explicit (vLLM caches per step)
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
-        self.pool = self.prefix_cache or BlockPool(limits.num_gpu_blocks, limits.block_size)
+        self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
+        self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload (simcore/kvoffload.py)
         self.loading: list[FastRequest] = []   # requests whose prefix is loading from the host tier
         self.shortcut = getattr(policy, "schedule_decodes", None)
+        if self.hybrid_kv is not None:   # sliding groups free blocks at each request's own phase: every step explicit
+            self.shortcut = None
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
         self.num_blocks = self.pool.num_blocks
@@ -134,7 +138,8 @@ class FastEngine(DecisionApplier):
         columns.arrival_s[k] = spec.arrival_s
         if self.events is not None:
             self.log.event(now, req, "arrived")
-        reason = reject_reason(spec, self.policy, self.max_model_len, self.num_blocks, self.block_size)
+        reason = reject_reason(spec, self.policy, self.max_model_len, self.num_blocks, self.block_size,
+                               self.limits.kv_groups)
         if reason:
             req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
             if self.events is not None:
@@ -208,7 +213,7 @@ class FastEngine(DecisionApplier):
         """The view for the policy's general `schedule` (every running request explicit)."""
         return EngineView(now, self.waiting, self.running, self.num_blocks - self.pool.num_used_blocks,
                           self.num_blocks, self.block_size, self.max_model_len, self.draining, self.policy_state,
-                          self.prefix_cache)
+                          self.prefix_cache, hybrid_kv=self.hybrid_kv)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running

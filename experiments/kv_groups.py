@@ -1,0 +1,50 @@
+"""Which KV cache groups a point's engine runs with: vLLM's hybrid KV cache manager (simcore/hybridkv.py)
+for a model with sliding-window layers served by vLLM V1, or one group of every layer.
+
+vLLM turns the hybrid manager on by itself for such a model (vllm/config/vllm.py) unless told
+`--disable-hybrid-kv-cache-manager` (engine.disable_hybrid_kv_cache_manager: true here); a model whose
+layers are all sliding keeps its window either way (one uniform group). Engines other than vLLM V1
+(SGLang, TRT-LLM, TGI, vLLM V0, static batching) keep their own allocators, counted whole here. Where the
+hybrid manager runs in vLLM but is not modelled here (pipeline stages, disaggregation, prefix caching,
+swap preemption) the point is refused in one line rather than counted whole without saying so.
+"""
+from __future__ import annotations
+
+from costmodels import deployment
+from costmodels.deployment import Deployment
+from simcore.errors import SimulationError
+from simcore.hybridkv import KVCacheGroups, kv_cache_groups
+from simcore.limits import HYBRID_KV_POLICIES
+
+FLAG = "engine.disable_hybrid_kv_cache_manager"
+
+
+def point_kv_groups(cfg) -> KVCacheGroups | None:
+    """The KV cache groups of one resolved point (experiments.config.PointConfig), or None for one group
+    of every layer, each holding the whole sequence."""
+    m = cfg.model
+    if not m.sliding_window or not m.num_sliding_layers or cfg.policy.name not in HYBRID_KV_POLICIES:
+        return None
+    num_full = m.num_layers - m.num_sliding_layers
+    if num_full and cfg.engine.disable_hybrid_kv_cache_manager:
+        return None   # vLLM promotes the sliding layers to full attention for KV management
+    d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
+    why = ("pipeline_parallel_size > 1" if d.pipeline_parallel_size > 1 else
+           "disaggregation" if cfg.disaggregation is not None else
+           "engine.enable_prefix_caching" if cfg.engine.enable_prefix_caching else
+           "engine.preemption_mode: swap" if cfg.engine.preemption_mode != "recompute" else None)
+    if why:
+        fix = f"; set {FLAG}: true to count every layer whole" if num_full else ""
+        raise SimulationError(f"{FLAG}: {m.name} has sliding-window layers, and vLLM's hybrid KV cache manager "
+                              f"is not modelled with {why}{fix}")
+    budget = getattr(cfg.policy, "max_num_batched_tokens", m.max_model_len)
+    return kv_cache_groups(num_full, m.num_sliding_layers, m.sliding_window, block_size=cfg.engine.block_size,
+                           max_num_batched_tokens=budget, max_model_len=m.max_model_len)
+
+
+def bytes_per_block(cfg, groups: KVCacheGroups) -> int:
+    """One block of the shared pool: `group_size` layers' KV for `block_size` tokens on one GPU (every
+    layer has the same page here: same KV heads and head size, as vLLM's page-size rule needs)."""
+    d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
+    per_layer = cfg.model.kv_width(d.tp) * deployment.KV_BYTES[d.kv_format()]
+    return int(groups.group_size * per_layer * groups.block_size)
