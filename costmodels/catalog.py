@@ -24,6 +24,8 @@ class GPU:
     fp4_flops_per_s: float | None = None  # dense FP4 peak (Blackwell); None: FP4 weights dequantised to fp8/bf16
     interconnect_kind: str = "nvlink"     # nvlink | pcie | infinity_fabric: what the TP collectives cross
     l2_bytes: float | None = None         # last-level on-chip cache (the [aic] tables' decode attention uses it)
+    host_memory_bytes: float | None = None  # host (CPU) memory per GPU in its reference server (KV offload's
+                                            # ceiling); None: not known, not checked
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8 or fp4), falling back to
@@ -72,6 +74,12 @@ GPUS: dict[str, GPU] = {
             l2_bytes=256e6),   # 256 GB HBM3E, est. memory
     ]
 }
+# Host memory per GPU of each part's NVIDIA reference server (system memory / 8 GPUs; docs/sources.md, "Host
+# memory"): DGX A100 320GB 1 TB, DGX A100 640GB 2 TB, DGX H100 and DGX H200 2 TB, DGX B200 2 TB (4 TB
+# optional), GB200 NVL72 480 GB of LPDDR5X per Grace CPU for its two GPUs. Other parts: no reference server.
+_HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sxm": 256 * GIB,
+                        "h200-sxm": 256 * GIB, "b200-sxm": 256 * GIB, "gb200": 240e9}
+GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name)) for name, g in GPUS.items()}
 # Other spellings people use for the same parts
 GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",
                "rtx4090": "rtx-4090", "rtx-pro-6000-blackwell": "rtx-pro-6000",

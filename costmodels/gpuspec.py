@@ -11,6 +11,7 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       interconnect_kind: pcie          # nvlink | pcie | infinity_fabric
       host_link_bytes_per_s: 25e9      # GPU <-> host copies
       l2_bytes: 72e6                   # last-level cache (optional)
+      host_memory_bytes: 256e9         # host memory per GPU (optional; the ceiling of engine.kv_offload)
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from costmodels.catalog import GPU, INTERCONNECT_KINDS, CatalogError, get_gpu
 FIGURES = ("memory_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "host_link_bytes_per_s")
 PRECISIONS = {"bf16": "bf16_flops_per_s", "fp16": "bf16_flops_per_s", "fp8": "fp8_flops_per_s",
               "fp4": "fp4_flops_per_s"}
-KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", *FIGURES, *PRECISIONS.values()}
+KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes", *FIGURES,
+        *PRECISIONS.values()}
 
 
 def _positive(key: str, v) -> float:
@@ -114,4 +116,6 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
     values["interconnect_kind"] = kind
     if spec.get("l2_bytes") is not None:
         values["l2_bytes"] = _positive(f"{key}.l2_bytes", spec["l2_bytes"])
+    if spec.get("host_memory_bytes") is not None:
+        values["host_memory_bytes"] = _positive(f"{key}.host_memory_bytes", spec["host_memory_bytes"])
     return GPU(**values)

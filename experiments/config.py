@@ -23,6 +23,7 @@ from experiments.engine_config import (EngineSettings, check_engine_rules, parse
 from experiments.autoscaling_config import parse_autoscaling
 from experiments.gateway_config import parse_gateway
 from experiments.speculative_config import check_speculative
+from experiments.offload_config import check_offload
 from simcore.gateway import GatewayLimits
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
                                   parse_disaggregation, parse_slo)
@@ -151,6 +152,10 @@ def resolve_point(raw: dict) -> PointConfig:
         raise ConfigError("gateway: not modelled with disaggregation (put it in front of a co-located deployment)")
     if gateway is not None and deployment.pipeline_parallel_size > 1:
         raise ConfigError("gateway: not modelled with pipeline parallelism (pipeline_parallel_size > 1)")
+    if settings.kv_offload is not None:
+        check_offload(settings.kv_offload, settings.block_size, settings.enable_prefix_caching,
+                      gpu.host_memory_bytes, deployment.gpus_per_replica, gpu.name,
+                      gateway is not None and gateway.has_deadlines)
     autoscaling = parse_autoscaling(raw.get("autoscaling"), raw.get("cluster"))
     if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
         raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")

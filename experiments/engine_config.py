@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
 from experiments.speculative_config import SpeculativeSettings, parse_speculative
+from experiments.offload_config import OffloadSettings, parse_offload
 from policies import POLICIES
 from simcore.limits import PREEMPTION_MODES, EngineLimits, engine_settings_error
 
@@ -53,6 +54,7 @@ class EngineSettings:
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
     speculative: SpeculativeSettings | None = None   # speculative decoding (experiments/speculative_config.py)
+    kv_offload: OffloadSettings | None = None  # host tier for prefix blocks (experiments/offload_config.py)
 
     def __post_init__(self):
         if self.block_size < 1:
@@ -80,11 +82,13 @@ def parse_engine_settings(engine: dict) -> EngineSettings:
     """The engine-level keys of an `engine:` mapping, typed and checked."""
     values = {k: check_type(f"engine.{k}", engine[k], f.default, allow_none=f.default is None)
               for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings))
-              if k in engine and k not in ("frontend", "speculative")}
+              if k in engine and k not in ("frontend", "speculative", "kv_offload")}
     try:
         if engine.get("frontend") is not None:
             values["frontend"] = parse_frontend(engine["frontend"], "engine.frontend")
         values["speculative"] = parse_speculative(engine.get("speculative"))
+        if engine.get("kv_offload") is not None:
+            values["kv_offload"] = parse_offload(engine["kv_offload"])
         return EngineSettings(**values)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import plots
+from experiments.offload_report import with_offload_columns
 from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
@@ -108,6 +109,8 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
             "throughput_rps", "input_tok_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms",
             "tpot_p99_ms",
             "mean_running", "kv_usage_max", "num_preemptions", "num_rejected", "unstable"]
+    results, offload = with_offload_columns(results)   # KV offload runs: hit rate, bytes moved, recomputed
+    cols += offload
     lines += trust_section(results, [k for k in grid_keys if k.endswith(LOAD_SUFFIXES)])
     lines += ["## Results", "", md_table(results[[c for c in cols if c in results.columns]]), "",
               "## Figures", ""] + [f"![{p.stem}](plots/{p.name})" for p in made] + [""]

@@ -279,7 +279,15 @@ def engine_limits(cfg: PointConfig, plan) -> EngineLimits:
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
-        gateway=cfg.gateway, kv_groups=plan.kv_groups)
+        gateway=cfg.gateway, kv_groups=plan.kv_groups, kv_offload=offload_limits(cfg, plan))
+
+
+def offload_limits(cfg: PointConfig, plan):
+    """The host tier of one replica (simcore/kvoffload.py), or None without engine.kv_offload."""
+    if cfg.engine.kv_offload is None:
+        return None
+    gpus = cfg.deployment.gpus_per_replica if cfg.deployment is not None else cfg.tensor_parallel_size
+    return cfg.engine.kv_offload.limits(plan.block_size, plan.block_size * plan.kv_bytes_per_token, gpus)
 
 
 def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) -> PointConfig:

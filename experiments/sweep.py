@@ -25,6 +25,7 @@ import yaml
 
 from commandline.files import content_hash, write_csv_atomic, write_json_atomic
 from experiments.executors import open_executor
+from experiments.offload_report import with_offload_columns
 from experiments.config import Point, expand
 from experiments.simulate import SimResult, simulate
 from experiments.tables import write_run_tables
@@ -195,6 +196,8 @@ def summary_table(results: pd.DataFrame, grid_keys: list[str]) -> str:
     keys = [c for c in results.columns if any(c == k or c.startswith(k + ".") for k in grid_keys)]
     cols = ["point"] + [k for k in keys if k != "engine.policy"] + ["seed", "policy"]
     cols += [c for c in SUMMARY_COLUMNS if c in results.columns]
+    results, offload = with_offload_columns(results)   # KV offload runs: hit rate, bytes moved, recomputed
+    cols += offload
     df = results[[c for c in cols if c in results.columns]].copy()
     rename = {c: c.replace("workload.", "").replace("engine.", "").replace("arrival.", "") for c in df.columns}
     return df.rename(columns=rename).to_string(index=False, float_format=lambda v: f"{v:,.1f}")

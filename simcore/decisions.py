@@ -64,6 +64,32 @@ class DecisionApplier:
             self.log.preemption(req, now_s)
         return transfer_s
 
+    def _num_waiting_blocks(self) -> int:
+        """Blocks held by waiting requests that are not swapped out: those whose host load ended
+        (simcore/kvoffload.py); none without KV offload."""
+        if self.host_loads is None:
+            return 0
+        return sum(r.num_blocks for r in self.waiting if r.status is WAITING)
+
+    def _release_loaded(self) -> bool:
+        """A policy that scheduled nothing, with nothing running, may be blocked by waiting requests that hold
+        loaded blocks (simcore/kvoffload.py) behind one it puts first (priority scheduling): they give their
+        blocks back (cached now, so they hit them again), as a preemption would. True if any did."""
+        if self.host_loads is None or self.running:
+            return False
+        held = [r for r in self.waiting if r.status is WAITING and r.num_blocks]
+        for req in held:
+            self.pool.free(req)
+            req.num_computed_tokens = 0
+        return bool(held)
+
+    def _wake_at_s(self, wake_at_s: float | None) -> float | None:
+        """When an engine that scheduled nothing (the policy asked to wake at `wake_at_s`) goes on: with host
+        loads in flight (simcore/kvoffload.py) at the first load's end, if that comes first."""
+        if self.loading and (wake_at_s is None or self.host_loads.next_done_s < wake_at_s):
+            return self.host_loads.next_done_s
+        return wake_at_s
+
     def _transfer_s(self, num_blocks: int) -> float:
         num_bytes = num_blocks * self.limits.block_size * self.limits.kv_bytes_per_token
         return num_bytes / self.limits.host_link_bytes_per_s

@@ -15,6 +15,7 @@ from simcore.costmodel import CostModel
 from simcore.gateway import Deadlines, refusal, watch
 from simcore.hybridkv import gpu_block_pool
 from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
+from simcore.kvoffload import host_loads
 from simcore.log import EngineLog, IterationRecord
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
@@ -43,6 +44,8 @@ class Engine(DecisionApplier):
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload: loads from the host tier
+        self.loading: list[Request] = []    # their requests: blocks held, load in flight (simcore/kvoffload.py)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.draining: list[Request] = []
@@ -153,9 +156,14 @@ class Engine(DecisionApplier):
     def _loop(self):
         env = self.env
         while True:
+            if self.host_loads is not None:
+                self.host_loads.before_decision(self, env.now)
             if not (self.waiting or self.running):
                 self._wake = env.event()
-                yield self._wake
+                if self.loading:   # idle but for host loads: until the first ends (or an arrival)
+                    yield self._wake | env.timeout(self.host_loads.next_done_s - env.now)
+                else:
+                    yield self._wake
                 continue
             batch = self.policy.schedule(self.view())
             self.policy_state = batch.policy_state
@@ -178,11 +186,14 @@ class Engine(DecisionApplier):
                     if self.on_step is not None:
                         self.on_step(self, batch)
                     continue
-                if batch.wake_at_s is None or batch.wake_at_s <= env.now:
+                wake_at_s = self._wake_at_s(batch.wake_at_s)
+                if wake_at_s is None or wake_at_s <= env.now:
+                    if self._release_loaded():
+                        continue
                     raise scheduled_nothing(self.policy.name, env.now, len(self.waiting), len(self.running),
                                             self.pool.num_free_blocks, self.pool.num_blocks)
                 self._wake = env.event()
-                yield self._wake | env.timeout(batch.wake_at_s - env.now)
+                yield self._wake | env.timeout(wake_at_s - env.now)
                 continue
             start_s = env.now
             transfer_s = 0.0 if batch.preempt_at else self._preempt(batch.preempt, env.now)
@@ -269,8 +280,8 @@ class Engine(DecisionApplier):
 
     def _check_invariants(self) -> None:
         pool = self.pool
-        held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving)
-                   for r in group)
+        held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving,
+                                              self.loading) for r in group) + self._num_waiting_blocks()
         expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks  # shared blocks
         if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != expected:
             raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "

@@ -11,6 +11,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import chain, islice, repeat
 
+from simcore.kvoffload import offload_stats
 from simcore.request import Request, RequestSpec
 from simcore.request import Status as RequestStatus
 
@@ -194,6 +195,7 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_queried_blocks = self.num_hit_blocks = 0
         self.num_evicted_blocks = 0
         self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
+        self.host = None   # simcore.kvoffload.HostKVPool: the host tier, stored into as blocks are computed
 
     # ---- identities ----
     def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
@@ -308,6 +310,8 @@ class PrefixCachingBlockPool(BlockPool):
         start = self._num_registered.get(rid, 0)
         end = min((req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size,
                   req.num_blocks)
+        if self.host is not None:   # vLLM's offloading connector stores prompt blocks as they are computed
+            self.host.offer(rid, self._hashes_upto(req.spec, end), end, req.spec.num_prompt_tokens)
         if start >= end:
             return
         held, hashes = self._held[rid], self._hashes_upto(req.spec, end)
@@ -335,6 +339,8 @@ class PrefixCachingBlockPool(BlockPool):
         self._num_registered.pop(rid, None)
         self._memo.pop(rid, None)
         if req.status in (RequestStatus.FINISHED, RequestStatus.DRAINING):
+            if self.host is not None:
+                self.host.request_finished(rid, self._hashes.get(rid))
             self._hashes.pop(rid, None)
         self.num_block_refs -= len(blocks)
         n, req.num_blocks = req.num_blocks, 0
@@ -425,8 +431,13 @@ def prefix_cache_stats(pools) -> dict:
     q = sum(p.num_queried_tokens for p in pools)
     hit = sum(p.num_hit_tokens for p in pools)
     qb = sum(p.num_queried_blocks for p in pools)
-    return {"prefix_hit_rate": hit / q if q else 0.0,
-            "prefix_block_hit_rate": sum(p.num_hit_blocks for p in pools) / qb if qb else 0.0,
-            "num_cached_prompt_tokens": hit,
-            "num_recomputed_prompt_tokens": q - hit,
-            "num_prefix_evicted_blocks": sum(p.num_evicted_blocks for p in pools)}
+    hosts = [p.host for p in pools if p.host is not None]
+    loaded = sum(h.num_hit_tokens for h in hosts)   # with KV offload: prompt tokens loaded, not recomputed
+    stats = {"prefix_hit_rate": hit / q if q else 0.0,
+             "prefix_block_hit_rate": sum(p.num_hit_blocks for p in pools) / qb if qb else 0.0,
+             "num_cached_prompt_tokens": hit,
+             "num_recomputed_prompt_tokens": q - hit - loaded,
+             "num_prefix_evicted_blocks": sum(p.num_evicted_blocks for p in pools)}
+    if hosts:
+        stats.update(offload_stats(hosts, q - hit))
+    return stats

@@ -33,6 +33,8 @@ class EngineLimits:
     # vLLM's hybrid KV cache manager (simcore.hybridkv.KVCacheGroups: sliding-window layers hold only their
     # window); None: one group of every layer, each holding the whole sequence.
     kv_groups: object = None
+    kv_offload: object = None            # simcore.kvoffload.OffloadLimits: host tier for prefix blocks (vLLM's
+                                         # CPU offloading connector; needs prefix caching)
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool, kv_groups=None) -> str | None:

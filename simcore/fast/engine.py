@@ -32,6 +32,7 @@ from simcore.fast.stretch import plan_more_quiet_steps, plan_quiet_steps
 from simcore.fast.traffic import INF, Traffic
 from simcore.hybridkv import gpu_block_pool
 from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
+from simcore.kvoffload import host_loads
 from simcore.limits import EngineLimits, engine_settings_error
 from simcore.request import RequestSpec, RequestSpecs, Status
 from simcore.rules import reject_reason
@@ -75,6 +76,8 @@ class FastEngine(DecisionApplier):
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload (simcore/kvoffload.py)
+        self.loading: list[FastRequest] = []   # requests whose prefix is loading from the host tier
         self.shortcut = getattr(policy, "schedule_decodes", None)
         if self.hybrid_kv is not None:   # sliding groups free blocks at each request's own phase: every step explicit
             self.shortcut = None
@@ -281,7 +284,7 @@ class FastEngine(DecisionApplier):
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
         request decodes (lazy decoders stay lazy), else its `schedule` over explicit records."""
         if (self.shortcut is not None and not self.prefilling and not self.explicit_step and self.running
-                and (self.prefix_cache is None or not self.waiting)):   # prefix hits: admission stays general
+                and (self.prefix_cache is None or not (self.waiting or self.loading))):   # prefix hits: general
             view = self.shortcut_view
             view.now_s, view.waiting, view.running, view.draining = now, self.waiting, self.running, self.draining
             view.num_free_blocks, view.policy_state = self.num_blocks - self.pool.num_used_blocks, self.policy_state
@@ -300,7 +303,11 @@ class FastEngine(DecisionApplier):
                 return
         if self.joining:
             self._join_decoders()
-        while self.waiting or self.running:
+        while True:
+            if self.host_loads is not None:
+                self.host_loads.before_decision(self, now)
+            if not (self.waiting or self.running):
+                break
             batch = self.decide(now)
             if batch is QUIET and self.running:   # the most common answer (one shared value): a quiet stretch
                 self._stretch(now, None)
@@ -322,10 +329,17 @@ class FastEngine(DecisionApplier):
                     self.seq += 1
                     return
                 continue
-            if batch.wake_at_s is None or batch.wake_at_s <= now:
+            wake_at_s = self._wake_at_s(batch.wake_at_s)
+            if wake_at_s is None or wake_at_s <= now:
+                if self._release_loaded():
+                    continue
                 raise scheduled_nothing(self.policy.name, now, len(self.waiting), len(self.running),
                                         self.pool.num_free_blocks, self.num_blocks)
-            self.state, self.due_s, self.due_seq = TIMED, now + (batch.wake_at_s - now), self.seq
+            self.state, self.due_s, self.due_seq = TIMED, now + (wake_at_s - now), self.seq
+            self.seq += 1
+            return
+        if self.loading:   # idle but for host loads: a timed wait for the first to end (or an arrival)
+            self.state, self.due_s, self.due_seq = TIMED, now + (self.host_loads.next_done_s - now), self.seq
             self.seq += 1
             return
         self.state = IDLE
@@ -695,8 +709,8 @@ class FastEngine(DecisionApplier):
         if not 0 <= self.swap_space.num_used_blocks <= self.swap_space.num_blocks:
             raise SimulationError(f"host swap accounting broken: {self.swap_space.num_used_blocks} blocks used")
         if self.explicit_step or self.shortcut is None:
-            held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving)
-                       for r in group)
+            held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving,
+                                                  self.loading) for r in group) + self._num_waiting_blocks()
             expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks
             if held != expected:
                 raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
