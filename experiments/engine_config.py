@@ -48,6 +48,9 @@ class EngineSettings:
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
+    # vLLM V1's async scheduling (simcore/async_scheduling.py): an arrival during a step waits one step
+    # more. None: the cost model's own setting (the roofline prior and [aic]: on, as vLLM >= 0.14 on CUDA)
+    async_scheduling: bool | None = None
 
     def __post_init__(self):
         if self.block_size < 1:

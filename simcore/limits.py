@@ -27,6 +27,9 @@ class EngineLimits:
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
     gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (SimPy only)
+    # vLLM V1's async scheduling (simcore/async_scheduling.py): a request arriving during a step is
+    # scheduled one decision later than by a synchronous engine.
+    async_scheduling: bool = False
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool) -> str | None:
