@@ -49,7 +49,7 @@ class EngineSettings:
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
     # vLLM V1's async scheduling (simcore/async_scheduling.py): an arrival during a step waits one step
-    # more. None: the cost model's own setting (the roofline prior and [aic]: on, as vLLM >= 0.14 on CUDA)
+    # more. None: the cost model's own (the prior, [aic] and kernel profiles: on, as vLLM >= 0.14 on CUDA)
     async_scheduling: bool | None = None
 
     def __post_init__(self):

@@ -48,6 +48,10 @@ class ArrivalsInStep:
 
 
 def async_scheduling_of(cost_model) -> bool:
-    """Whether a cost model prices the engine as async-scheduled (the roofline prior and the [aic] model:
-    `eff.async_scheduling`, vLLM V1 on CUDA); a model without that setting (a fitted profile, a stub): no."""
+    """Whether a cost model represents an async-scheduled engine: its own `async_scheduling` (a kernel
+    profile on a GPU: yes, costmodels/profile.py), else its `eff.async_scheduling` (the roofline prior and
+    the [aic] model: vLLM V1 on CUDA); a model with neither (a step model fitted to runs, a stub): no."""
+    flag = getattr(cost_model, "async_scheduling", None)
+    if isinstance(flag, bool):
+        return flag
     return bool(getattr(getattr(cost_model, "eff", None), "async_scheduling", False))

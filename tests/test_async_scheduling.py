@@ -83,6 +83,8 @@ def limits_of(point):
 def test_the_default_follows_the_cost_model_and_a_sweep_file_overrides_it():
     assert limits_of(POINT).async_scheduling   # the prior and [aic] represent vLLM V1 on CUDA
     assert not limits_of({**POINT, "engine": {"async_scheduling": False}}).async_scheduling
+    shipped = {**POINT, "model": "llama-3-8b"}   # a shipped kernel profile: the engine it serves is vLLM V1
+    assert limits_of(shipped).async_scheduling
     stub = {**POINT, "profile": "constant:per_step_s=0.01"}
     assert not limits_of(stub).async_scheduling   # no such setting: synchronous
     assert limits_of({**stub, "engine": {"async_scheduling": True}}).async_scheduling
