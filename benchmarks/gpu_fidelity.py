@@ -134,7 +134,9 @@ def stage_point(row: pd.Series, work: Path, max_stage_s: float) -> dict:
     return {"model": model_ref(row["model"], work), "hardware": "h100-sxm",
             "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": "fp16",
             "engine": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9},
+                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
+                       # the runs' 8 GiB of KV CPU offloading (vLLM's OffloadingConnector; README beside them)
+                       "kv_offload": {"cpu_gb": 8}},
             "workload": {"num_requests": n, "arrival": {"process": "constant", "rate_per_s": rate},
                          # each prompt is one of the pool's: all but its last token is the repeated part
                          "prompt_tokens": {"dist": "fixed", "value": 1},
