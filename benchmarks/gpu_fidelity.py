@@ -4,9 +4,11 @@
                                       [--max-stage-s 600]
 
 1. `vllm-0.15.1-h100-stages.csv` (vLLM 0.15.1, H100 SXM, one row per constant-rate load stage): each
-   stage is rebuilt from its README (constant-rate arrivals for the stage's duration, one of 10 shared
-   system prompts plus a unique question, `ignore_eos` output lengths, chunked prefill with a 2,048-token
-   budget, 128 sequences, prefix caching, fp16, max_model_len 4,096) and simulated on its own;
+   stage is rebuilt from its README and the client's configuration (constant-rate arrivals for the
+   stage's duration; the client's pool of 100 prompts, 10 system prompts times 10 questions, sent in
+   turn over and over, so vLLM's prefix cache serves all but the first of each; `ignore_eos` output
+   lengths, chunked prefill with a 2,048-token budget, 128 sequences, prefix caching, fp16,
+   max_model_len 4,096) and simulated on its own;
 2. `llmservingsim/<GPU>_<model>/` (vLLM 0.19.0 on an RTX 4090 and an RTX PRO 6000): the real requests
    replayed as sent (fidelity.llmservingsim reads them), on the GPU the run names, with the engine
    arguments its vllm_meta.json records; beside them the peer simulator's errors
@@ -84,7 +86,15 @@ CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-7
 # The load profiles (the stages file's README): system prompt tokens, requested output tokens, stage seconds
 PROFILES = {"general": (100, 248, 600), "codegen": (100, 247, 600), "roleplay": (150, 251, 1200),
             "reasoning": (100, 1448, 1200)}
+# The client's prompt pool. Each run's inference-perf config (results/config.yaml beside the stage files in
+# the source repository) has `shared_prefix: {num_groups: 10, num_prompts_per_group: 10}`, and
+# inference-perf's SharedPrefixDataGenerator makes that many prompts once (10 system prompts, 10 questions
+# each) and then sends them in turn, over and over (`data_index % len(prompts)`): 100 distinct prompts, so
+# from the 101st request on every prompt was sent before and vLLM's prefix cache holds its full blocks
+# (docs/sources.md, "inference-perf's shared-prefix prompts"). Replayed as 100 prompts each sent again and
+# again; the engine then caches what fits, as vLLM's does.
 NUM_SYSTEM_PROMPTS = 10
+PROMPTS_PER_SYSTEM_PROMPT = 10
 # A stage is saturated when requests wait in queue without bound: its p99 TTFT passes this many seconds
 # (the sustained real stages stay under 1 s, the overloaded ones pass 200 s) or the client timed out more
 # than 1% of its requests.
@@ -124,11 +134,15 @@ def stage_point(row: pd.Series, work: Path, max_stage_s: float) -> dict:
     return {"model": model_ref(row["model"], work), "hardware": "h100-sxm",
             "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": "fp16",
             "engine": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9},
+                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
+                       # the runs' 8 GiB of KV CPU offloading (vLLM's OffloadingConnector; README beside them)
+                       "kv_offload": {"cpu_gb": 8}},
             "workload": {"num_requests": n, "arrival": {"process": "constant", "rate_per_s": rate},
-                         "prompt_tokens": {"dist": "fixed", "value": max(1, round(row["prompt_tokens_mean"]) - system)},
+                         # each prompt is one of the pool's: all but its last token is the repeated part
+                         "prompt_tokens": {"dist": "fixed", "value": 1},
                          "output_tokens": {"dist": "fixed", "value": int(output)},
-                         "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS, "prefix_tokens": system}}}
+                         "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS * PROMPTS_PER_SYSTEM_PROMPT,
+                                           "prefix_tokens": max(1, round(row["prompt_tokens_mean"]) - 1)}}}
 
 
 def sim_metrics(requests: pd.DataFrame, duration_s: float | None = None) -> dict:

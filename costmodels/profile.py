@@ -190,6 +190,10 @@ class ProfileCostModel:
         """`gpu`: the simulated hardware (its interconnect prices TP all-reduces); None only for tp=1."""
         self.model, self.gpu, self.tp, self.dtype, self.source = model, gpu, tp, dtype, source
         self.profile = profile
+        # The engine a profile's kernels serve here is vLLM V1 on a GPU, whose async scheduling (on by
+        # default on CUDA since 0.14) makes a request that arrives mid-step wait one step more
+        # (simcore/async_scheduling.py); a profile file may say otherwise (`"async_scheduling": false`).
+        self.async_scheduling = bool(profile.get("async_scheduling", gpu is not None))
         fam = profile["families"]
         self.gemm = {op: LogGrid.from_dict(fam[f"gemm_{op}"]) for op in (*GEMM_OPS, "lm_head")}
         self.prefill_attn = LogGrid.from_dict(fam["prefill_attn"])

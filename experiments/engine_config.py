@@ -55,6 +55,9 @@ class EngineSettings:
                                               # None: the cost model's own
     speculative: SpeculativeSettings | None = None   # speculative decoding (experiments/speculative_config.py)
     kv_offload: OffloadSettings | None = None  # host tier for prefix blocks (experiments/offload_config.py)
+    # vLLM V1's async scheduling (simcore/async_scheduling.py): an arrival during a step waits one step
+    # more. None: the cost model's own (the prior, [aic] and kernel profiles: on, as vLLM >= 0.14 on CUDA)
+    async_scheduling: bool | None = None
 
     def __post_init__(self):
         if self.block_size < 1:

@@ -24,6 +24,7 @@ from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, read_table, write_run_tables
+from simcore.async_scheduling import async_scheduling_of
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -165,7 +166,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     gen = (generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size) if specs is None
            else GeneratedRequests(tuple(specs), 0, 0))
     cfg = with_request_latency(cfg, frontend, gen.specs)
-    limits = engine_limits(cfg, plan)
+    limits = engine_limits(cfg, plan, cost_model)
     if cfg.engine.speculative is not None:   # simcore/speculative.py: the draws, the drafter, the counters
         limits = dataclasses.replace(limits, speculative=speculation_for(cfg, cost_model, seed))
     num_stages = pipeline_stages(cfg, cost_model)
@@ -269,17 +270,25 @@ def described(cost_model, frontend: FrontendLatency) -> dict:
     return {**cost_model.describe(), "frontend": frontend.describe()}
 
 
-def engine_limits(cfg: PointConfig, plan) -> EngineLimits:
+def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:
     """The engine's limits for a resolved point and its memory plan: the one place a sweep file's `engine:`
-    settings become what both engines read."""
+    settings become what both engines read. Async scheduling: the sweep file's `engine.async_scheduling`,
+    else the cost model's own (simcore/async_scheduling.py); never with pipeline parallelism (vLLM's V1
+    model runner turns it off there)."""
     block_bytes = plan.block_size * plan.kv_bytes_per_token
+    async_scheduling = cfg.engine.async_scheduling
+    if async_scheduling is None:
+        async_scheduling = async_scheduling_of(cost_model)
+    if cfg.deployment is not None and cfg.deployment.pipeline_parallel_size > 1:
+        async_scheduling = False
     return EngineLimits(
         num_gpu_blocks=plan.num_gpu_blocks, block_size=plan.block_size, max_model_len=cfg.model.max_model_len,
         preemption_mode=cfg.engine.preemption_mode, kv_bytes_per_token=plan.kv_bytes_per_token,
         host_link_bytes_per_s=cfg.gpu.host_link_bytes_per_s,
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
-        gateway=cfg.gateway, kv_groups=plan.kv_groups, kv_offload=offload_limits(cfg, plan))
+        gateway=cfg.gateway, kv_groups=plan.kv_groups, kv_offload=offload_limits(cfg, plan),
+        async_scheduling=async_scheduling)
 
 
 def offload_limits(cfg: PointConfig, plan):

@@ -10,6 +10,7 @@ from typing import Callable
 
 import simpy
 
+from simcore.async_scheduling import ArrivalsInStep
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.gateway import Deadlines, refusal, watch
@@ -63,6 +64,8 @@ class Engine(DecisionApplier):
         self._wake: simpy.Event | None = None
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
         self.in_step = False
+        # async scheduling: arrivals during a step join the queue after the next decision (simcore/async_scheduling.py)
+        self.late = ArrivalsInStep() if limits.async_scheduling else None
         self.deadlines = None   # admission control (simcore/gateway.py): queue and client deadlines
         self.abandoning: list[Request] = []   # abandoned while their step runs; they leave when it ends
         if limits.gateway is not None and limits.gateway.has_deadlines:
@@ -92,7 +95,10 @@ class Engine(DecisionApplier):
             if self.on_done:
                 self.on_done(req)
             return
-        self.waiting.append(req)
+        if self.late is not None and self.in_step:
+            self.late.hold(req)
+        else:
+            self.waiting.append(req)
         if self.deadlines is not None:
             self.deadlines.add(req, self.env.now)
             if self.deadline_wake is not None and not self.deadline_wake.triggered:
@@ -110,7 +116,7 @@ class Engine(DecisionApplier):
             self.running.remove(req)
             self.pool.free(req)
             self._release_finished(())   # the last running one gone: a drained batch's slots are freed
-        else:
+        elif self.late is None or not self.late.remove(req):
             self.waiting.remove(req)
             if req.status is Status.SWAPPED:
                 self.swap_space.num_used_blocks -= req.num_blocks
@@ -159,6 +165,8 @@ class Engine(DecisionApplier):
             if self.host_loads is not None:
                 self.host_loads.before_decision(self, env.now)
             if not (self.waiting or self.running):
+                if self.late is not None and self.late.release_into(self.waiting):
+                    continue   # nothing else to run: scheduled at once
                 self._wake = env.event()
                 if self.loading:   # idle but for host loads: until the first ends (or an arrival)
                     yield self._wake | env.timeout(self.host_loads.next_done_s - env.now)
@@ -166,6 +174,8 @@ class Engine(DecisionApplier):
                     yield self._wake
                 continue
             batch = self.policy.schedule(self.view())
+            if self.late is not None:
+                self.late.release_into(self.waiting)
             self.policy_state = batch.policy_state
             if not batch.scheduled:
                 if (self.sending or self.receiving) and batch.wake_at_s is None:

@@ -35,6 +35,9 @@ class EngineLimits:
     kv_groups: object = None
     kv_offload: object = None            # simcore.kvoffload.OffloadLimits: host tier for prefix blocks (vLLM's
                                          # CPU offloading connector; needs prefix caching)
+    # vLLM V1's async scheduling (simcore/async_scheduling.py): a request arriving during a step is
+    # scheduled one decision later than by a synchronous engine.
+    async_scheduling: bool = False
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool, kv_groups=None) -> str | None:

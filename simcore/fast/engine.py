@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from simcore.async_scheduling import ArrivalsInStep
 from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
@@ -119,6 +120,11 @@ class FastEngine(DecisionApplier):
         # is quiet and nothing has reached this engine since.
         self.one_step = cluster is not None
         self.quiet_step = False
+        # async scheduling (simcore/async_scheduling.py): arrivals while a step is in flight join the queue
+        # after the next decision; `released`: some just did, so the step put in flight now goes alone
+        # (the decision after it must see them)
+        self.late = ArrivalsInStep() if limits.async_scheduling else None
+        self.released = False
         # Called with (request, now) when a request finishes or is rejected: closed-loop users, or a
         # disaggregated deployment's decode-side hook (simcore/fast/disagg.py).
         self.on_done = self.traffic.on_done if closed else None
@@ -171,7 +177,10 @@ class FastEngine(DecisionApplier):
                 self.on_done(req, now)
             return
         self.requests[spec.request_id] = req
-        self.waiting.append(req)
+        if self.late is not None and self.state is COMPLETE:   # simcore.engine: arrived while a step ran
+            self.late.hold(req)
+        else:
+            self.waiting.append(req)
         if gateway is not None and gateway.deadlines is not None:
             gateway.added(req, now)   # (its wake, if any, is numbered before the engine's)
         self._wake_up(now)
@@ -191,7 +200,7 @@ class FastEngine(DecisionApplier):
             self.prefilling.discard(req)
             self.pool.free(req)
             self._release_finished(())   # the last running one gone: a drained batch's slots are freed
-        else:
+        elif self.late is None or not self.late.remove(req):
             self.waiting.remove(req)
             if req.status is Status.SWAPPED:
                 self.swap_space.num_used_blocks -= req.num_blocks
@@ -303,12 +312,17 @@ class FastEngine(DecisionApplier):
                 return
         if self.joining:
             self._join_decoders()
+        late = self.late
         while True:
             if self.host_loads is not None:
                 self.host_loads.before_decision(self, now)
             if not (self.waiting or self.running):
+                if late is not None and late.release_into(self.waiting):
+                    continue   # nothing else to run: scheduled at once (simcore.engine)
                 break
             batch = self.decide(now)
+            if late is not None:
+                self.released = late.release_into(self.waiting)
             if batch is QUIET and self.running:   # the most common answer (one shared value): a quiet stretch
                 self._stretch(now, None)
                 return
@@ -470,14 +484,17 @@ class FastEngine(DecisionApplier):
         else:
             rows, ctx = num_dec, 0
             ctx0 = decoders.base_context_sum + num_dec * (step + 1)
-        if self.one_step:
+        if self.one_step or self.released:
             # In a cluster every step ends as an event of its own: another replica's event may route a
             # request here or start a think timer between any two steps, and SimPy numbers each step's event
-            # when the one before it ends. The stretch goes on step by step (`quiet_step`).
+            # when the one before it ends. The stretch goes on step by step (`quiet_step`). Requests just
+            # released into the queue (async scheduling): this step alone, then the policy decides again.
             if not self._one_quiet_step(now, padded, rows, ctx, ctx0):
                 raise SimulationError(f"{self.policy.name}: schedule_decodes answered a quiet step at t={now:.6f}s, "
                                       f"but the decodes need {decoders.growth()} blocks and "
                                       f"{self.num_blocks - self.pool.num_used_blocks} are free")
+            if self.released:
+                self.quiet_step = self.released = False
             return
         e0 = self.seq
         self.seq += 1
