@@ -22,6 +22,7 @@ from experiments.engine_config import (EngineSettings, check_engine_rules, parse
                                        resolve_policy)
 from experiments.autoscaling_config import parse_autoscaling
 from experiments.gateway_config import parse_gateway
+from experiments.speculative_config import check_speculative
 from experiments.offload_config import check_offload
 from simcore.gateway import GatewayLimits
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
@@ -158,6 +159,7 @@ def resolve_point(raw: dict) -> PointConfig:
     autoscaling = parse_autoscaling(raw.get("autoscaling"), raw.get("cluster"))
     if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
         raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")
+    check_speculative(settings.speculative, policy, settings, disagg is not None, deployment.pipeline_parallel_size)
     return PointConfig(model, gpu, deployment.tensor_parallel_size, deployment.dtype, profile, policy, settings,
                        workload, parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")), deployment,
                        gateway, autoscaling)

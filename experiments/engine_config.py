@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
+from experiments.speculative_config import SpeculativeSettings, parse_speculative
 from experiments.offload_config import OffloadSettings, parse_offload
 from policies import POLICIES
 from simcore.limits import PREEMPTION_MODES, EngineLimits, engine_settings_error
@@ -52,6 +53,7 @@ class EngineSettings:
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
+    speculative: SpeculativeSettings | None = None   # speculative decoding (experiments/speculative_config.py)
     kv_offload: OffloadSettings | None = None  # host tier for prefix blocks (experiments/offload_config.py)
     # vLLM V1's async scheduling (simcore/async_scheduling.py): an arrival during a step waits one step
     # more. None: the cost model's own (the prior, [aic] and kernel profiles: on, as vLLM >= 0.14 on CUDA)
@@ -83,10 +85,11 @@ def parse_engine_settings(engine: dict) -> EngineSettings:
     """The engine-level keys of an `engine:` mapping, typed and checked."""
     values = {k: check_type(f"engine.{k}", engine[k], f.default, allow_none=f.default is None)
               for k, f in ((f.name, f) for f in dataclasses.fields(EngineSettings))
-              if k in engine and k not in ("frontend", "kv_offload")}
+              if k in engine and k not in ("frontend", "speculative", "kv_offload")}
     try:
         if engine.get("frontend") is not None:
             values["frontend"] = parse_frontend(engine["frontend"], "engine.frontend")
+        values["speculative"] = parse_speculative(engine.get("speculative"))
         if engine.get("kv_offload") is not None:
             values["kv_offload"] = parse_offload(engine["kv_offload"])
         return EngineSettings(**values)

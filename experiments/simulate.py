@@ -19,6 +19,8 @@ from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
+from experiments.speculative_config import speculation_for
+from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, read_table, write_run_tables
@@ -165,6 +167,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
            else GeneratedRequests(tuple(specs), 0, 0))
     cfg = with_request_latency(cfg, frontend, gen.specs)
     limits = engine_limits(cfg, plan, cost_model)
+    if cfg.engine.speculative is not None:   # simcore/speculative.py: the draws, the drafter, the counters
+        limits = dataclasses.replace(limits, speculative=speculation_for(cfg, cost_model, seed))
     num_stages = pipeline_stages(cfg, cost_model)
     if use_fast_path(cfg, gen.specs):   # same results, without SimPy (experiments/fast.py; never with stages)
         handed = [gen.specs]   # handed over: freed when the engine is done (specs=None: nobody else holds them)
@@ -213,6 +217,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
         add_pipeline_results(engines, iterations, summary, replicas, usable)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
+    if limits.speculative is not None:   # the replicas' shared counters (simcore/speculative.py)
+        summary.update(speculative_keys(limits.speculative.counters))
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     add_binding(cfg, plan, requests, iterations, summary)
@@ -390,6 +396,8 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
     run_keys(cfg, plan, cost_model, gen, requests, summary)
+    if limits.speculative is not None:
+        summary.update(speculative_keys(limits.speculative.counters))
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)

@@ -8,6 +8,13 @@ tokens, admissions, preemptions (victims in order), sampled tokens, finishes and
 `compare` names the first step where they differ. The clock is steps, not time: a request is injected
 before the step whose index is its `arrival_s`, or at once when nothing is unfinished, so any simulated
 clock maps onto it. `step_latencies` prices a step sequence with a cost model (TTFT/TPOT of a divergence).
+
+Speculative decoding (`Case.num_speculative_tokens`): vLLM's scheduler gets a real `SpeculativeConfig`
+(ngram; eagle3 or draft_model with the same tiny config.json as the draft, never loaded: the scheduler
+reads only k and the method's lookahead and drafting slots). After every step each scheduled request gets
+k draft ids (`update_draft_token_ids`, as EngineCore.post_step hands over the drafter's output; vLLM drops
+those of prefill chunks and finished requests), and a verification's synthetic output carries accepted + 1
+tokens, accepted drawn from simcore.speculative's draws for that request, the same ones our engine uses.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from simcore.hybridkv import KVCacheGroups
 from simcore.kvcache import DEFAULT_BLOCK_SIZE, num_usable_blocks
 from simcore.wiring import run_replica
 from simcore.request import RequestSpec, Status
+from simcore.speculative import AcceptanceDraws, Speculation
 
 _GROUP_TOKEN, _UNIQUE_TOKEN = 10**9, 10**6  # token ids: shared prefixes, then per-request positions
 
@@ -49,6 +57,10 @@ class Case:
     max_model_len: int = 4096
     prefix_tokens: tuple[int, ...] = ()  # per request: leading prompt tokens shared with its group
     prefix_group: tuple[int, ...] = ()
+    num_speculative_tokens: int = 0      # speculative decoding: k drafts (0: off)
+    spec_method: str = "ngram"
+    spec_acceptance: tuple[float, ...] = ()   # per-position rates (simcore/speculative.py)
+    spec_seed: int = 0
     # vLLM's hybrid KV cache manager: this many sliding-window groups of `sliding_window` tokens beside
     # `num_full_groups` full-attention ones, one shared pool (simcore/hybridkv.py); 0: one full group
     num_sliding_groups: int = 0
@@ -63,6 +75,12 @@ class Case:
 
     def knobs(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("requests", "prefix_tokens", "prefix_group")}
+
+    def speculation(self):
+        """Our engine's `Speculation` for the case (no drafter cost: the clock counts steps), or None."""
+        if not self.num_speculative_tokens:
+            return None
+        return Speculation(self.spec_method, self.num_speculative_tokens, self.spec_acceptance, self.spec_seed)
 
 
 @dataclass(frozen=True)
@@ -121,9 +139,13 @@ def our_policy(case: Case):
 
 def run_ours(case: Case, policy=None) -> list[Step]:
     limits = EngineLimits(case.num_gpu_blocks, case.block_size, case.max_model_len,
-                          enable_prefix_caching=case.enable_prefix_caching, kv_groups=case.kv_groups())
+                          enable_prefix_caching=case.enable_prefix_caching, kv_groups=case.kv_groups(),
+                          speculative=case.speculation())
     feed, steps = _Feed(case.requests), []
-    state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0}
+    state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0, "computed": {}}
+    # with speculation a step rolls rejected drafts back, so what a request had computed before the step
+    # is remembered from the step before (0 for a new or preempted one) rather than derived
+    spec = limits.speculative is not None
 
     def submit(idle: bool, engine: Engine) -> None:
         specs = feed.due(len(steps), idle)
@@ -140,13 +162,16 @@ def run_ours(case: Case, policy=None) -> list[Step]:
             gen[rid] = reqs[rid].num_generated_tokens
         done = engine.log.requests[state["num_done"]:]
         state["num_done"] = len(engine.log.requests)
+        before = state["computed"]
         steps.append(Step(
             state["arrived"],
-            tuple((s.request_id, s.num_new_tokens, reqs[s.request_id].num_computed_tokens - s.num_new_tokens)
-                  for s in batch.scheduled),
+            tuple((s.request_id, s.num_new_tokens, before.get(s.request_id, 0) if spec else
+                   reqs[s.request_id].num_computed_tokens - s.num_new_tokens) for s in batch.scheduled),
             tuple(s.request_id for s in batch.scheduled if s.request_id not in state["running"]),
             tuple(batch.preempt), sampled, tuple(sorted(r[0] for r in done)), engine.pool.num_used_blocks))
         state["running"] = {r.request_id for r in engine.running}
+        if spec:
+            state["computed"] = {rid: r.num_computed_tokens for rid, r in reqs.items()}
         submit(not (engine.waiting or engine.running), engine)
 
     # The clock counts steps (1 s each); arrivals are fed by step index, from on_step, not by time.
@@ -177,7 +202,8 @@ def _vllm():
             from vllm.v1.core.sched.scheduler import Scheduler
             from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                                     SlidingWindowSpec)
-            from vllm.v1.outputs import ModelRunnerOutput
+            from vllm.config import ParallelConfig, SpeculativeConfig
+            from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
             from vllm.v1.request import Request
             from vllm.v1.structured_output import StructuredOutputManager
         except ImportError as e:
@@ -219,7 +245,14 @@ def vllm_scheduler(case: Case):
         async_scheduling=case.async_scheduling)
     cache = v["CacheConfig"](block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
     cache.num_gpu_blocks = case.num_gpu_blocks
-    config = v["VllmConfig"](model_config=model, cache_config=cache, scheduler_config=sched)
+    speculative = None
+    if case.num_speculative_tokens:   # a real config; a GPU drafter's "model" is the same tiny config, never loaded
+        draft = {} if case.spec_method == "ngram" else {"model": _model_dir()}
+        speculative = v["SpeculativeConfig"](target_model_config=model, target_parallel_config=v["ParallelConfig"](),
+                                             method=case.spec_method,
+                                             num_speculative_tokens=case.num_speculative_tokens, **draft)
+    config = v["VllmConfig"](model_config=model, cache_config=cache, scheduler_config=sched,
+                             speculative_config=speculative)
     spec = v["FullAttentionSpec"](block_size=case.block_size, num_kv_heads=2, head_size=32,
                                   dtype=v["torch"].float32)
     groups = [v["KVCacheGroupSpec"]([f"layers.{i}"], spec) for i in range(case.num_full_groups)]
@@ -259,6 +292,7 @@ def run_vllm(case: Case) -> list[Step]:
     index = {spec.request_id: i for i, spec in enumerate(case.requests)}
     usable = num_usable_blocks(case.num_gpu_blocks)
     feed, steps, in_flight = _Feed(case.requests), [], deque()
+    draws = AcceptanceDraws(case.speculation()) if case.num_speculative_tokens else None
     while True:
         specs = feed.due(len(steps), s.get_num_unfinished_requests() == 0)
         for spec in specs:
@@ -284,22 +318,39 @@ def run_vllm(case: Case) -> list[Step]:
             if case.async_scheduling and len(in_flight) < 2 and (out.total_num_scheduled_tokens or busy):
                 continue
         k, out = in_flight.pop()
-        finished = _update(v, s, out, steps[k].sampled)
+        finished = _update(v, s, out, steps[k].sampled, case, draws)
         steps[k] = replace(steps[k], finished=finished, num_used_blocks=usable - s.kv_cache_manager.block_pool.get_num_free_blocks())
     return steps
 
 
-def _update(v, s, out, sampled: tuple[int, ...]) -> tuple[int, ...]:
-    """Feed the step's synthetic model output; returns the requests it finished."""
+def _update(v, s, out, sampled: tuple[int, ...], case: Case, draws=None) -> tuple[int, ...]:
+    """Feed the step's synthetic model output (with speculation: accepted drafts plus one token for a
+    verification, then every scheduled request's next drafts); returns the requests it finished."""
     ids = list(out.num_scheduled_tokens)
     do_sample = {f"{rid:08d}" for rid in sampled}
-    tokens = [[(int(rid) + 1) * _UNIQUE_TOKEN + s.requests[rid].num_tokens] if rid in do_sample else []
-              for rid in ids]
+    by_id = {spec.request_id: spec for spec in case.requests}
+    tokens = []
+    for rid in ids:
+        n = 1 if rid in do_sample else 0
+        drafts = out.scheduled_spec_decode_tokens.get(rid) if draws is not None else None
+        if n and drafts and drafts[0] >= 0:   # its j-th verification takes its j-th draw (-1: padding, rejected)
+            n += min(draws.next(_Drawn(by_id[int(rid)])), len(drafts))
+        base = (int(rid) + 1) * _UNIQUE_TOKEN + s.requests[rid].num_tokens
+        tokens.append([base + j for j in range(n)])
     result = v["ModelRunnerOutput"](req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                     sampled_token_ids=tokens)
     outputs = s.update_from_output(out, result)
+    if draws is not None and ids:
+        k = case.num_speculative_tokens
+        s.update_draft_token_ids(v["DraftTokenIds"](ids, [[7] * k for _ in ids]))
     return tuple(sorted(int(o.request_id) for eco in outputs.values() for o in eco.outputs
                         if o.finish_reason is not None))
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """What AcceptanceDraws reads of a request: its spec."""
+    spec: RequestSpec
 
 
 # ---- comparison ----

@@ -13,7 +13,10 @@ Prefix caching (engine.enable_prefix_caching): a new or preempted request's pref
 prefix, as vLLM's Phase B does after `get_computed_blocks`, including blocks that requests scheduled
 earlier in the same step register or evict (`EngineView.take`).
 
-Simplifications: no speculative decoding, multimodal encoder budget, LoRA slots, KV connectors or
+Speculative decoding (engine.speculative, docs/speculative.md): a decoding request asks for 1 + its drafts,
+KV for them plus the drafter's lookahead, as vLLM V1 (`spec_row`); checked against vLLM's Scheduler too.
+
+Simplifications: no multimodal encoder budget, LoRA slots, KV connectors or
 `watermark` (vLLM's default 0). Async scheduling (vLLM's `async_scheduling`, the batch queue of
 vllm/v1/engine/core.py) is not followed: vLLM then schedules step k+1 before it has processed step k's
 output, so a finished request's slot and KV are reused one step later; ours frees them at once. Measured
@@ -43,6 +46,15 @@ def _priority_key(req: Request) -> tuple:
 def _cap(n: int, budget: int, threshold: int) -> int:
     """Tokens a request with `n` left to compute gets: at most `threshold` (when > 0), at most the budget."""
     return min(threshold if 0 < threshold < n else n, budget)
+
+
+def spec_row(req: Request, n: int, lookahead: int, max_model_len: int) -> tuple[int, int]:
+    """A running request's tokens and KV under speculative decoding, as vLLM V1 schedules them: its
+    uncomputed tokens plus its drafts (`n`, already capped by the budget), at most up to max_model_len - 1
+    (room for the sampled token), and KV held for them plus `lookahead` slots (at most max_model_len).
+    Returns (tokens, KV tokens to hold)."""
+    n = min(n, max_model_len - req.num_computed_tokens - 1)
+    return n, min(req.num_computed_tokens + n + lookahead, max_model_len)
 
 
 def _in_priority_order(waiting):
@@ -109,7 +121,10 @@ class ChunkedPrefill:
                                                threshold)
         # Phase B: waiting requests FCFS (or by priority), only in a step that preempted nothing.
         if not preempted:
-            for s in self._schedule_waiting(view, budget, free, len(running), threshold):
+            pad = 0   # speculative decoding: vLLM pads a 1-token admission to 1 + k rows (spec_pad, below)
+            if view.num_speculative_tokens and not any(r.is_prefilling for r in running if r.request_id in scheduled):
+                pad = view.num_speculative_tokens
+            for s in self._schedule_waiting(view, budget, free, len(running), threshold, pad, len(scheduled)):
                 scheduled[s.request_id] = s
         return Batch(tuple(scheduled.values()), tuple(preempted),
                      preempt_at=tuple(preempt_at) if view.prefix_cache is not None else ())
@@ -140,10 +155,19 @@ class ChunkedPrefill:
         blocks_taken: dict[int, int] = {}
         by_priority = self.scheduling_policy == "priority"
         i = 0
+        slots = view.num_draft_slots
         while i < len(running) and budget > 0:
             req = running[i]
-            n = _cap(req.num_uncomputed_tokens, budget, threshold)
-            need = view.blocks_to_hold(req, req.num_computed_tokens + n)
+            room = budget - (len(scheduled) + 1) * slots if slots else budget   # vLLM's input_budget - draft_slots
+            if room <= 0:
+                break
+            n = _cap(req.num_uncomputed_tokens + req.num_spec_tokens, room, threshold)
+            lookahead = view.num_lookahead_tokens
+            if lookahead or req.num_spec_tokens:   # speculative decoding (simcore/speculative.py)
+                n, held = spec_row(req, n, lookahead, view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+            else:
+                need = view.blocks_to_hold(req, req.num_computed_tokens + n)
             while need > free:  # preempt until it fits
                 if by_priority:  # the lowest priority, latest arrival (first such in list order on ties)
                     victim = max(running, key=lambda r: (r.spec.priority, r.spec.arrival_s))
@@ -163,7 +187,8 @@ class ChunkedPrefill:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
-            scheduled[req.request_id] = Scheduled(req.request_id, n)
+            scheduled[req.request_id] = (Scheduled(req.request_id, n, held) if lookahead or req.num_spec_tokens
+                                         else Scheduled(req.request_id, n))
             blocks_taken[req.request_id] = need
             view.take(req, req.num_computed_tokens + n)
             free -= need
@@ -171,23 +196,39 @@ class ChunkedPrefill:
             i += 1
         return budget, free
 
-    def _schedule_waiting(self, view, budget, free, num_seqs, threshold) -> list[Scheduled]:
+    def _schedule_waiting(self, view, budget, free, num_seqs, threshold, pad=0, num_ran=0) -> list[Scheduled]:
         """Phase B: admit waiting requests FCFS (or by priority) with head-of-line blocking."""
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
         caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
-            if budget <= 0 or num_seqs >= self.max_num_seqs:
+            room = budget - (num_ran + len(out) + 1) * view.num_draft_slots if view.num_draft_slots else budget
+            if room <= 0 or num_seqs >= self.max_num_seqs:
                 break
             hit = view.num_cached_prefix_tokens(req) if caching else 0
             num_tokens = req.num_tokens
             left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
-            n = min(threshold if 0 < threshold < left else left, budget)   # _cap, inlined (the fast path's hot loop)
+            if pad and left == 1 and (num_ran or req.num_computed_tokens) and \
+                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+                # vLLM pads a one-token admission to a uniform 1 + k verification (placeholder drafts,
+                # always rejected) when no prefill chunk runs, to keep the step's CUDA graph; too big: stop
+                if 1 + pad > room:
+                    break
+                left = 1 + pad
+            n = min(threshold if 0 < threshold < left else left, room)   # _cap, inlined (the fast path's hot loop)
             need = view.blocks_to_hold(req, num_tokens)
             if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted
-            out.append(Scheduled(req.request_id, n))
-            if n < left:   # a chunk: it holds KV only for what it computes this step
+            lookahead = view.num_lookahead_tokens
+            if lookahead:   # speculative decoding: the chunk's KV plus the drafts' slots must fit too
+                held = min(req.num_computed_tokens + hit + n + lookahead, view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+                if need > free:
+                    break
+                out.append(Scheduled(req.request_id, n, held))
+            else:
+                out.append(Scheduled(req.request_id, n))
+            if n < left and not lookahead:   # a chunk: it holds KV only for what it computes this step
                 need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
             free -= need
             if caching:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.chunked_prefill import spec_row
 from policies.defaults import GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.request import RequestSpec, Status
@@ -83,7 +84,8 @@ class Continuous:
             if preempted:
                 return Batch(tuple(decodes), tuple(preempted), preempt_at=tuple(order or ()))
             swapped_in, free = self._swap_in_pass(view, len(running), free)
-            prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget)
+            prefills, free = self._prefill_pass(view, len(running) + len(swapped_in), free, budget,
+                                                bool(decodes))
             return Batch(tuple(decodes + swapped_in + prefills))
         prefills, free = self._prefill_pass(view, len(running), free, budget)
         if prefills:
@@ -113,7 +115,7 @@ class Continuous:
         prefills = self._prefill_pass(view, num_running, free, budget - num_running)[0]
         return DecodeShortcut(tuple(prefills)) if prefills else QUIET
 
-    def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int):
+    def _prefill_pass(self, view: EngineView, num_seqs: int, free: int, budget: int, ran: bool = False):
         out: list[Scheduled] = []
         waiting = view.waiting
         if not waiting or waiting[0].status is Status.SWAPPED:
@@ -124,9 +126,17 @@ class Continuous:
         for req in waiting:
             num_tokens = req.num_tokens
             n = num_tokens - req.num_computed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
+            pad = view.num_speculative_tokens if self.mix_prefill_decode else 0
+            if pad and n == 1 and (ran or req.num_computed_tokens) and \
+                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+                n = 1 + pad   # vLLM V1 pads a one-token admission to a 1 + k verification (chunked_prefill's)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
+            if view.num_lookahead_tokens:   # speculative decoding: the drafts' KV slots too (vLLM V1)
+                reserve = max(reserve, min(num_tokens - 1 + n + view.num_lookahead_tokens
+                                           if n > num_tokens - req.num_computed_tokens else
+                                           num_tokens + view.num_lookahead_tokens, view.max_model_len))
             need = view.blocks_to_hold(req, max(num_tokens, reserve))
             if free - need < watermark_blocks:
                 break
@@ -142,7 +152,13 @@ class Continuous:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            need = view.blocks_to_hold(req, req.num_computed_tokens + 1)
+            n, held = 1, 0
+            if req.num_spec_tokens or view.num_lookahead_tokens:   # speculative decoding (vLLM V1's counting)
+                n, held = spec_row(req, min(1 + req.num_spec_tokens, budget), view.num_lookahead_tokens,
+                                   view.max_model_len)
+                need = view.blocks_to_hold(req, held)
+            else:
+                need = view.blocks_to_hold(req, req.num_computed_tokens + 1)
             while need > free:
                 victim = running.pop()
                 preempted.append(victim.request_id)
@@ -153,10 +169,10 @@ class Continuous:
                     break
             if preempted and preempted[-1] == req.request_id:
                 break
-            out.append(Scheduled(req.request_id, 1))
-            view.take(req, req.num_computed_tokens + 1)
+            out.append(Scheduled(req.request_id, n, held))
+            view.take(req, req.num_computed_tokens + n)
             free -= need
-            budget -= 1
+            budget -= n
             i += 1
         return free, budget
 

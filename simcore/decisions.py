@@ -18,6 +18,7 @@ class DecisionApplier:
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
     (the policy's holds_slots_until_drained) and `log` (`event`, `preemption`)."""
+    _num_pad_drafts = 0   # speculative decoding: placeholder drafts a one-token row may carry (k)
 
     def can_receive(self, num_tokens: int) -> bool:
         """Whether KV for `num_tokens` tokens fits in free blocks now."""
@@ -47,6 +48,7 @@ class DecisionApplier:
                 raise SimulationError(f"{self.policy.name} preempted request {rid}, which is {req.status.value}")
             self.running.remove(req)
             req.num_preemptions += 1
+            req.num_spec_tokens = 0   # vLLM drops a preempted request's drafts
             if self.limits.preemption_mode == "swap" and self.swap_space.can_hold(req.num_blocks):
                 # vLLM V0 swap: KV copied to host; progress kept.
                 self.swap_space.num_used_blocks += req.num_blocks
@@ -110,7 +112,9 @@ class DecisionApplier:
                 raise SimulationError(f"{self.policy.name} scheduled request {s.request_id}, which cannot run")
             n = s.num_new_tokens
             # req.num_uncomputed_tokens, inlined (once per scheduled request: the fast path's admissions)
-            if not 0 < n <= req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens:
+            left = req.spec.num_prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
+            if not 0 < n <= left + (req.num_spec_tokens or (self._num_pad_drafts if left == 1 else 0)):
+                # (speculative decoding: drafts to verify, or a one-token row padded with placeholders)
                 raise SimulationError(f"{self.policy.name} gave request {s.request_id} {n} "
                                       f"tokens; it has {req.num_uncomputed_tokens} left to compute")
             if status is not RUNNING:

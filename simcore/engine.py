@@ -22,6 +22,7 @@ from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
 from simcore.limits import EngineLimits, engine_settings_error
 from simcore.rules import is_decode, reject_reason, samples, take_sample
+from simcore import speculative
 from simcore.request import Request, RequestSpec, Status
 from simcore.view import EngineView, Policy
 
@@ -70,6 +71,12 @@ class Engine(DecisionApplier):
         if limits.gateway is not None and limits.gateway.has_deadlines:
             self.deadlines, self.deadline_wake = Deadlines(limits.gateway), None
             env.process(watch(self))
+        # Speculative decoding (simcore/speculative.py): each request's accepted-length draws, and counts.
+        self.speculation = limits.speculative
+        if self.speculation is not None:
+            self.draws = speculative.AcceptanceDraws(self.speculation)
+            self._num_pad_drafts = self.speculation.num_speculative_tokens
+            self.spec_counters = self.speculation.counters or speculative.SpecCounters()
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -147,7 +154,10 @@ class Engine(DecisionApplier):
     def view(self) -> EngineView:
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
-                          self.draining, self.policy_state, self.prefix_cache, hybrid_kv=self.hybrid_kv)
+                          self.draining, self.policy_state, self.prefix_cache, hybrid_kv=self.hybrid_kv,
+                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
+                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
 
     def _loop(self):
         env = self.env
@@ -204,7 +214,11 @@ class Engine(DecisionApplier):
                          for s in batch.scheduled]
             prefill, decode = split_shape(shape)
             cost_args = dict(prefill=prefill, decode=decode, num_logits=self._num_logits(batch, shape))
-            if self.executor is None:
+            if self.speculation is not None:   # verification rows score every draft; the proposer drafts
+                cost_args["num_logits"] = speculative.num_logits(
+                    [(self.requests[s.request_id], s.num_new_tokens) for s in batch.scheduled])
+                duration_s = speculative.step_time_s(self.cost_model, self.speculation, **cost_args) + transfer_s
+            elif self.executor is None:
                 duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
             else:  # real hardware: measured wall time of this very batch (see __init__)
                 duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
@@ -232,10 +246,19 @@ class Engine(DecisionApplier):
         handoff = self.limits.handoff_after_first_token
         for s in batch.scheduled:
             req = self.requests[s.request_id]
-            if is_decode(req):
-                num_decode += 1
+            if is_decode(req):   # (a verification computes 1 + its drafts)
+                num_decode += 1 if self.speculation is None else s.num_new_tokens
             else:
                 num_prefill += s.num_new_tokens
+            if self.speculation is not None:   # verify drafts: the accepted ones and the bonus, in one chunk
+                emitted = speculative.verified(req, s.num_new_tokens, self.draws, self.spec_counters)
+                if emitted and req.reject_reason is None:
+                    if speculative.take_chunk(req, emitted, now, log):
+                        done.append(req)
+                        self.draws.forget(req.request_id)
+                    else:
+                        req.num_spec_tokens = self.speculation.num_speculative_tokens   # the drafter's next
+                continue
             req.num_computed_tokens += s.num_new_tokens
             if req.num_computed_tokens == req.num_tokens and req.reject_reason is None:  # caught up: sample
                 if take_sample(req, now, log):

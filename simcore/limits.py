@@ -29,6 +29,7 @@ class EngineLimits:
     # token leaves `running` holding its KV (for the transfer) until `release`; it is never decoded here.
     handoff_after_first_token: bool = False
     gateway: object = None               # simcore.gateway.GatewayLimits: admission control ahead (simcore/gateway.py)
+    speculative: object = None           # simcore.speculative.Speculation: speculative decoding, or None
     # vLLM's hybrid KV cache manager (simcore.hybridkv.KVCacheGroups: sliding-window layers hold only their
     # window); None: one group of every layer, each holding the whole sequence.
     kv_groups: object = None

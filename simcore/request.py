@@ -55,6 +55,7 @@ class Request:
     last_token_s: float | None = None
     finish_s: float | None = None
     reject_reason: str | None = None
+    num_spec_tokens: int = 0         # draft tokens awaiting verification (speculative decoding: simcore/speculative.py)
 
     @property
     def request_id(self) -> int:

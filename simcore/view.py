@@ -52,6 +52,9 @@ class EngineView:
     policy_state: object = None
     prefix_cache: object | None = None  # the engine's PrefixCachingBlockPool when prefix caching is on
     decoders: LazyProgress | None = None
+    num_lookahead_tokens: int = 0   # speculative decoding: KV slots held past each scheduled row (vLLM's)
+    num_speculative_tokens: int = 0  # speculative decoding: k drafts a decoding request carries
+    num_draft_slots: int = 0         # speculative decoding: input slots a draft model takes per request (vLLM)
     hybrid_kv: object | None = None  # the engine's simcore.hybridkv.HybridBlockPool under vLLM's hybrid manager
     _step_plan: object = field(default=None, repr=False, compare=False)
 

@@ -136,3 +136,18 @@ def test_citations_point_inside_the_repository():
     engines = (root / "docs" / "engines.md").read_text()
     for section in ("1.2", "1.3", "1.8", "2.", "3.", "4.", "5.", "6.", "7.", "9.", "10."):
         assert f"\n## {section}" in engines or f"\n### {section}" in engines, section
+
+
+def test_speculative_example_gains_most_at_batch_one(tmp_path):
+    sweep = yaml.safe_load((EXAMPLES / "speculative.yaml").read_text())
+    sweep["workload"]["num_requests"] = 48
+    sweep["grid"]["workload.arrival.concurrency"] = [1, 32]
+    f = tmp_path / "speculative.yaml"
+    f.write_text(yaml.safe_dump(sweep))
+    run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv")
+    spec = r["spec_decode_steps"].notna()
+    assert spec.sum() == 2 and (r.loc[spec, "spec_acceptance_length"] > 2).all()
+    tpot = r.set_index([spec, "workload.arrival.concurrency"])["tpot_mean_ms"]
+    speedup = {c: tpot[(False, c)] / tpot[(True, c)] for c in (1, 32)}
+    assert speedup[1] > speedup[32] > 1   # EAGLE-3 pays most alone, less as the batch fills

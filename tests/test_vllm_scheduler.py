@@ -104,3 +104,27 @@ def test_step_latencies_price_each_step():
                                                               for k in range(2)]
     lat = step_latencies(steps, case, ConstantCost(1.0))
     assert lat["ttft_s"].tolist() == [1.0] and lat["tpot_s"].tolist() == [1.0]
+
+
+SPEC_SETS = [("eagle3", 3, ("tight_kv", "long_prompts")), ("ngram", 4, ("tight_kv", "threshold")),
+             ("eagle3", 2, ("no_chunking", "tight_kv")), ("eagle3", 5, ("priority", "tight_kv", "max_num_seqs")),
+             ("draft_model", 3, ("tight_kv", "threshold"))]   # a draft model keeps one input slot a request
+
+
+@pytest.mark.parametrize("method, k, features", SPEC_SETS, ids=lambda x: x if isinstance(x, str) else
+                         "+".join(x) if isinstance(x, tuple) else str(x))
+def test_speculative_decoding_makes_the_same_decisions_as_vllm(vllm, method, k, features):
+    # vLLM's Scheduler with a SpeculativeConfig: 1 + k tokens per decoding request in the budget, KV for them
+    # plus the lookahead (eagle3: k, ngram: 0), rejected drafts rolled back, drafts dropped on preemption;
+    # both sides accept the same drawn number of drafts (simcore/speculative.py)
+    steps = verifications = preemptions = 0
+    for seed in range(3):
+        case = replace(random_case(seed, features, num_requests=24), num_speculative_tokens=k, spec_method=method,
+                       spec_acceptance=tuple(0.8 ** i for i in range(1, k + 1)), spec_seed=seed)
+        theirs = assert_equal(case)
+        steps += len(theirs)
+        verifications += sum(n > 1 and c > 0 for st in theirs for _, n, c in st.scheduled)
+        preemptions += sum(len(s.preempted) for s in theirs)
+    assert steps > 50 and verifications > 50
+    if "no_chunking" not in features:
+        assert preemptions > 0

@@ -19,7 +19,7 @@ import heapq
 from collections import deque
 
 from simcore.async_scheduling import ArrivalsInStep
-from simcore.batch import QUIET, Batch, DecodeShortcut
+from simcore.batch import QUIET, Batch, DecodeShortcut, split_shape
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
 from simcore.fast.decoders import BY_ORDER, LazyDecoders
@@ -37,6 +37,7 @@ from simcore.kvoffload import host_loads
 from simcore.limits import EngineLimits, engine_settings_error
 from simcore.request import RequestSpec, RequestSpecs, Status
 from simcore.rules import reject_reason
+from simcore import speculative
 from simcore.view import EngineView
 
 RUNNING = Status.RUNNING
@@ -81,6 +82,14 @@ class FastEngine(DecisionApplier):
         self.shortcut = getattr(policy, "schedule_decodes", None)
         if self.hybrid_kv is not None:   # sliding groups free blocks at each request's own phase: every step explicit
             self.shortcut = None
+        # Speculative decoding (simcore/speculative.py): every step explicit (a lazy decoder takes one token
+        # a step; a verification takes a drawn number), each priced and applied as the SimPy engine does.
+        self.speculation = limits.speculative
+        if self.speculation is not None:
+            self.shortcut = None
+            self.draws = speculative.AcceptanceDraws(self.speculation)
+            self._num_pad_drafts = self.speculation.num_speculative_tokens
+            self.spec_counters = self.speculation.counters or speculative.SpecCounters()
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
         self.num_blocks = self.pool.num_blocks
@@ -275,7 +284,10 @@ class FastEngine(DecisionApplier):
         """The view for the policy's general `schedule` (every running request explicit)."""
         return EngineView(now, self.waiting, self.running, self.num_blocks - self.pool.num_used_blocks,
                           self.num_blocks, self.block_size, self.max_model_len, self.draining, self.policy_state,
-                          self.prefix_cache, hybrid_kv=self.hybrid_kv)
+                          self.prefix_cache, hybrid_kv=self.hybrid_kv,
+                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
+                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
+                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
@@ -439,7 +451,13 @@ class FastEngine(DecisionApplier):
         else:
             requests = self.requests
             explicit = [(requests[s.request_id], s.num_new_tokens, s.num_reserved_tokens) for s in scheduled]
-        duration_s = self.pricer.step_time_s(explicit, num_lazy, padded, self.decoders, self.running)
+        if self.speculation is not None:   # simcore.engine's formula, on the same rows in the same order
+            rows = [(req, n) for req, n, _ in explicit]
+            prefill, decode = split_shape([(n, req.num_computed_tokens) for req, n in rows])
+            duration_s = speculative.step_time_s(self.pricer.cost, self.speculation, prefill, decode,
+                                                 speculative.num_logits(rows))
+        else:
+            duration_s = self.pricer.step_time_s(explicit, num_lazy, padded, self.decoders, self.running)
         if transfer_s or swap_s:
             duration_s += transfer_s + swap_s
         step = self.in_flight
@@ -571,7 +589,9 @@ class FastEngine(DecisionApplier):
             done = []
         num_prefill, num_decode = 0, num_lazy
         gaps, new_decoders, prefilling = {}, [], self.prefilling
-        for req, n, _ in explicit:
+        if self.speculation is not None:
+            num_prefill, num_decode = self._verify(explicit, now, gaps, done)
+        for req, n, _ in (explicit if self.speculation is None else ()):
             c, g = req.num_computed_tokens, req.num_generated_tokens
             total = req.spec.num_prompt_tokens + g
             if total - c == 1 and g > 0:   # rules.is_decode, inlined (the hot loop)
@@ -646,6 +666,38 @@ class FastEngine(DecisionApplier):
         if handed_off:
             for req in handed_off:
                 self.on_handoff(req, now)
+
+    def _verify(self, explicit, now: float, gaps: dict, done: list) -> tuple[int, int]:
+        """`complete_step`'s pass over the step's rows under speculative decoding (simcore.engine's rule):
+        each row's drafts verified, its accepted tokens and bonus emitted as one chunk (one ITL gap), its next
+        drafts proposed if it goes on. Returns (prefill tokens, decodes) for the iteration row."""
+        num_prefill = num_decode = 0
+        spec, draws, counters = self.speculation, self.draws, self.spec_counters
+        for req, n, _ in explicit:
+            g = req.num_generated_tokens
+            if req.spec.num_prompt_tokens + g - req.num_computed_tokens == 1 and g > 0:   # rules.is_decode
+                num_decode += n   # a verification computes 1 + its drafts
+            else:
+                num_prefill += n
+            emitted = speculative.verified(req, n, draws, counters)
+            if not emitted:
+                continue
+            req.num_generated_tokens = g + emitted
+            if req.first_token_s is None:
+                req.first_token_s = now
+                if self.events is not None:
+                    self.log.event(now, req, "first_token")
+            else:
+                lt = req.last_token_s
+                gaps[lt] = gaps.get(lt, 0) + 1
+            req.last_token_s = now
+            self.prefilling.discard(req)
+            if g + emitted == req.spec.num_output_tokens:
+                done.append(req)
+                draws.forget(req.request_id)
+            else:
+                req.num_spec_tokens = spec.num_speculative_tokens
+        return num_prefill, num_decode
 
     def _finish(self, done: list, now: float) -> None:
         if len(done) == 1:
