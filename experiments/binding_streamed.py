@@ -19,7 +19,7 @@ from experiments.binding import (DEMAND, LIMITS, SERVED_COLUMNS, STEP_COLUMNS, a
 from experiments.tables import table_path
 from simcore.pairwise import StreamedSum
 
-CHUNK_ROWS = 1 << 20   # steps read back at a time (about 90 MB as a frame)
+CHUNK_ROWS = 1 << 18   # steps read back at a time (about 23 MB as a frame; a Parquet row group)
 
 
 def iteration_chunks(tables_dir, columns=STEP_COLUMNS):
