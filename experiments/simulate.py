@@ -21,7 +21,7 @@ from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, run_fast, use_fast_path
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
-from experiments.tables import TableWriter, write_run_tables
+from experiments.tables import TableWriter, read_table, write_run_tables
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
