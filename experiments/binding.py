@@ -53,15 +53,32 @@ def admission_limits(policy) -> AdmissionLimits:
     return AdmissionLimits(value(seqs), value(tokens), chunks(policy))
 
 
+def served_by_replica(served: pd.DataFrame, block_size: int) -> list[tuple]:
+    """Per replica, what `step_limits` looks up about its served requests: (replica, arrivals sorted,
+    admissions made nondecreasing in arrival order, prompts in that order, KV blocks freed by finish time)."""
+    out = []
+    for r, g in served.groupby("replica_id"):
+        g = g.sort_values("arrival_s", kind="stable")
+        # FCFS admits in arrival order: the head at time t is the first whose admission (or any earlier
+        # one's) comes after t
+        admitted = np.fmax.accumulate(np.nan_to_num(g["admitted_s"].to_numpy(float), nan=np.inf))
+        fin = g[g["status"] == "finished"]
+        blocks = -(-(fin["prompt_tokens"] + fin["output_tokens"] - 1).to_numpy() // block_size)
+        by_end = pd.Series(blocks).groupby(fin["finish_s"].to_numpy(float)).sum()
+        out.append((r, g["arrival_s"].to_numpy(float), admitted, g["prompt_tokens"].to_numpy(), by_end))
+    return out
+
+
 def step_limits(it: pd.DataFrame, served: pd.DataFrame, limits: AdmissionLimits, num_blocks: int,
-                block_size: int, watermark_blocks: int = 0) -> np.ndarray:
+                block_size: int, watermark_blocks: int = 0, lookup: list | None = None) -> np.ndarray:
     """One code per step (LIMITS index): why the requests still waiting after the step's decision were not
     admitted. Waiting at the decision = the queue the step left, less what arrived while it ran. The head
     of the queue is the earliest arrival not yet admitted (FCFS); free KV at the decision = the pool less
     what the step left used and what its finishing requests freed at its end. A step that preempted stood
     at KV; else the first limit it reached: its sequence cap, its token budget (spent, or too little left
     for the head's whole prompt when the policy does not chunk), its free KV blocks (fewer than the head's
-    prompt, or chunk, needs, beyond the policy's watermark); else the policy chose to wait."""
+    prompt, or chunk, needs, beyond the policy's watermark); else the policy chose to wait. `lookup`:
+    `served_by_replica(served, block_size)` made once (a streamed run's steps come in chunks)."""
     codes = np.full(len(it), DEMAND, dtype=np.int8)
     if not len(it):
         return codes
@@ -71,20 +88,13 @@ def step_limits(it: pd.DataFrame, served: pd.DataFrame, limits: AdmissionLimits,
     arrived = np.zeros(len(it), dtype=np.int64)
     head_prompt = np.ones(len(it))
     freed = np.zeros(len(it), dtype=np.int64)
-    for r, g in served.groupby("replica_id"):
+    for r, a, admitted, prompts, by_end in (lookup if lookup is not None else served_by_replica(served, block_size)):
         mask = replica == r
-        g = g.sort_values("arrival_s", kind="stable")
-        a = g["arrival_s"].to_numpy(float)
+        if not mask.any():
+            continue
         arrived[mask] = np.searchsorted(a, end[mask], "right") - np.searchsorted(a, start[mask], "right")
-        # FCFS admits in arrival order: the head at time t is the first whose admission (or any earlier
-        # one's) comes after t
-        admitted = np.fmax.accumulate(np.nan_to_num(g["admitted_s"].to_numpy(float), nan=np.inf))
-        prompts = g["prompt_tokens"].to_numpy()
-        head = np.minimum(np.searchsorted(admitted, start[mask], "right"), len(g) - 1)
+        head = np.minimum(np.searchsorted(admitted, start[mask], "right"), len(a) - 1)
         head_prompt[mask] = prompts[head]
-        fin = g[g["status"] == "finished"]
-        blocks = -(-(fin["prompt_tokens"] + fin["output_tokens"] - 1).to_numpy() // block_size)
-        by_end = pd.Series(blocks).groupby(fin["finish_s"].to_numpy(float)).sum()
         freed[mask] = by_end.reindex(end[mask]).fillna(0).to_numpy(np.int64)
     waited = it["num_waiting"].to_numpy() - arrived > 0
     tokens = (it["prefill_tokens"] + it["decode_tokens"] + it["padding_tokens"]).to_numpy().astype(float)
@@ -180,7 +190,16 @@ def step_bounds(roofline, it: pd.DataFrame, block_size: int) -> dict:
     if not len(busy):
         return {}
     # the sampled rows only (a day's steps are tens of millions: no copy of the busy ones)
-    rows = it.iloc[busy[np.unique(np.linspace(0, len(busy) - 1, min(len(busy), NUM_SAMPLED_STEPS)).astype(int))]]
+    return sampled_bounds(roofline, it.iloc[busy[sampled_busy_steps(len(busy))]], block_size)
+
+
+def sampled_busy_steps(num_busy: int) -> np.ndarray:
+    """Which of `num_busy` busy steps (in order) `step_bounds` prices: up to NUM_SAMPLED_STEPS, evenly spread."""
+    return np.unique(np.linspace(0, num_busy - 1, min(num_busy, NUM_SAMPLED_STEPS)).astype(int))
+
+
+def sampled_bounds(roofline, rows: pd.DataFrame, block_size: int) -> dict:
+    """`step_bounds`' keys over the sampled busy steps `rows`."""
     totals = dict.fromkeys(RESOURCES, 0.0)
     memory_time = weight = 0.0
     for r in rows.itertuples(index=False):

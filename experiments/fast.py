@@ -121,9 +121,10 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     None: its hand-offs) where ITL is (gap values, counts) weighted samples, then every gap and when it ended, in time
     order, expanded on use (`Repeated`; within one iteration the order of equal-time gaps differs from the
     SimPy log's). `iterations` is the iterations frame, or with `iteration_writer` (a
-    experiments.tables.TableWriter; one replica only) the rows are streamed to it in chunks as the run goes
+    experiments.tables.TableWriter; one engine or a cluster, not a disaggregated deployment) the rows are streamed to it in chunks as the run goes
     and `iterations` is their IterationTotals (what the summary needs) instead, and the ITL samples are
-    gathered in canonical form as the run goes (simcore.metrics.ItlSamples; no end times: None).
+    gathered in canonical form as the run goes (simcore.metrics.ItlSamples; no end times: None); a
+    cluster's totals then carry `by_replica`, each replica's own IterationTotals.
     `handed_over`: `specs` is a one-item list holding the specs, which this empties, so that they are freed
     as soon as the engine is done with them (the caller keeps no other reference). `keep`: with autoscaling,
     `keep["autoscaling"]` is set to the scaler (simcore.autoscaler.Autoscaling: its log and GPU time)."""
@@ -133,9 +134,15 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
     closed = (min(arrival.concurrency, len(specs)), arrival.think_time_s) if arrival.is_closed else None
     totals = IterationTotals(spill=ColumnSpill()) if iteration_writer is not None else None
 
-    def sink(floats: np.ndarray, ints: np.ndarray) -> None:
-        frame = iterations_frame(floats, ints)
+    by_replica: dict[int, IterationTotals] = {}   # a cluster's: its replicas table's sums, spilled likewise
+
+    def sink(floats: np.ndarray, ints: np.ndarray, replicas: np.ndarray | None = None) -> None:
+        frame = iterations_frame(floats, ints, replicas)
         totals.add(frame)
+        if replicas is not None:
+            for r in np.unique(replicas).tolist():
+                part = by_replica.setdefault(r, IterationTotals(spill=ColumnSpill()))
+                part.add(frame[replicas == r])
         iteration_writer.write(frame)
 
     disagg, itl = None, None
@@ -144,16 +151,17 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
             raise ValueError("run_fast: a disaggregated deployment's iteration rows are not streamed")
         engine = disagg = disaggregation.build_fast(cfg, cost_model, limits, specs, closed)
     elif num_replicas(cfg) > 1 or getattr(cfg, "autoscaling", None) is not None:
-        if iteration_writer is not None:
-            raise ValueError("run_fast: a cluster's iteration rows are not streamed")
+        itl = ItlSamples() if iteration_writer is not None else None   # streamed: canonical ITL as it goes
+        streamed = {"iteration_sink": sink if iteration_writer is not None else None,
+                    "itl_sink": itl.add if itl is not None else None}
         if getattr(cfg, "autoscaling", None) is not None:   # simcore/fast/autoscaling.py
             engine = FastCluster(cfg.policy, cost_model, limits, specs, scaling_router(cfg), num_replicas(cfg),
-                                 closed=closed, autoscaling=scaling_limits(cfg))
+                                 closed=closed, autoscaling=scaling_limits(cfg), **streamed)
             if keep is not None:
                 keep["autoscaling"] = engine.cluster
         else:
             engine = FastCluster(cfg.policy, cost_model, limits, specs, cfg.cluster.router,
-                                 cfg.cluster.num_replicas, closed=closed)
+                                 cfg.cluster.num_replicas, closed=closed, **streamed)
     else:
         itl = ItlSamples() if iteration_writer is not None else None   # streamed: canonical ITL as it goes
         engine = FastEngine(cfg.policy, cost_model, limits, specs, closed=closed,
@@ -173,6 +181,8 @@ def run_fast(cfg, limits: EngineLimits, cost_model, specs, iteration_writer=None
         itl = (log.itl_values_s, log.itl_counts, Repeated(log.itl_values_s, log.itl_counts),
                Repeated(log.itl_end_s, log.itl_counts))
     iterations = totals.finish() if totals is not None else iterations_table(log)
+    if totals is not None:   # a streamed cluster's per-replica sums (simcore.metrics.replicas_frame)
+        iterations.by_replica = {r: part.finish() for r, part in by_replica.items()}
     return requests_table(log), iterations, itl, prefix_caches, disagg
 
 

@@ -342,17 +342,20 @@ def add_goodput(cfg: PointConfig, requests: pd.DataFrame, summary: dict) -> None
 def add_binding(cfg: PointConfig, plan: MemoryPlan, requests: pd.DataFrame, iterations: pd.DataFrame | None,
                 summary: dict, tables_dir=None) -> None:
     """What bound the run (experiments/binding.py), in place; the iterations are read back from
-    `tables_dir` when they were streamed there. Not for a disaggregated deployment (two kinds of replica)."""
+    `tables_dir` in chunks when they were streamed there (experiments/binding_streamed.py). Not for a disaggregated deployment (two kinds of replica)."""
     if cfg.disaggregation is not None:
         return
-    from experiments.binding import STEP_COLUMNS, binding_keys
-    if iterations is None:
-        iterations = read_table(Path(tables_dir), "iterations", STEP_COLUMNS)
+    from experiments.binding import binding_keys
     roofline = None
     if not (cfg.profile or "").startswith("constant"):   # the stub prices no GPU: no resources to name
         d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
         roofline = RooflineCostModel(cfg.model, cfg.gpu, deployment=d)
     fell_behind = bool(summary.get("unstable")) or math.isinf(summary.get("offered_rate_per_s") or 0.0)
+    if iterations is None:   # read back chunk by chunk (a day's steps would not fit as a frame)
+        from experiments.binding_streamed import streamed_binding_keys
+        summary.update(streamed_binding_keys(cfg.policy, requests, tables_dir, num_usable_blocks(plan.num_gpu_blocks),
+                                             plan.block_size, roofline, fell_behind))
+        return
     summary.update(binding_keys(cfg.policy, requests, iterations, num_usable_blocks(plan.num_gpu_blocks),
                                 plan.block_size, roofline, fell_behind))
     summary["prefill_time_share"] = prefill_time_share(iterations)
@@ -378,11 +381,12 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
                  frontend: FrontendLatency = NO_FRONTEND, tables_dir=None, table_format: str = "parquet",
                  handed: list | None = None) -> SimResult:
     """The fast path's run, as the same SimResult (one engine, a cluster, a disaggregated deployment: see
-    experiments/fast.py); with `tables_dir`, one engine's tables are written there instead (the same tables,
-    bitwise: tests/test_stream_tables.py); several replicas' are returned, as the SimPy engine's."""
+    experiments/fast.py); with `tables_dir`, its tables are written there instead, the iteration rows as the
+    run goes (the same tables, bitwise: tests/test_stream_tables.py); a disaggregated deployment's are
+    returned, as the SimPy engine's."""
     n = fast_replicas(cfg)
     writer = None
-    if tables_dir is not None and n == 1 and cfg.autoscaling is None:
+    if tables_dir is not None and cfg.disaggregation is None:
         Path(tables_dir).mkdir(parents=True, exist_ok=True)
         writer = TableWriter(Path(tables_dir) / "iterations", table_format, empty=empty_iterations())
     keep = {}   # the autoscaler, if any
@@ -406,5 +410,5 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
         add_autoscaling_keys(cfg, keep["autoscaling"], requests, summary)
     if writer is None:
         return SimResult(requests, iterations, summary, resolved, replicas, *itl[2:])
-    write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format)
-    return SimResult(requests.iloc[:0], empty_iterations(), summary, resolved, tables_saved=True)
+    write_run_tables(Path(tables_dir), requests, None, itl[:2], table_format, replicas)
+    return SimResult(requests.iloc[:0], empty_iterations(), summary, resolved, replicas, tables_saved=True)

@@ -7,6 +7,7 @@ simcore/disagg.py. The same cluster without SimPy, event for event: simcore/fast
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Sequence
 
@@ -54,7 +55,7 @@ class Cluster:
             raise SimulationError("a cluster needs at least one replica")
         self.engines, self.router = list(engines), router
         self.num_routed = 0
-        self.routed_to: list[int] = []  # replica of each request, in arrival order
+        self.routed_to = array("i")  # replica of each request, in arrival order (4 bytes a request)
 
     def loads(self, spec: RequestSpec) -> list[ReplicaLoad]:
         hashes = None

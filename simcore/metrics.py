@@ -283,24 +283,28 @@ def _iteration_keys(it: IterationTotals, duration_s: float, num_gpu_blocks: int)
 def replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame, num_gpu_blocks: int,
                    num_replicas: int) -> pd.DataFrame:
     """One row per replica of a cluster: its share of the traffic and its own latency and load, over the
-    cluster's whole run (so a replica's busy fraction and throughput compare directly)."""
+    cluster's whole run (so a replica's busy fraction and throughput compare directly). `iterations`: the
+    iterations frame, or a streamed run's IterationTotals with `by_replica` (each replica's own)."""
     fin_all = requests[requests["status"] == "finished"]
-    end_s = float(max(fin_all["finish_s"].max() if len(fin_all) else 0.0,
-                      (iterations["start_s"] + iterations["duration_s"]).max() if len(iterations) else 0.0))
+    streamed = isinstance(iterations, IterationTotals)
+    steps_end_s = iterations.end_s if streamed else (
+        (iterations["start_s"] + iterations["duration_s"]).max() if len(iterations) else 0.0)
+    end_s = float(max(fin_all["finish_s"].max() if len(fin_all) else 0.0, steps_end_s))
     duration_s = end_s if end_s > 0 else float("nan")
     rows = []
     for rid in range(num_replicas):
         req = requests[requests["replica_id"] == rid]
         fin = req[req["status"] == "finished"]
-        it = iterations[iterations["replica_id"] == rid]
-        dur = it["duration_s"].to_numpy()
+        it = iterations.by_replica.get(rid) if streamed else iteration_totals(
+            iterations[iterations["replica_id"] == rid])
+        has_steps = it is not None and it.num_iterations > 0
         row = {"replica_id": rid, "num_requests": len(req), "num_finished": len(fin),
                "throughput_rps": len(fin) / duration_s,
                "output_tok_per_s": float(fin["output_tokens"].sum()) / duration_s,
-               "busy_fraction": float(dur.sum() / duration_s),
-               "mean_waiting": float((it["num_waiting"] * dur).sum() / duration_s) if len(it) else 0.0,
-               "kv_usage_mean": float((it["kv_blocks_used"] * dur).sum() / duration_s / num_gpu_blocks) if len(it) else 0.0,
-               "kv_usage_max": float(it["kv_blocks_used"].max() / num_gpu_blocks) if len(it) else 0.0,
+               "busy_fraction": float(it.busy_s / duration_s) if has_steps else 0.0 / duration_s,
+               "mean_waiting": float(it.waiting_s / duration_s) if has_steps else 0.0,
+               "kv_usage_mean": float(it.kv_block_s / duration_s / num_gpu_blocks) if has_steps else 0.0,
+               "kv_usage_max": float(it.max_kv_blocks / num_gpu_blocks) if has_steps else 0.0,
                "num_preemptions": int(req["num_preemptions"].sum())}
         row.update(stats_ms("ttft", fin["ttft_s"]))
         row.update(stats_ms("tpot", fin["tpot_s"]))

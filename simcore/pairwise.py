@@ -74,3 +74,34 @@ def column_sums(chunks, n: int, num_columns: int) -> list[float]:
     if not n:
         return [0.0] * num_columns
     return _combine(n, iter(sums.tolist()))
+
+
+class StreamedSum:
+    """`column_sums` for one column handed over chunk by chunk (`add`), as they come, then `total()`: for
+    several sums over different row subsets read in one pass over the same chunks."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.sizes = np.array(leaf_sizes(n) if n else [], dtype=np.int64)
+        self.ends = np.cumsum(self.sizes)
+        self.sums = np.zeros((len(self.sizes), 1))
+        self.buf, self.start, self.first_leaf = np.zeros((0, 1)), 0, 0   # buf holds rows from `start` on
+
+    def add(self, chunk: np.ndarray) -> None:
+        if not len(chunk):
+            return
+        sizes, ends, first_leaf = self.sizes, self.ends, self.first_leaf
+        buf = np.concatenate((self.buf, np.asarray(chunk, dtype=float).reshape(-1, 1)))
+        last_leaf = int(np.searchsorted(ends, self.start + len(buf), side="right"))   # leaves now complete
+        offsets = ends[first_leaf:last_leaf] - sizes[first_leaf:last_leaf] - self.start
+        for m in np.unique(sizes[first_leaf:last_leaf]).tolist():
+            pick = np.flatnonzero(sizes[first_leaf:last_leaf] == m)
+            rows = offsets[pick][:, None] + np.arange(m)
+            self.sums[first_leaf + pick] = _leaf_sums(buf[rows])
+        done = int(ends[last_leaf - 1]) - self.start if last_leaf > first_leaf else 0
+        self.buf, self.start, self.first_leaf = buf[done:], self.start + done, last_leaf
+
+    def total(self) -> float:
+        if self.first_leaf != len(self.sizes) or len(self.buf):
+            raise ValueError(f"StreamedSum: expected {self.n} rows, got {self.start + len(self.buf)}")
+        return _combine(self.n, iter(self.sums.tolist()))[0] if self.n else 0.0

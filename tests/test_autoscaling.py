@@ -42,7 +42,7 @@ def test_a_started_replica_serves_only_after_its_startup():
              RequestSpec(3, 2.0, 16, 3), RequestSpec(4, 4.0, 16, 3)]
     env, c, log = cluster(specs, scale_up_above=1.5, scale_down_below=-1.0, startup_s=2.6, interval_s=1.25)
     env.run()
-    assert c.routed_to == [0, 0, 0, 0, 1]
+    assert list(c.routed_to) == [0, 0, 0, 0, 1]
     assert c.events == [ScalingEvent(0.0, 0, "serve"), ScalingEvent(1.25, 1, "start"), ScalingEvent(3.85, 1, "serve")]
     df = requests_frame(log)
     assert list(zip(df.replica_id, df.first_token_s, df.finish_s)) == [
@@ -63,7 +63,7 @@ def test_a_draining_replica_takes_no_new_work_and_leaves_with_its_last_request()
         c._drain(1)
     env.process(drain_at_half_a_second())
     env.run()
-    assert c.routed_to == [0, 1, 0]
+    assert list(c.routed_to) == [0, 1, 0]
     assert c.events[-2:] == [ScalingEvent(0.5, 1, "drain"), ScalingEvent(3.1, 1, "leave")]
     assert c.gpu_s[1] == pytest.approx(3.1)
     df = requests_frame(log)

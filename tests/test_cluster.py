@@ -69,7 +69,7 @@ def run_cluster(router, specs, n=3, caching=False):
 def test_cluster_round_robin_timeline():
     specs = [RequestSpec(i, 0.5 * i, 20, 2) for i in range(6)]
     df, cluster = run_cluster(RoundRobin(), specs)
-    assert df.replica_id.tolist() == [0, 1, 2, 0, 1, 2] and cluster.routed_to == [0, 1, 2, 0, 1, 2]
+    assert df.replica_id.tolist() == [0, 1, 2, 0, 1, 2] and list(cluster.routed_to) == [0, 1, 2, 0, 1, 2]
     assert df.first_token_s.tolist() == [1.0, 1.5, 2.0, 3.0, 3.5, 4.0]  # first token after one 1 s step
 
 

@@ -1,11 +1,12 @@
 """The capacity-planning examples (examples/binding.yaml, diurnal.yaml, gateway.yaml, autoscaling.yaml,
-autoscaling_day.yaml, capacity_over_a_day.yaml) run end to end at reduced size through `python -m experiments.run`
+autoscaling_day.yaml, autoscaling_day_70b.yaml, capacity_over_a_day.yaml) run end to end at reduced size through `python -m experiments.run`
 and write what they promise."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from tests.test_examples import EXAMPLES, assert_plots, run
@@ -63,6 +64,16 @@ def test_autoscaling_day_example(tmp_path):
     run(f, tmp_path / "out")
     r = pd.read_csv(tmp_path / "out" / "results.csv").iloc[0]
     assert r["replica_timeline"].startswith("0:2") and r["gpu_hours"] > 0 and r["num_finished"] == 400
+
+
+def test_autoscaling_day_70b_example(tmp_path):
+    pytest.importorskip("aiconfigurator_core", reason="names a Hugging Face id whose config.json the [aic] extra ships")
+    f = reduced("autoscaling_day_70b.yaml", tmp_path, num_requests=400)   # the first 13 s of the day
+    run(f, tmp_path / "out")
+    r = pd.read_csv(tmp_path / "out" / "results.csv").iloc[0]
+    assert r["replica_timeline"].startswith("0:4") and r["gpu_hours"] > 0 and r["num_finished"] == 400
+    point = next((tmp_path / "out" / "points").iterdir())   # the cluster's tables, streamed as it ran
+    assert {"iterations.parquet", "replicas.parquet", "requests.parquet"} <= {p.name for p in point.iterdir()}
 
 
 def test_capacity_over_a_day_example(tmp_path):

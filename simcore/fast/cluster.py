@@ -17,7 +17,6 @@ all replicas, in the order SimPy's shared log would hold them.
 from __future__ import annotations
 
 import heapq
-from array import array
 
 import numpy as np
 
@@ -38,8 +37,10 @@ class FastCluster:
     are autoscaled (simcore/fast/autoscaling.py): `cluster` is then the scaler, with its log and GPU time."""
 
     def __init__(self, policy, cost_model, limits: EngineLimits, specs, router, num_replicas: int,
-                 closed: tuple[int, float] | None = None, record_events: bool = False, autoscaling=None):
-        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed, record_events)
+                 closed: tuple[int, float] | None = None, record_events: bool = False, autoscaling=None,
+                 iteration_sink=None, itl_sink=None):
+        self._build_replicas(policy, cost_model, [limits] * num_replicas, specs, closed, record_events,
+                             iteration_sink, itl_sink)
         if autoscaling is None:
             self.cluster = Cluster(self.replicas, router)
         else:   # started after the engines, before the arrivals (SimPy's order)
@@ -48,13 +49,15 @@ class FastCluster:
             heapq.heappush(self.own_events, (0.0, -1.5, START, None))
 
     def _build_replicas(self, policy, cost_model, limits: list[EngineLimits], specs, closed,
-                        record_events: bool) -> None:
-        """One fast engine per item of `limits`, sharing this traffic, the event counter, the columns and logs."""
+                        record_events: bool, iteration_sink=None, itl_sink=None) -> None:
+        """One fast engine per item of `limits`, sharing this traffic, the event counter, the columns and logs.
+        With `iteration_sink` the iteration rows (with their replica) and with `itl_sink` the ITL samples
+        go to them in chunks as the run goes (simcore/fast/log.py StepLog), so a long run holds neither."""
         specs = specs if isinstance(specs, RequestSpecs) else list(specs)   # compact columns stay so
         self.seq = 0
         self.traffic = Traffic(specs, closed, self._submit, self)
         self.columns = RequestColumns(specs)
-        self.steps = StepLog()
+        self.steps = StepLog(iteration_sink, itl_sink, with_replicas=True)
         self.log = Events() if record_events else NoEvents()
         self.own_events: list = []   # the driver's own events, (time, seq, kind, payload): KV copies (fast/disagg.py)
         self.replicas = [FastEngine(policy, cost_model, lim, (), closed=closed, cluster=self) for lim in limits]
@@ -64,7 +67,6 @@ class FastCluster:
             if limits[i].gateway is not None:   # each replica's watch starts just before its engine
                 replica.gateway = FastGateway(replica, limits[i].gateway, i - n - 1.5, self._push_watch)
         self.replica_of_request = np.zeros(len(specs), dtype=np.int32)   # where each request ran (its row's)
-        self.replica_of_iteration = array("i")
         self.scaler_after_step = None   # autoscaling: a draining replica leaves with its last step
 
     # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
@@ -135,13 +137,14 @@ class FastCluster:
             traffic.deferring = True
             if state is COMPLETE:
                 replica.complete_step(now)
-                self.replica_of_iteration.append(replica.replica_id)
+                self.steps.iteration_replicas.append(replica.replica_id)   # flushed with its row
                 if self.scaler_after_step is not None:
                     self.scaler_after_step(replica.replica_id, now)
             replica.next_decision(now)
             if traffic.deferred:
                 traffic.flush_deferred(now)
             traffic.deferring = False
+            self.steps.flush_if_due()
         self.seq, traffic.holder = replica.seq, self
 
     def _driver_event(self, kind: str, payload, now: float) -> None:
@@ -178,7 +181,7 @@ class FastCluster:
         specs, self.traffic.specs = self.traffic.specs, []
         log = fast_log(self.columns, self.steps, specs, self.log.events)
         log.replica_id = self.replica_of_request
-        log.iteration_replica_id = np.frombuffer(self.replica_of_iteration, dtype=np.int32)
+        log.iteration_replica_id = np.frombuffer(self.steps.iteration_replicas, dtype=np.int32)
         return log
 
     @property

@@ -83,10 +83,12 @@ class StepLog:
     many sequences had it, when it ended). With an `iteration_sink`, every ITERATION_CHUNK_ROWS rows go to
     it as (floats, ints) (experiments/fast.py streams them to a file), and with an `itl_sink` the ITL
     samples to it as (gaps, counts) at the same times (their end times are then dropped), so that a long
-    run holds neither."""
+    run holds neither. A cluster's log (`with_replicas`) also holds the replica of each row, which then
+    goes to the sink as a third argument."""
 
-    def __init__(self, iteration_sink=None, itl_sink=None):
+    def __init__(self, iteration_sink=None, itl_sink=None, with_replicas: bool = False):
         self.iteration_floats, self.iteration_ints = array("d"), array("i")   # counts fit in int32
+        self.iteration_replicas = array("i") if with_replicas else None   # the cluster appends to it
         self.itl_gaps, self.itl_counts, self.itl_ends = array("d"), array("q"), array("d")
         self.iteration_sink = iteration_sink
         self.itl_sink = itl_sink if iteration_sink is not None else None
@@ -100,7 +102,12 @@ class StepLog:
         floats = np.frombuffer(self.iteration_floats, dtype=float).reshape(-1, 2).copy()
         ints = np.frombuffer(self.iteration_ints, dtype=np.int32).reshape(-1, NUM_INT_COLUMNS).copy()
         self.iteration_floats, self.iteration_ints = array("d"), array("i")
-        self.iteration_sink(floats, ints)
+        if self.iteration_replicas is None:
+            self.iteration_sink(floats, ints)
+        else:
+            replicas = np.frombuffer(self.iteration_replicas, dtype=np.int32).copy()
+            self.iteration_replicas = array("i")
+            self.iteration_sink(floats, ints, replicas)
         if self.itl_sink is not None:
             gaps, counts = np.frombuffer(self.itl_gaps, dtype=float), np.frombuffer(self.itl_counts, dtype=np.int64)
             self.itl_gaps, self.itl_counts, self.itl_ends = array("d"), array("q"), array("d")
