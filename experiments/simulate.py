@@ -23,7 +23,7 @@ from experiments.speculative_config import speculation_for
 from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
-from experiments.tables import TableWriter, read_table, write_run_tables
+from experiments.tables import TableWriter, write_run_tables
 from simcore.async_scheduling import async_scheduling_of
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
