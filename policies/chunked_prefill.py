@@ -190,7 +190,7 @@ class ChunkedPrefill:
             scheduled[req.request_id] = (Scheduled(req.request_id, n, held) if lookahead or req.num_spec_tokens
                                          else Scheduled(req.request_id, n))
             blocks_taken[req.request_id] = need
-            view.take(req, req.num_computed_tokens + n)
+            view.take(req, held if lookahead or req.num_spec_tokens else req.num_computed_tokens + n)
             free -= need
             budget -= n
             i += 1
@@ -232,7 +232,7 @@ class ChunkedPrefill:
                 need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
             free -= need
             if caching:
-                view.take(req, req.num_computed_tokens + hit + n)
+                view.take(req, held if lookahead else req.num_computed_tokens + hit + n)
             budget -= n
             num_seqs += 1
         return out

@@ -170,7 +170,7 @@ class Continuous:
             if preempted and preempted[-1] == req.request_id:
                 break
             out.append(Scheduled(req.request_id, n, held))
-            view.take(req, req.num_computed_tokens + n)
+            view.take(req, held or req.num_computed_tokens + n)
             free -= need
             budget -= n
             i += 1

@@ -132,8 +132,9 @@ class DecisionApplier:
             num_held_tokens = req.num_computed_tokens + n
             reserved = s.num_reserved_tokens
             pool.grow(req, reserved if reserved > num_held_tokens else num_held_tokens)
-            if cache is not None:  # vLLM registers full blocks when it schedules their computation
-                cache.cache_full_blocks(req, num_held_tokens)
+            if cache is not None:  # vLLM registers full blocks when it schedules their computation, only
+                # of tokens already sampled: never a block holding drafts that may be rejected
+                cache.cache_full_blocks(req, min(num_held_tokens, req.num_tokens))
         while victims:
             transfer_s += self._preempt((victims.popleft()[1],), now_s)
         if pool.num_used_blocks > pool.num_blocks:

@@ -108,7 +108,9 @@ def test_step_latencies_price_each_step():
 
 SPEC_SETS = [("eagle3", 3, ("tight_kv", "long_prompts")), ("ngram", 4, ("tight_kv", "threshold")),
              ("eagle3", 2, ("no_chunking", "tight_kv")), ("eagle3", 5, ("priority", "tight_kv", "max_num_seqs")),
-             ("draft_model", 3, ("tight_kv", "threshold"))]   # a draft model keeps one input slot a request
+             ("draft_model", 3, ("tight_kv", "threshold")),   # a draft model keeps one input slot a request
+             ("eagle3", 3, ("prefix_caching", "tight_kv")),   # only blocks of sampled tokens are cached
+             ("ngram", 2, ("no_chunking", "prefix_caching", "tight_kv"))]
 
 
 @pytest.mark.parametrize("method, k, features", SPEC_SETS, ids=lambda x: x if isinstance(x, str) else
