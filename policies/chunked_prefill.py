@@ -208,8 +208,8 @@ class ChunkedPrefill:
             hit = view.num_cached_prefix_tokens(req) if caching else 0
             num_tokens = req.num_tokens
             left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
-            if pad and left == 1 and (num_ran or req.num_computed_tokens) and \
-                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+            if pad and left == 1 and (num_ran or req.num_computed_tokens + hit) and \
+                    req.num_computed_tokens + hit + pad + 2 <= view.max_model_len:   # (vLLM counts the hit)
                 # vLLM pads a one-token admission to a uniform 1 + k verification (placeholder drafts,
                 # always rejected) when no prefill chunk runs, to keep the step's CUDA graph; too big: stop
                 if 1 + pad > room:
