@@ -114,9 +114,9 @@ def speculative_error(spec: SpeculativeSettings | None, policy, settings, disagg
     name = getattr(policy, "name", "?")
     if name in POLICY_REFUSALS:
         return f"engine.speculative: not with engine.policy {name}: {POLICY_REFUSALS[name]}"
-    if settings.enable_prefix_caching:
-        return ("engine.speculative: not modelled with engine.enable_prefix_caching (drafted blocks must not be "
-                "registered before they are verified)")
+    if getattr(settings, "kv_offload", None) is not None:
+        return ("engine.speculative: not modelled with engine.kv_offload (host-tier hits with EAGLE's dropped "
+                "block are not modelled)")
     if settings.preemption_mode != "recompute":
         return "engine.speculative: needs engine.preemption_mode recompute (vLLM V1 has no swap)"
     if disaggregated:

@@ -142,7 +142,7 @@ def run_ours(case: Case, policy=None) -> list[Step]:
                           enable_prefix_caching=case.enable_prefix_caching, kv_groups=case.kv_groups(),
                           speculative=case.speculation())
     feed, steps = _Feed(case.requests), []
-    state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0, "computed": {}}
+    state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0, "computed": {}, "hits": {}}
     # with speculation a step rolls rejected drafts back, so what a request had computed before the step
     # is remembered from the step before (0 for a new or preempted one) rather than derived
     spec = limits.speculative is not None
@@ -163,6 +163,12 @@ def run_ours(case: Case, policy=None) -> list[Step]:
         done = engine.log.requests[state["num_done"]:]
         state["num_done"] = len(engine.log.requests)
         before = state["computed"]
+        if spec and engine.prefix_cache is not None:   # an admission starts from its prefix-cache hit
+            hits, before = engine.prefix_cache.cached_tokens_by_request, dict(before)
+            for s in batch.scheduled:
+                if s.request_id not in state["running"]:
+                    before[s.request_id] = hits.get(s.request_id, 0) - state["hits"].get(s.request_id, 0)
+            state["hits"] = dict(hits)
         steps.append(Step(
             state["arrived"],
             tuple((s.request_id, s.num_new_tokens, before.get(s.request_id, 0) if spec else

@@ -190,7 +190,7 @@ class ChunkedPrefill:
             scheduled[req.request_id] = (Scheduled(req.request_id, n, held) if lookahead or req.num_spec_tokens
                                          else Scheduled(req.request_id, n))
             blocks_taken[req.request_id] = need
-            view.take(req, req.num_computed_tokens + n)
+            view.take(req, held if lookahead or req.num_spec_tokens else req.num_computed_tokens + n)
             free -= need
             budget -= n
             i += 1
@@ -208,8 +208,8 @@ class ChunkedPrefill:
             hit = view.num_cached_prefix_tokens(req) if caching else 0
             num_tokens = req.num_tokens
             left = num_tokens - req.num_computed_tokens - hit   # its uncomputed tokens, less the hit
-            if pad and left == 1 and (num_ran or req.num_computed_tokens) and \
-                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+            if pad and left == 1 and (num_ran or req.num_computed_tokens + hit) and \
+                    req.num_computed_tokens + hit + pad + 2 <= view.max_model_len:   # (vLLM counts the hit)
                 # vLLM pads a one-token admission to a uniform 1 + k verification (placeholder drafts,
                 # always rejected) when no prefill chunk runs, to keep the step's CUDA graph; too big: stop
                 if 1 + pad > room:
@@ -232,7 +232,7 @@ class ChunkedPrefill:
                 need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
             free -= need
             if caching:
-                view.take(req, req.num_computed_tokens + hit + n)
+                view.take(req, held if lookahead else req.num_computed_tokens + hit + n)
             budget -= n
             num_seqs += 1
         return out

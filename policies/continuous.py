@@ -125,17 +125,18 @@ class Continuous:
         caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
         for req in waiting:
             num_tokens = req.num_tokens
-            n = num_tokens - req.num_computed_tokens - (view.num_cached_prefix_tokens(req) if caching else 0)
+            hit = view.num_cached_prefix_tokens(req) if caching else 0
+            n = num_tokens - req.num_computed_tokens - hit
             pad = view.num_speculative_tokens if self.mix_prefill_decode else 0
-            if pad and n == 1 and (ran or req.num_computed_tokens) and \
-                    req.num_computed_tokens + pad + 2 <= view.max_model_len:
+            if pad and n == 1 and (ran or req.num_computed_tokens + hit) and \
+                    req.num_computed_tokens + hit + pad + 2 <= view.max_model_len:   # (vLLM counts the hit)
                 n = 1 + pad   # vLLM V1 pads a one-token admission to a 1 + k verification (chunked_prefill's)
             if n > budget or num_seqs >= self.max_num_seqs:
                 break
             reserve = max_total_tokens(req.spec, view.max_model_len) if reserve_max else 0
             if view.num_lookahead_tokens:   # speculative decoding: the drafts' KV slots too (vLLM V1)
                 reserve = max(reserve, min(num_tokens - 1 + n + view.num_lookahead_tokens
-                                           if n > num_tokens - req.num_computed_tokens else
+                                           if n > num_tokens - req.num_computed_tokens - hit else
                                            num_tokens + view.num_lookahead_tokens, view.max_model_len))
             need = view.blocks_to_hold(req, max(num_tokens, reserve))
             if free - need < watermark_blocks:
@@ -170,7 +171,7 @@ class Continuous:
             if preempted and preempted[-1] == req.request_id:
                 break
             out.append(Scheduled(req.request_id, n, held))
-            view.take(req, req.num_computed_tokens + n)
+            view.take(req, held or req.num_computed_tokens + n)
             free -= need
             budget -= n
             i += 1

@@ -132,8 +132,9 @@ class DecisionApplier:
             num_held_tokens = req.num_computed_tokens + n
             reserved = s.num_reserved_tokens
             pool.grow(req, reserved if reserved > num_held_tokens else num_held_tokens)
-            if cache is not None:  # vLLM registers full blocks when it schedules their computation
-                cache.cache_full_blocks(req, num_held_tokens)
+            if cache is not None:  # vLLM registers full blocks when it schedules their computation, only
+                # of tokens already sampled: never a block holding drafts that may be rejected
+                cache.cache_full_blocks(req, min(num_held_tokens, req.num_tokens))
         while victims:
             transfer_s += self._preempt((victims.popleft()[1],), now_s)
         if pool.num_used_blocks > pool.num_blocks:
@@ -148,7 +149,8 @@ class DecisionApplier:
         request shares its cached prefix blocks and starts with those tokens computed. The policy must have
         sized the prefill with `EngineView.num_cached_prefix_tokens`."""
         hit = self.prefix_cache.num_cached_tokens(req)
-        if num_new_tokens > req.num_tokens - hit:
+        left = req.num_tokens - hit
+        if num_new_tokens > left + (self._num_pad_drafts if left == 1 else 0):   # (a padded 1 + k verification)
             raise SimulationError(f"{self.policy.name} gave request {req.request_id} {num_new_tokens} tokens, "
                                   f"ignoring its {hit}-token prefix-cache hit")
         req.num_computed_tokens = self.prefix_cache.admit(req)

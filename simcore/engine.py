@@ -42,6 +42,8 @@ class Engine(DecisionApplier):
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+            spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
+            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)

@@ -196,6 +196,9 @@ class PrefixCachingBlockPool(BlockPool):
         self.num_evicted_blocks = 0
         self.cached_tokens_by_request: dict[int, int] = {}  # request id -> hit tokens, over its admissions
         self.host = None   # simcore.kvoffload.HostKVPool: the host tier, stored into as blocks are computed
+        # EAGLE/MTP drafting: a hit gives back its last block, recomputed for the hidden states the drafter
+        # reads (vLLM's drop_eagle_block, single_type_kv_cache_manager.py); simcore.speculative sets it
+        self.drop_last_hit_block = False
 
     # ---- identities ----
     def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
@@ -220,6 +223,8 @@ class PrefixCachingBlockPool(BlockPool):
             if h not in self._cached:
                 break
             n += 1
+        if n and self.drop_last_hit_block:
+            n -= 1
         return n * self.block_size
 
     def match(self, spec: RequestSpec, num_tokens: int) -> list[_Block]:
@@ -236,6 +241,8 @@ class PrefixCachingBlockPool(BlockPool):
             if blocks is None:
                 break
             out.append(blocks[0])
+        if out and self.drop_last_hit_block:
+            out.pop()
         self._memo[spec.request_id] = (self._epoch, out)
         return out
 
@@ -390,6 +397,8 @@ class StepPlan:
                     break
                 blk = _PLANNED
             out.append(blk)
+        if out and pool.drop_last_hit_block:
+            out.pop()
         self._memo[req.request_id] = (self._version, out)
         return out
 
@@ -419,7 +428,7 @@ class StepPlan:
                     if blk is not None and blk.block_hash is not None:
                         self._evicted.add(blk)
                     break
-        end = num_tokens // bs
+        end = min(num_tokens, req.num_tokens) // bs   # as cache_full_blocks: sampled tokens only, no drafts
         if end > num_registered:
             self._planned.update(self.pool._hashes_upto(req.spec, end)[num_registered:end])
         self._version += 1

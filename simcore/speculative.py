@@ -29,6 +29,10 @@ METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
 # vLLM's `VllmConfig.num_lookahead_tokens`: drafters that run on the GPU write their drafts' KV beyond the
 # target's query range (use_eagle() covers eagle, eagle3 and mtp; draft models too); n-gram lookup writes none.
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+# Drafters that read the target's hidden states (vLLM's use_eagle()): a prefix-cache hit drops its last block,
+# recomputed so the drafter has that position's hidden state (drop_eagle_block in vLLM's
+# single_type_kv_cache_manager.py find_longest_cache_hit).
+HIDDEN_STATE_METHODS = ("eagle", "eagle3", "mtp")
 
 # Default acceptance per method, as published (docs/sources.md, "Speculative decoding"). A float is a single
 # conditional rate (r_i = alpha^i), a tuple per-position rates r_1, r_2, ... (positions beyond the tuple
@@ -87,6 +91,10 @@ class Speculation:
     @property
     def num_lookahead_tokens(self) -> int:
         return self.num_speculative_tokens if self.method in LOOKAHEAD_METHODS else 0
+
+    @property
+    def drops_last_hit_block(self) -> bool:
+        return self.method in HIDDEN_STATE_METHODS
 
     @property
     def num_draft_slots(self) -> int:

@@ -17,7 +17,7 @@ from simcore.request import RequestSpec
 from simcore.speculative import AcceptanceDraws, Speculation, default_acceptance, geometric
 from simcore.wiring import run_replica
 from tests.helpers import running, view
-from tests.test_fastpath import assert_identical, run_both
+from tests.test_fastpath import assert_identical, run_both, with_shared_prefixes
 from tests.test_properties import random_specs
 
 
@@ -170,3 +170,41 @@ def test_a_cluster_with_speculation_matches_on_the_fast_path():
     keys = ("spec_decode_steps", "spec_acceptance_length", "spec_draft_acceptance_rate", "tpot_mean_ms")
     assert [runs[0].summary[k] for k in keys] == [runs[1].summary[k] for k in keys]
     assert runs[0].summary["spec_decode_steps"] > 0
+
+
+def test_prefix_caching_registers_only_sampled_tokens_blocks():
+    # vLLM caches min(computed + scheduled, request.num_tokens): never a block holding drafts. Prompt 10,
+    # block 4, k = 2, every draft rejected: the step after sampling g tokens holds 10 + g - 1 + 3 tokens of
+    # KV but registers (10 + g) // 4 blocks (draft-holding block 2 waits until token 11 is sampled)
+    registered = []
+    limits = EngineLimits(100, 4, 512, enable_prefix_caching=True,
+                          speculative=Speculation("eagle3", 2, (0.0, 0.0)))
+    run_replica(ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=64), ConstantCost(1.0), limits,
+                [RequestSpec(0, 0.0, 10, 7)],
+                on_step=lambda engine, batch: registered.append(engine.prefix_cache._num_registered.get(0)))
+    assert registered == [2, 2, 3, 3, 3, 3, None]   # (freed at its finish)
+
+
+@pytest.mark.parametrize("method, hit", [("ngram", 12), ("eagle3", 8), ("mtp", 8)])
+def test_eagle_prefix_hit_drops_its_last_block(method, hit):
+    # a second request with the same 3-block prefix: 12 tokens hit; drafters that read the target's hidden
+    # states recompute the last hit block (vLLM's drop_eagle_block)
+    specs = [RequestSpec(i, 10.0 * i, 16, 3, prefix_block_ids=(1, 2, 3)) for i in range(2)]
+    limits = EngineLimits(100, 4, 512, enable_prefix_caching=True,
+                          speculative=Speculation(method, 1 if method == "mtp" else 2, (0.5,) * (1 if method == "mtp" else 2)))
+    engine = run_replica(ChunkedPrefill(max_num_seqs=4, max_num_batched_tokens=64), ConstantCost(1.0), limits, specs)
+    assert engine.prefix_cache.cached_tokens_by_request == {0: 0, 1: hit}
+
+
+@pytest.mark.parametrize("policy", SPEC_POLICIES[::2], ids=["cp64", "continuous_v1"])
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_fast_path_matches_the_simpy_engine_with_speculation_and_prefix_caching(policy, method):
+    hits = 0
+    for seed in range(3):
+        specs = with_shared_prefixes(random_specs(seed), seed)
+        spec = Speculation(method, 3, default_acceptance(method, 3), seed)
+        plain, fast = run_both(policy, specs, ConstantCost(0.01, 1e-4), num_gpu_blocks=40,
+                               enable_prefix_caching=True, speculative=spec)
+        assert_identical(plain, fast, 40)
+        hits += plain[1].prefill_tokens.sum() < sum(s.num_prompt_tokens for s in specs)
+    assert hits > 0   # cached prefixes were skipped

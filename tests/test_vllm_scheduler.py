@@ -108,7 +108,9 @@ def test_step_latencies_price_each_step():
 
 SPEC_SETS = [("eagle3", 3, ("tight_kv", "long_prompts")), ("ngram", 4, ("tight_kv", "threshold")),
              ("eagle3", 2, ("no_chunking", "tight_kv")), ("eagle3", 5, ("priority", "tight_kv", "max_num_seqs")),
-             ("draft_model", 3, ("tight_kv", "threshold"))]   # a draft model keeps one input slot a request
+             ("draft_model", 3, ("tight_kv", "threshold")),   # a draft model keeps one input slot a request
+             ("eagle3", 3, ("prefix_caching", "tight_kv")),   # only blocks of sampled tokens are cached
+             ("ngram", 2, ("no_chunking", "prefix_caching", "tight_kv"))]
 
 
 @pytest.mark.parametrize("method, k, features", SPEC_SETS, ids=lambda x: x if isinstance(x, str) else
@@ -128,3 +130,14 @@ def test_speculative_decoding_makes_the_same_decisions_as_vllm(vllm, method, k, 
     assert steps > 50 and verifications > 50
     if "no_chunking" not in features:
         assert preemptions > 0
+
+
+@pytest.mark.parametrize("method, admitted", [("ngram", (1, 3, 32)), ("eagle3", (1, 17, 16))])
+def test_speculative_prefix_hit_as_vllm(vllm, method, admitted):
+    # a hit that leaves one token to compute is padded to a 1 + k verification (ngram); EAGLE drops the
+    # last hit block (recomputed for its hidden states), so the same admission prefills 17 tokens
+    specs = (RequestSpec(0, 0.0, 33, 8, prefix_block_ids=(7, 8)), RequestSpec(1, 3.0, 33, 4, prefix_block_ids=(7, 8)))
+    case = Case(specs, 100, 16, max_num_batched_tokens=256, enable_prefix_caching=True, prefix_tokens=(32, 32),
+                prefix_group=(0, 0), num_speculative_tokens=2, spec_method=method, spec_acceptance=(0.5, 0.25))
+    theirs = assert_equal(case)
+    assert admitted in [s for st in theirs for s in st.scheduled if s[0] == 1][:1]

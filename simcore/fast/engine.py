@@ -74,6 +74,8 @@ class FastEngine(DecisionApplier):
         self.prefix_cache = None
         if limits.enable_prefix_caching:   # block identities: every step explicit (vLLM caches per step)
             self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+            spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
+            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
