@@ -255,7 +255,7 @@ class Engine(DecisionApplier):
             if self.speculation is not None:   # verify drafts: the accepted ones and the bonus, in one chunk
                 emitted = speculative.verified(req, s.num_new_tokens, self.draws, self.spec_counters)
                 if emitted and req.reject_reason is None:
-                    if speculative.take_chunk(req, emitted, now, log):
+                    if take_sample(req, now, log, emitted):
                         done.append(req)
                         self.draws.forget(req.request_id)
                     else:

@@ -46,11 +46,13 @@ def without_admitted(waiting: deque, num_admitted: int) -> deque:
     return waiting
 
 
-def take_sample(req: Request, now_s: float, log) -> bool:
-    """`req` samples one token at `now_s` (its KV has caught up): count it, log its first token or the gap
-    since its last one (`log.itl_gaps_s`), and say whether that was its last token. The SimPy and pipelined
-    engines' rule; the fast engine inlines the same steps with gaps grouped by their start (simcore/fast/engine.py)."""
-    req.num_generated_tokens += 1
+def take_sample(req: Request, now_s: float, log, num_tokens: int = 1) -> bool:
+    """`req` samples `num_tokens` tokens at `now_s` (its KV has caught up) in one streamed chunk (several:
+    speculative decoding's accepted tokens, one ITL gap as `vllm bench serve` counts a chunk): count them,
+    log its first token or the gap since its last chunk (`log.itl_gaps_s`), and say whether that was its
+    last token. The SimPy and pipelined engines' rule; the fast engine inlines the same steps with gaps
+    grouped by their start (simcore/fast/engine.py)."""
+    req.num_generated_tokens += num_tokens
     if req.first_token_s is None:
         req.first_token_s = now_s
         log.event(now_s, req, "first_token")

@@ -206,17 +206,3 @@ def num_logits(rows) -> int:
         if over >= 0:
             n_logits += over + 1
     return n_logits
-
-
-def take_chunk(req, num_tokens: int, now_s: float, log) -> bool:
-    """`req` emits `num_tokens` tokens at `now_s` in one streamed chunk (rules.take_sample for several):
-    its first token is logged as such, and a later chunk is one ITL gap, as `vllm bench serve` counts a
-    chunk carrying several tokens. Whether that was its last token."""
-    req.num_generated_tokens += num_tokens
-    if req.first_token_s is None:
-        req.first_token_s = now_s
-        log.event(now_s, req, "first_token")
-    else:
-        log.itl_gaps_s.append(now_s - req.last_token_s)
-    req.last_token_s = now_s
-    return req.num_generated_tokens == req.spec.num_output_tokens
