@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections import deque
 
 from simcore.errors import SimulationError
+from simcore.hybridkv import gpu_block_pool
+from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
+from simcore.kvoffload import host_loads
 from simcore.rules import without_admitted
 from simcore.request import Request, Status
 
@@ -19,6 +22,34 @@ class DecisionApplier:
     `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
     (the policy's holds_slots_until_drained) and `log` (`event`, `preemption`)."""
     _num_pad_drafts = 0   # speculative decoding: placeholder drafts a one-token row may carry (k)
+
+    def _make_pools(self, limits) -> None:
+        """The replica's KV pools from its limits, for both engines: the prefix-caching pool (block
+        identities) or the plain counting pool (vLLM's hybrid groups when the model has them), the host swap
+        space and the KV offload tier's loads."""
+        self.prefix_cache: PrefixCachingBlockPool | None = None
+        if limits.enable_prefix_caching:
+            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+            spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
+            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
+        self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
+        self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
+        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
+        self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload (simcore/kvoffload.py)
+
+    def _remove_ended(self, req: Request) -> None:
+        """Take `req`, ended by the gateway between steps, out of the replica: a running request frees its KV
+        (and a drained batch's slots with the last one); a queued one leaves the waiting queue (or the
+        arrivals held by async scheduling), a swapped one its host blocks."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.pool.free(req)
+            self._release_finished(())
+        elif self.late is None or not self.late.remove(req):
+            self.waiting.remove(req)
+            if req.status is Status.SWAPPED:
+                self.swap_space.num_used_blocks -= req.num_blocks
+                req.num_blocks = 0
 
     def can_receive(self, num_tokens: int) -> bool:
         """Whether KV for `num_tokens` tokens fits in free blocks now."""

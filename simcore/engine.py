@@ -14,9 +14,6 @@ from simcore.async_scheduling import ArrivalsInStep
 from simcore.batch import Batch, split_shape
 from simcore.costmodel import CostModel
 from simcore.gateway import Deadlines, refusal, watch
-from simcore.hybridkv import gpu_block_pool
-from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
-from simcore.kvoffload import host_loads
 from simcore.log import EngineLog, IterationRecord
 from simcore.decisions import DecisionApplier
 from simcore.errors import SimulationError, scheduled_nothing
@@ -39,15 +36,7 @@ class Engine(DecisionApplier):
         self.replica_id = replica_id
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         # Prefix caching: a pool with block identities; off, the plain counting pool (fast path).
-        self.prefix_cache: PrefixCachingBlockPool | None = None
-        if limits.enable_prefix_caching:
-            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
-            spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
-            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
-        self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
-        self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
-        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
-        self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload: loads from the host tier
+        self._make_pools(limits)
         self.loading: list[Request] = []    # their requests: blocks held, load in flight (simcore/kvoffload.py)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -114,15 +103,7 @@ class Engine(DecisionApplier):
             req.reject_reason = reason
             self.abandoning.append(req)
             return
-        if req.status is Status.RUNNING:
-            self.running.remove(req)
-            self.pool.free(req)
-            self._release_finished(())   # the last running one gone: a drained batch's slots are freed
-        elif self.late is None or not self.late.remove(req):
-            self.waiting.remove(req)
-            if req.status is Status.SWAPPED:
-                self.swap_space.num_used_blocks -= req.num_blocks
-                req.num_blocks = 0
+        self._remove_ended(req)
         req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, self.env.now
         self.log.done(req, self.replica_id)
         if self.on_done:

@@ -31,9 +31,6 @@ from simcore.fast.pricing import StepPricer
 from simcore.fast.state import EngineState, InFlightStep
 from simcore.fast.stretch import plan_more_quiet_steps, plan_quiet_steps
 from simcore.fast.traffic import INF, Traffic
-from simcore.hybridkv import gpu_block_pool
-from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
-from simcore.kvoffload import host_loads
 from simcore.limits import EngineLimits, engine_settings_error
 from simcore.request import RequestSpec, RequestSpecs, Status
 from simcore.rules import reject_reason
@@ -71,15 +68,7 @@ class FastEngine(DecisionApplier):
         self.policy, self.limits = policy, limits
         self.pricer = StepPricer(cost_model)
         self.check_invariants = limits.check_invariants
-        self.prefix_cache = None
-        if limits.enable_prefix_caching:   # block identities: every step explicit (vLLM caches per step)
-            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
-            spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
-            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
-        self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
-        self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
-        self.swap_space = HostSwapSpace(limits.num_swap_blocks)
-        self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload (simcore/kvoffload.py)
+        self._make_pools(limits)   # prefix caching: block identities, every step explicit (vLLM caches per step)
         self.loading: list[FastRequest] = []   # requests whose prefix is loading from the host tier
         self.shortcut = getattr(policy, "schedule_decodes", None)
         if self.hybrid_kv is not None:   # sliding groups free blocks at each request's own phase: every step explicit
@@ -197,16 +186,8 @@ class FastEngine(DecisionApplier):
             self.abandoning.append(req)
             return
         self.quiet_step = False
-        if req.status is RUNNING:   # never a lazy decoder: it has no first token
-            self.running.remove(req)
-            self.prefilling.discard(req)
-            self.pool.free(req)
-            self._release_finished(())   # the last running one gone: a drained batch's slots are freed
-        elif self.late is None or not self.late.remove(req):
-            self.waiting.remove(req)
-            if req.status is Status.SWAPPED:
-                self.swap_space.num_used_blocks -= req.num_blocks
-                req.num_blocks = 0
+        self.prefilling.discard(req)   # running, it is never a lazy decoder: it has no first token
+        self._remove_ended(req)
         req.status, req.reject_reason, req.finish_s = Status.REJECTED, reason, now
         del self.requests[req.request_id]
         columns = self.columns
