@@ -160,3 +160,49 @@ def test_fast_path_matches_the_simpy_engine(name, method):
             num_preemptions += plain[0].num_preemptions.sum()
     if name != "trtllm_gne":   # (it never preempts)
         assert num_preemptions > 0   # retraction / pausing with drafts in flight is exercised
+
+
+# ---- the sweep file ----
+
+WORKLOAD = {"num_requests": 40, "arrival": {"process": "poisson", "rate_per_s": 30},
+            "prompt_tokens": {"dist": "lognormal", "median": 300, "sigma": 0.8, "max": 2000},
+            "output_tokens": {"dist": "lognormal", "median": 100, "sigma": 0.8, "max": 500}}
+
+
+@pytest.mark.parametrize("policy", ["sglang", "trtllm"])
+def test_a_point_speculates_on_sglang_and_trtllm_on_both_engines(policy):
+    import pandas as pd
+    from experiments.simulate import simulate
+    runs = [simulate({"model": "llama-3.1-8b", "workload": WORKLOAD,
+                      "engine": {"policy": policy, "fast_path": fp, "num_gpu_blocks": 400,
+                                 "speculative": {"method": "eagle3", "num_speculative_tokens": 3}}}, seed=2)
+            for fp in ("on", "off")]
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+    assert runs[0].summary["spec_decode_steps"] > 0 and runs[0].summary["spec_acceptance_length"] > 2
+
+
+def test_sglang_speculating_runs_48_requests_unless_told():
+    from experiments.config import resolve_point
+    spec = {"method": "eagle3", "num_speculative_tokens": 3}
+    point = resolve_point({"model": "llama-3.1-8b", "workload": WORKLOAD,
+                           "engine": {"policy": "sglang", "speculative": spec}})
+    assert point.policy.max_running_requests == 48
+    point = resolve_point({"model": "llama-3.1-8b", "workload": WORKLOAD,
+                           "engine": {"policy": "sglang", "max_running_requests": 100, "speculative": spec}})
+    assert point.policy.max_running_requests == 100
+    plain = resolve_point({"model": "llama-3.1-8b", "workload": WORKLOAD, "engine": {"policy": "sglang"}})
+    assert plain.policy.max_running_requests is None
+
+
+@pytest.mark.parametrize("engine, key", [
+    ({"policy": "trtllm", "speculative": {"method": "eagle", "num_speculative_tokens": 2}}, "engine.speculative.method"),
+    ({"policy": "sglang", "enable_mixed_chunk": True, "speculative": {"method": "eagle3", "num_speculative_tokens": 2}},
+     "engine.enable_mixed_chunk"),
+    ({"policy": "tgi", "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "engine.speculative"),
+])
+def test_what_an_engine_does_not_run_is_one_line_naming_the_key(engine, key):
+    from experiments.config import resolve_point
+    from experiments.configcheck import ConfigError
+    with pytest.raises(ConfigError) as e:
+        resolve_point({"model": "llama-3.1-8b", "workload": WORKLOAD, "engine": engine})
+    assert str(e.value).startswith(key + ":") and "\n" not in str(e.value)
