@@ -69,7 +69,8 @@ class Engine(DecisionApplier):
             self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
             # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
-            self._rewind_drafts = self.speculation.frees_rejected_kv and not getattr(policy, "guaranteed_no_evict", False)
+            self._rewind_drafts = (self.speculation.frees_rejected_kv
+                                   and not getattr(policy, "guaranteed_no_evict", False))
         self.process = env.process(self._loop())
 
     # ---- arrivals ----

@@ -195,7 +195,8 @@ def test_sglang_speculating_runs_48_requests_unless_told():
 
 
 @pytest.mark.parametrize("engine, key", [
-    ({"policy": "trtllm", "speculative": {"method": "eagle", "num_speculative_tokens": 2}}, "engine.speculative.method"),
+    ({"policy": "trtllm", "speculative": {"method": "eagle", "num_speculative_tokens": 2}},
+     "engine.speculative.method"),
     ({"policy": "sglang", "enable_mixed_chunk": True, "speculative": {"method": "eagle3", "num_speculative_tokens": 2}},
      "engine.enable_mixed_chunk"),
     ({"policy": "tgi", "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "engine.speculative"),

@@ -82,7 +82,8 @@ class FastEngine(DecisionApplier):
             self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
             # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
-            self._rewind_drafts = self.speculation.frees_rejected_kv and not getattr(policy, "guaranteed_no_evict", False)
+            self._rewind_drafts = (self.speculation.frees_rejected_kv
+                                   and not getattr(policy, "guaranteed_no_evict", False))
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
         self.num_blocks = self.pool.num_blocks
