@@ -131,6 +131,15 @@ class Speculation:
         return self.method in HIDDEN_STATE_METHODS
 
     @property
+    def drops_last_host_chunk(self) -> bool:
+        """A host-tier (KV offload) hit gives back its last chunk: vLLM's offloading connector pops the
+        trailing chunk of a drafter's KV group (`is_eagle_group`, offloading/scheduler.py
+        `_lookup_complete_chunks`), a group it finds for MTP, whose drafter layers trail the target's
+        (kv_cache_utils.py `_uses_trailing_mtp_layers`); for EAGLE heads no group is marked and the host hit is
+        kept whole (the GPU hit still drops its last block)."""
+        return self.method == "mtp" and self.engine == "vllm"
+
+    @property
     def num_draft_slots(self) -> int:
         """vLLM's `max_num_new_slots_for_drafting`: input slots per scheduled request the budget keeps for
         the drafter (a draft model keeps one unsliced input token; EAGLE, MTP and n-gram none)."""
