@@ -109,7 +109,8 @@ class Sglang:
         chunked = next((r for r in view.running if r.is_prefilling), None)
         decoding = [r for r in view.running if not r.is_prefilling]
         prefill, full = self._prefill(view, st, chunked, decoding)
-        full_ids = frozenset(running_ids) if full else st.full_ids
+        # (the batch marked full holds this step's admissions too: any of them leaving clears the mark)
+        full_ids = frozenset(running_ids.union(s.request_id for s in prefill)) if full else st.full_ids
         if prefill:
             admitted = {s.request_id for s in prefill}
             requeued = tuple(p for p in st.requeued if p[0] not in admitted)
