@@ -185,8 +185,11 @@ class HostLoads:
     """The loads in flight of one engine (`engine.loading`: their requests, holding their blocks) and the
     decision-time rules: loads that ended rejoin the queue; new requests with a host hit start theirs."""
 
-    def __init__(self, host: HostKVPool):
+    def __init__(self, host: HostKVPool, spec_step_blocks: int = 0):
         self.host = host
+        # speculative decoding: vLLM admits a load only if its hit blocks leave its first verification's
+        # blocks free (`_spec_decode_step_blocks`: 1 + k + lookahead tokens, v1/core/sched/scheduler.py)
+        self.spec_step_blocks = spec_step_blocks
         self.in_flight: list[tuple[float, object, list[int]]] = []   # (done_s, request, pinned keys), issue order
         self.rejoined: dict[int, object] = {}   # loaded requests back in the queue (some admitted since)
 
@@ -236,6 +239,8 @@ class HostLoads:
             if h == 0:   # the policy admits it, ahead of those behind it: its blocks are not theirs to load into
                 reserved += need
                 continue
+            if self.spec_step_blocks and g + h - (num_prompt_blocks - need) + self.spec_step_blocks + reserved > free:
+                break
             reserved += num_prompt_blocks - (g + h)   # what it takes when admitted after its load
             cache.admit(req)
             cache.grow(req, (g + h) * bs)
@@ -264,5 +269,7 @@ def host_loads(limits, prefix_cache) -> HostLoads | None:
         raise ValueError("engine.kv_offload: needs engine.enable_prefix_caching: true")
     gpu_block_bytes = limits.block_size * limits.kv_bytes_per_token
     prefix_cache.host = HostKVPool(limits.kv_offload, limits.block_size, gpu_block_bytes, limits.host_link_bytes_per_s)
-    prefix_cache.host.drops_last_hit_chunk = bool(limits.speculative and limits.speculative.drops_last_host_chunk)
-    return HostLoads(prefix_cache.host)
+    spec = limits.speculative
+    prefix_cache.host.drops_last_hit_chunk = bool(spec and spec.drops_last_host_chunk)
+    step = -(-(1 + spec.num_speculative_tokens + spec.num_lookahead_tokens) // limits.block_size) if spec else 0
+    return HostLoads(prefix_cache.host, step)

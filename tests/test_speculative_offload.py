@@ -82,3 +82,26 @@ def test_speculation_with_offload_matches_on_the_fast_path(method):
                          (requests_table(fast), iterations_table(fast), (fast.itl_values_s, fast.itl_counts)), 40)
         loaded += a.num_hit_tokens
     assert loaded > 0
+
+
+@pytest.mark.parametrize("k, loads_", [(2, True), (8, False)])
+def test_a_load_leaves_room_for_its_first_verification(k, loads_):
+    # vLLM admits an async load only if its hit blocks and its first spec-decode step (1 + k + lookahead
+    # tokens: 5 -> 1 block, 17 -> 2 blocks) fit in the free blocks. 4 free, a 3-block host hit: k = 2 loads,
+    # k = 8 waits (the prompt's 4 blocks alone would fit)
+    from collections import deque
+    from types import SimpleNamespace
+    from simcore.kvcache import PrefixCachingBlockPool
+    from simcore.kvoffload import host_loads
+    from simcore.request import Request
+    lim = EngineLimits(9, BS, 512, enable_prefix_caching=True, kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+                       host_link_bytes_per_s=LINK, kv_offload=OffloadLimits(8),
+                       speculative=Speculation("eagle3", k, (0.5,) * k))
+    cache = PrefixCachingBlockPool(9, BS)
+    loads = host_loads(lim, cache)
+    c = Request(RequestSpec(2, 0.0, 63, 4, prefix_block_ids=(1, 2, 3)))
+    cache.host.offer(0, cache.block_hashes(c.spec, 3), 3, 48)
+    cache.grow(Request(RequestSpec(9, 0.0, 64, 4)), 64)   # another request holds 4 of the 8 blocks
+    engine = SimpleNamespace(prefix_cache=cache, waiting=deque([c]), loading=[])
+    loads.before_decision(engine, 0.0)
+    assert (engine.loading == [c]) is loads_ and cache.host.num_blocks_loaded == (3 if loads_ else 0)
