@@ -207,3 +207,20 @@ def test_what_an_engine_does_not_run_is_one_line_naming_the_key(engine, key):
     with pytest.raises(ConfigError) as e:
         resolve_point({"model": "llama-3.1-8b", "workload": WORKLOAD, "engine": engine})
     assert str(e.value).startswith(key + ":") and "\n" not in str(e.value)
+
+
+def test_sglang_speculating_at_128_users_runs_48_at_most():
+    # examples/speculative_engines.yaml at its last load, fewer requests: SGLang's 48-request default binds
+    import yaml
+    from pathlib import Path
+    from experiments.config import expand
+    from experiments.simulate import simulate
+    sweep = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "speculative_engines.yaml")
+                           .read_text())
+    sweep["workload"]["num_requests"] = 256
+    sweep["grid"] = {"engine.policy": ["chunked_prefill", "sglang"]}
+    sweep["engine"]["speculative"] = {"method": "eagle3", "num_speculative_tokens": 3}
+    sweep["workload"]["arrival"]["concurrency"] = 128
+    vllm, sglang = (simulate(p.config, seed=0) for p in expand(sweep))
+    assert sglang.iterations.num_running.max() == 48 < vllm.iterations.num_running.max()
+    assert sglang.summary["ttft_p50_ms"] > 10 * vllm.summary["ttft_p50_ms"]
