@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from costmodels.frontend import FrontendLatency, parse_frontend
 from experiments.configcheck import ConfigError, check_type
-from experiments.speculative_config import SpeculativeSettings, parse_speculative
+from experiments.speculative_config import SpeculativeSettings, parse_speculative, speculative_policy_knobs
 from experiments.offload_config import OffloadSettings, parse_offload
 from policies import POLICIES
 from simcore.limits import PREEMPTION_MODES, EngineLimits, engine_settings_error
@@ -153,7 +153,8 @@ def resolve_policy(engine: dict, gpu, max_model_len: int):
     """The policy value a point runs: `POLICIES[name].for_gpu(gpu, max_model_len, **knobs)`."""
     name = policy_name(engine)
     try:
-        return POLICIES[name].for_gpu(gpu, max_model_len, **policy_knobs(engine, name))
+        knobs = {**speculative_policy_knobs(name, engine), **policy_knobs(engine, name)}
+        return POLICIES[name].for_gpu(gpu, max_model_len, **knobs)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -22,16 +22,23 @@ from simcore.speculative import METHODS, Speculation, SpecCounters, default_acce
 
 KEYS = ("method", "num_speculative_tokens", "acceptance", "draft_model", "model")
 # Policies whose engine speculates and whose scheduling of it is modelled: vLLM V1's scheduler (chunked
-# prefill, and `continuous` as V1 without chunking). The others, in one line each.
+# prefill, and `continuous` as V1 without chunking), SGLang's and TensorRT-LLM's. The others, in one line each.
 POLICY_REFUSALS = {
     "static": "static batching (HF generate-style) has no speculative decoding here",
     "tgi": "TGI's scheduler is not modelled with speculation (TGI runs Medusa and n-gram speculation, "
            "not EAGLE/MTP configs)",
-    "sglang": "SGLang runs EAGLE/MTP speculation, but its scheduling of it (tree drafts, "
-              "speculative_num_draft_tokens) is not modelled here; use chunked_prefill (vLLM V1)",
-    "trtllm": "TensorRT-LLM runs EAGLE-3/MTP speculation, but its scheduling of it is not modelled here; "
-              "use chunked_prefill (vLLM V1)",
 }
+# Methods an engine does not run, in one line each. SGLang runs all five (EAGLE, EAGLE3, NEXTN = MTP through
+# the EAGLE path, STANDALONE = a draft model, NGRAM: server_args.py --speculative-algorithm); TensorRT-LLM's
+# PyTorch backend runs MTP, Eagle3, DraftTarget and NGram (llmapi/llm_args.py decoding configs).
+METHOD_REFUSALS = {
+    ("trtllm", "eagle"): "TensorRT-LLM's PyTorch backend runs EAGLE-3 (method eagle3), not EAGLE-1 heads",
+}
+# SGLang's server caps the running requests at 48 when speculating unless --max-running-requests is given
+# (server_args.py `_handle_speculative_decoding`: "Max running requests is reset to 48 for speculative decoding").
+SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS = 48
+# Whose counting of drafts each policy follows (simcore/speculative.py `Speculation.engine`).
+ENGINE_OF_POLICY = {"sglang": "sglang", "trtllm": "trtllm"}
 
 
 @dataclass(frozen=True)
@@ -114,9 +121,12 @@ def speculative_error(spec: SpeculativeSettings | None, policy, settings, disagg
     name = getattr(policy, "name", "?")
     if name in POLICY_REFUSALS:
         return f"engine.speculative: not with engine.policy {name}: {POLICY_REFUSALS[name]}"
-    if getattr(settings, "kv_offload", None) is not None:
-        return ("engine.speculative: not modelled with engine.kv_offload (host-tier hits with EAGLE's dropped "
-                "block are not modelled)")
+    if (name, spec.method) in METHOD_REFUSALS:
+        return f"engine.speculative.method: {spec.method} not with engine.policy {name}: " \
+               f"{METHOD_REFUSALS[name, spec.method]}"
+    if name == "sglang" and getattr(policy, "enable_mixed_chunk", False):
+        return ("engine.enable_mixed_chunk: SGLang turns mixed chunked prefill off with speculative decoding "
+                "(server_args.py); leave it unset")
     if settings.preemption_mode != "recompute":
         return "engine.speculative: needs engine.preemption_mode recompute (vLLM V1 has no swap)"
     if disaggregated:
@@ -143,4 +153,13 @@ def speculation_for(cfg, cost_model, seed: int):
     if cost_model.describe().get("kind") != "constant":
         draft = get_model(s.draft_model) if s.draft_model is not None else None
         proposer = proposer_cost(s.method, s.num_speculative_tokens, cfg.model, cfg.gpu, cfg.deployment, draft)
-    return Speculation(s.method, s.num_speculative_tokens, s.acceptance, seed, proposer, SpecCounters())
+    return Speculation(s.method, s.num_speculative_tokens, s.acceptance, seed, proposer, SpecCounters(),
+                       ENGINE_OF_POLICY.get(cfg.policy.name, "vllm"))
+
+
+def speculative_policy_knobs(name: str, engine: dict) -> dict:
+    """Policy knobs the engine's server sets itself when it speculates (unset by the user): SGLang's 48
+    running requests."""
+    if name == "sglang" and engine.get("speculative") is not None:
+        return {"max_running_requests": SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS}
+    return {}

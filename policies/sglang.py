@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least, sglang_chunked_prefill_size
+from policies.speculation_counting import sglang_decode_room
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -108,7 +109,8 @@ class Sglang:
         chunked = next((r for r in view.running if r.is_prefilling), None)
         decoding = [r for r in view.running if not r.is_prefilling]
         prefill, full = self._prefill(view, st, chunked, decoding)
-        full_ids = frozenset(running_ids) if full else st.full_ids
+        # (the batch marked full holds this step's admissions too: any of them leaving clears the mark)
+        full_ids = frozenset(running_ids.union(s.request_id for s in prefill)) if full else st.full_ids
         if prefill:
             admitted = {s.request_id for s in prefill}
             requeued = tuple(p for p in st.requeued if p[0] not in admitted)
@@ -195,17 +197,21 @@ class Sglang:
         if not decoding:
             return Batch(policy_state=st)
         free = view.num_free_blocks
+        # speculative decoding (policies/speculation_counting.py): room for the verification and the draft tree
+        room = sglang_decode_room(view)
 
         def need(reqs):
-            return sum(view.blocks_to_hold(r, r.num_computed_tokens + 1) for r in reqs)
+            return sum(view.blocks_to_hold(r, r.num_computed_tokens + room) for r in reqs)
 
         if need(decoding) <= free:
             ratio = max(st.new_token_ratio - (self.init_ratio - self.min_ratio) / self.new_token_ratio_decay_steps,
                         self.min_ratio)
-            return Batch(tuple(Scheduled(r.request_id, 1) for r in decoding),
+            return Batch(tuple(Scheduled(r.request_id, 1 + r.num_spec_tokens) for r in decoding),
                          policy_state=SglangState(ratio, st.full_ids, st.requeued))
-        # retract_decode: stable sort, descending (generated, -prompt); pop from the end
-        keep = sorted(decoding, key=lambda r: (r.num_generated_tokens, -r.num_prompt_tokens), reverse=True)
+        # retract_decode: stable sort, descending (generated, -prompt); pop from the end (speculating: the
+        # batch order, unsorted: SGLang can only filter a speculative batch from the back)
+        keep = list(decoding) if view.num_speculative_tokens else \
+            sorted(decoding, key=lambda r: (r.num_generated_tokens, -r.num_prompt_tokens), reverse=True)
         retracted = []
         while need(keep) > free + sum(r.num_blocks for r in retracted):
             if len(keep) == 1:
@@ -218,7 +224,8 @@ class Sglang:
         max_new = sum(self._max_new(r, view.max_model_len) for r in kept)
         ratio = min(1.0, (generated + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
         requeued = st.requeued + tuple((r.request_id, view.now_s) for r in retracted)
-        return Batch(tuple(Scheduled(r.request_id, 1) for r in kept), tuple(r.request_id for r in retracted),
+        return Batch(tuple(Scheduled(r.request_id, 1 + r.num_spec_tokens) for r in kept),
+                     tuple(r.request_id for r in retracted),
                      policy_state=SglangState(ratio, None, requeued))
 
 

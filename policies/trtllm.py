@@ -2,8 +2,12 @@
 `microBatchScheduler.cpp`, `trtGptModelInflightBatching.cpp`; knobs from `tensorrt_llm/llmapi/llm_args.py`):
 docs/engines.md section 3.
 
-Simplifications: no KV block reuse (so no `beneficialToSkip`), beam width 1, no draft tokens, no pipeline
-or overlap micro-batches, one attention window; the context chunk unit is the engine's KV block size
+Speculative decoding (engine.speculative, policies/speculation_counting.py): a generation request takes 1 +
+its drafts of `max_num_tokens` and KV for them plus the one-model drafter's `num_extra_kv_tokens`; the
+rejected drafts' KV is rewound after the step (MAX_UTILIZATION; GUARANTEED_NO_EVICT's reservation covers it).
+
+Simplifications: no KV block reuse (so no `beneficialToSkip`), beam width 1, no pipeline or overlap
+micro-batches, one attention window; the context chunk unit is the engine's KV block size
 (TRT-LLM's `tokens_per_block`, 32 by default there); `max_context_length` = `max_num_tokens` (context FMHA
 on). GUARANTEED_NO_EVICT reserves prompt + max output in the pool on admission, where TRT-LLM counts the
 blocks still to come: the decisions are the same, the KV usage looks fuller. STATIC_BATCH and PREFILL_FIRST
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
+from policies.speculation_counting import trtllm_held_tokens, trtllm_reservation_slack, trtllm_step_tokens
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.request import Request, RequestSpec, Status
@@ -148,8 +153,9 @@ class TrtLlm:
 
     def _reservation(self, view: EngineView, req: Request) -> int:
         if self.guaranteed_no_evict:
-            return max_total_tokens(req.spec, view.max_model_len)
-        return req.num_tokens  # the whole context is allocated at its first chunk
+            return max_total_tokens(req.spec, view.max_model_len) + (
+                trtllm_reservation_slack(view) if view.num_speculative_tokens else 0)
+        return req.num_tokens + view.num_lookahead_tokens  # the whole context is allocated at its first chunk
 
     def _guaranteed_no_evict(self, view: EngineView) -> list[Request]:
         head, fresh = self._active(view)
@@ -182,7 +188,8 @@ class TrtLlm:
             if req.status is not Status.RUNNING:
                 need = view.blocks_to_hold(req, self._reservation(view, req))
             else:
-                need = view.blocks_to_hold(req, req.num_computed_tokens + 1) if not req.is_prefilling else 0
+                need = view.blocks_to_hold(req, trtllm_held_tokens(view, req, trtllm_step_tokens(req))) \
+                    if not req.is_prefilling else 0
             if len(fit) < self.max_batch_size and need <= avail:
                 fit.append(req)
                 avail -= need
@@ -207,7 +214,7 @@ class TrtLlm:
             if context and self.enable_chunked_context:
                 to_chunk.append(req)
             else:
-                need = req.num_uncomputed_tokens if context else 1
+                need = req.num_uncomputed_tokens if context else trtllm_step_tokens(req)
                 if context and need > self.max_num_tokens:
                     raise SimulationError(
                         f"trtllm: request {req.request_id} needs a {need}-token context > max_num_tokens "
@@ -226,7 +233,10 @@ class TrtLlm:
         return out
 
     def _scheduled(self, view: EngineView, req: Request, n: int) -> Scheduled:
-        reserve = self._reservation(view, req) if req.status is not Status.RUNNING else 0
+        if req.status is not Status.RUNNING:
+            reserve = self._reservation(view, req)
+        else:   # (speculating: the drafter's extra slots past the step's tokens)
+            reserve = trtllm_held_tokens(view, req, n) if view.num_lookahead_tokens else 0
         return Scheduled(req.request_id, n, reserve)
 
     def _chunk_sizes(self, view: EngineView, reqs: list[Request], capacity: int) -> list[int]:

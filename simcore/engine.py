@@ -68,6 +68,9 @@ class Engine(DecisionApplier):
             self.draws = speculative.AcceptanceDraws(self.speculation)
             self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
+            # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
+            self._rewind_drafts = (self.speculation.frees_rejected_kv
+                                   and not getattr(policy, "guaranteed_no_evict", False))
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -235,6 +238,8 @@ class Engine(DecisionApplier):
                 num_prefill += s.num_new_tokens
             if self.speculation is not None:   # verify drafts: the accepted ones and the bonus, in one chunk
                 emitted = speculative.verified(req, s.num_new_tokens, self.draws, self.spec_counters)
+                if emitted and self._rewind_drafts:
+                    speculative.rewind(self.pool, req, self.speculation)
                 if emitted and req.reject_reason is None:
                     if take_sample(req, now, log, emitted):
                         done.append(req)

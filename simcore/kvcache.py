@@ -109,6 +109,14 @@ class BlockPool:
         req.num_blocks = 0
         return n
 
+    def shrink(self, req: Request, num_tokens: int) -> None:
+        """Give back `req`'s blocks past its first `num_tokens` tokens (speculative decoding under SGLang and
+        TensorRT-LLM: rejected drafts' slots freed; simcore/speculative.py `rewind`)."""
+        extra = req.num_blocks + (num_tokens // -self.block_size)
+        if extra > 0:
+            self.num_used_blocks -= extra
+            req.num_blocks -= extra
+
 
 class HostSwapSpace:
     """Host (CPU) memory for swapped-out KV (vLLM V0 `swap_space`, 4 GiB per GPU by default)."""

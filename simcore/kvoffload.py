@@ -76,6 +76,7 @@ class HostKVPool:
         self.num_hit_tokens = 0
         self.num_loads = self.num_blocks_loaded = self.num_chunks_stored = self.num_evicted_chunks = 0
         self.num_dropped_chunks = 0
+        self.drops_last_hit_chunk = False   # MTP drafting (simcore/speculative.py drops_last_host_chunk)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -125,14 +126,20 @@ class HostKVPool:
                 lru.move_to_end(k)
 
     # ---- lookups and loads ----
-    def num_hit_blocks(self, hashes: list[int], first_block: int, max_blocks: int) -> int:
+    def num_hit_blocks(self, hashes: list[int], first_block: int, max_blocks: int, wide_blocks: int = 0) -> int:
         """GPU blocks past `first_block` (the GPU hit) that consecutive held chunks cover, within the
-        first `max_blocks` blocks (whole chunks only). The chunk holding `first_block` is looked up whole."""
+        first `max_blocks` blocks (whole chunks only). The chunk holding `first_block` is looked up whole.
+        `wide_blocks` > 0 (MTP: `drops_last_hit_chunk`): looked up to that many blocks, one chunk past the
+        limit where the request has it, then the hit's last chunk given back, as vLLM's connector does for
+        a drafter's KV group."""
         bpc = self.blocks_per_chunk
         c, last = first_block // bpc, max_blocks // bpc
         n = c
-        while n < last and self._key(hashes, n) in self._lru:
+        top = wide_blocks // bpc if wide_blocks else last
+        while n < top and self._key(hashes, n) in self._lru:
             n += 1
+        if wide_blocks and n > c:
+            n = min(n - 1, last)
         return max(0, n * bpc - first_block)
 
     def loaded(self, request_id: int, num_blocks: int) -> None:
@@ -178,8 +185,11 @@ class HostLoads:
     """The loads in flight of one engine (`engine.loading`: their requests, holding their blocks) and the
     decision-time rules: loads that ended rejoin the queue; new requests with a host hit start theirs."""
 
-    def __init__(self, host: HostKVPool):
+    def __init__(self, host: HostKVPool, spec_step_blocks: int = 0):
         self.host = host
+        # speculative decoding: vLLM admits a load only if its hit blocks leave its first verification's
+        # blocks free (`_spec_decode_step_blocks`: 1 + k + lookahead tokens, v1/core/sched/scheduler.py)
+        self.spec_step_blocks = spec_step_blocks
         self.in_flight: list[tuple[float, object, list[int]]] = []   # (done_s, request, pinned keys), issue order
         self.rejoined: dict[int, object] = {}   # loaded requests back in the queue (some admitted since)
 
@@ -220,11 +230,17 @@ class HostLoads:
             if need + reserved > free:
                 break   # vLLM's scheduler stops at the first request it cannot allocate
             max_blocks = (req.num_tokens - 1) // bs
-            hashes = cache.block_hashes(req.spec, max_blocks)
-            h = host.num_hit_blocks(hashes, g, max_blocks)
+            wide = 0   # MTP: one chunk more queried, then popped
+            if host.drops_last_hit_chunk:
+                bpc = host.blocks_per_chunk
+                wide = min((max_blocks // bpc + 1) * bpc, req.num_tokens // bs // bpc * bpc)
+            hashes = cache.block_hashes(req.spec, max(max_blocks, wide))
+            h = host.num_hit_blocks(hashes, g, max_blocks, wide)
             if h == 0:   # the policy admits it, ahead of those behind it: its blocks are not theirs to load into
                 reserved += need
                 continue
+            if self.spec_step_blocks and g + h - (num_prompt_blocks - need) + self.spec_step_blocks + reserved > free:
+                break
             reserved += num_prompt_blocks - (g + h)   # what it takes when admitted after its load
             cache.admit(req)
             cache.grow(req, (g + h) * bs)
@@ -253,4 +269,7 @@ def host_loads(limits, prefix_cache) -> HostLoads | None:
         raise ValueError("engine.kv_offload: needs engine.enable_prefix_caching: true")
     gpu_block_bytes = limits.block_size * limits.kv_bytes_per_token
     prefix_cache.host = HostKVPool(limits.kv_offload, limits.block_size, gpu_block_bytes, limits.host_link_bytes_per_s)
-    return HostLoads(prefix_cache.host)
+    spec = limits.speculative
+    prefix_cache.host.drops_last_hit_chunk = bool(spec and spec.drops_last_host_chunk)
+    step = -(-(1 + spec.num_speculative_tokens + spec.num_lookahead_tokens) // limits.block_size) if spec else 0
+    return HostLoads(prefix_cache.host, step)

@@ -18,6 +18,13 @@ finish, as `update_draft_token_ids`); the scheduler gives it 1 + k tokens under 
 KV for them plus `num_lookahead_tokens` more (EAGLE, MTP and draft models write the drafts' KV past the
 verified range); after the step the rejected drafts are rolled back from `num_computed_tokens` while their
 KV blocks stay allocated; the accepted tokens plus the bonus token reach the client in one chunk.
+
+SGLang and TensorRT-LLM (`Speculation.engine`) verify the same 1 + k rows with the same draws and prices;
+they differ in what they hold for the drafts (docs/speculative.md, "Per engine"): SGLang checks room for
+the verification and the draft tree before a decode step (`num_lookahead_tokens`: the tree's
+`speculative_eagle_topk x speculative_num_steps` slots, allocated for the draft passes and given back within
+the step), TensorRT-LLM keeps `num_extra_kv_tokens` slots past each sequence (one-model EAGLE-3 and MTP:
+k - 1); both give back the rejected drafts' KV after the verification (`rewind`), where vLLM keeps it.
 """
 from __future__ import annotations
 
@@ -60,6 +67,11 @@ DEFAULT_ACCEPTANCE = {
     # draft_model: no default; acceptance depends on the pair of models and the text.
 }
 
+ENGINES = ("vllm", "sglang", "trtllm")
+# TensorRT-LLM's one-model drafters (the drafter runs inside the target's engine) keep max_draft_len - 1 extra
+# KV slots per sequence: `get_num_extra_kv_tokens` in tensorrt_llm/_torch/speculative/utils.py.
+TRTLLM_ONE_MODEL_METHODS = ("eagle3", "mtp")
+
 
 def default_acceptance(method: str, k: int) -> tuple[float, ...] | None:
     """The published default for `method` at `k` drafts (see DEFAULT_ACCEPTANCE), or None."""
@@ -87,20 +99,51 @@ class Speculation:
     seed: int = 0
     proposer: object = None
     counters: object = None
+    engine: str = "vllm"   # whose scheduling of drafts the policy follows: vllm, sglang or trtllm
 
     @property
     def num_lookahead_tokens(self) -> int:
-        return self.num_speculative_tokens if self.method in LOOKAHEAD_METHODS else 0
+        """KV slots past each scheduled row the drafter needs. vLLM: `num_lookahead_tokens`, k for GPU
+        drafters, held. SGLang: the draft tree's topk x num_steps slots (a chain of k for GPU drafters; one
+        for n-gram, whose num_steps and topk are unset), checked and allocated within the step only.
+        TensorRT-LLM: `num_extra_kv_tokens`, k - 1 for its one-model EAGLE-3 and MTP, held."""
+        k = self.num_speculative_tokens
+        if self.engine == "sglang":
+            return 1 if self.method == "ngram" else k
+        if self.engine == "trtllm":
+            return k - 1 if self.method in TRTLLM_ONE_MODEL_METHODS else 0
+        return k if self.method in LOOKAHEAD_METHODS else 0
+
+    @property
+    def frees_rejected_kv(self) -> bool:
+        """SGLang frees the rejected drafts' KV slots after the verification (eagle_info.py `verify`),
+        TensorRT-LLM rewinds them (`rewind_kv_cache`); vLLM keeps the blocks."""
+        return self.engine != "vllm"
+
+    @property
+    def num_kept_lookahead_tokens(self) -> int:
+        """Lookahead slots a request keeps between steps: all of vLLM's and TensorRT-LLM's, none of
+        SGLang's (its draft tree's slots are given back within the step)."""
+        return 0 if self.engine == "sglang" else self.num_lookahead_tokens
 
     @property
     def drops_last_hit_block(self) -> bool:
         return self.method in HIDDEN_STATE_METHODS
 
     @property
+    def drops_last_host_chunk(self) -> bool:
+        """A host-tier (KV offload) hit gives back its last chunk: vLLM's offloading connector pops the
+        trailing chunk of a drafter's KV group (`is_eagle_group`, offloading/scheduler.py
+        `_lookup_complete_chunks`), a group it finds for MTP, whose drafter layers trail the target's
+        (kv_cache_utils.py `_uses_trailing_mtp_layers`); for EAGLE heads no group is marked and the host hit is
+        kept whole (the GPU hit still drops its last block)."""
+        return self.method == "mtp" and self.engine == "vllm"
+
+    @property
     def num_draft_slots(self) -> int:
         """vLLM's `max_num_new_slots_for_drafting`: input slots per scheduled request the budget keeps for
         the drafter (a draft model keeps one unsliced input token; EAGLE, MTP and n-gram none)."""
-        return 1 if self.method == "draft_model" else 0
+        return 1 if self.method == "draft_model" and self.engine == "vllm" else 0
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -172,6 +215,12 @@ def verified(req, num_new_tokens: int, draws: AcceptanceDraws, counters: SpecCou
     req.num_computed_tokens = c - (drafts - accepted)
     left = req.spec.num_output_tokens - req.num_generated_tokens
     return accepted + 1 if accepted + 1 < left else left
+
+
+def rewind(pool, req, spec: Speculation) -> None:
+    """After `verified`: SGLang and TensorRT-LLM give back the KV of the drafts the verification rejected,
+    keeping the computed tokens and the lookahead slots the engine keeps (vLLM keeps all its blocks)."""
+    pool.shrink(req, req.num_computed_tokens + spec.num_kept_lookahead_tokens)
 
 
 def summary_keys(counters: SpecCounters) -> dict:

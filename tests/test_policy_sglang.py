@@ -87,7 +87,18 @@ def test_max_prefill_tokens_only_stops_a_second_request():
 def test_max_running_requests_marks_the_batch_full():
     policy = Sglang(max_running_requests=2)
     batch = policy.schedule(view([waiting(1, 100), waiting(2, 100)], [decoding(0, 100, 5)], state=SglangState(INIT)))
-    assert batch == Batch((Scheduled(1, 100),), policy_state=SglangState(INIT, frozenset({0})))
+    # the mark covers the running batch the admission joins: any of 0 and 1 leaving clears it
+    assert batch == Batch((Scheduled(1, 100),), policy_state=SglangState(INIT, frozenset({0, 1})))
+
+
+def test_a_batch_filled_from_an_idle_start_is_cleared_when_one_leaves():
+    # admitting max_running_requests with nothing running marks the batch full; it must clear when one of
+    # those requests leaves (SGLang resets batch_is_full whenever the running batch shrinks)
+    policy = Sglang(max_running_requests=2)
+    batch = policy.schedule(view([waiting(0, 100), waiting(1, 100), waiting(2, 100)]))
+    assert [s.request_id for s in batch.scheduled] == [0, 1] and batch.policy_state.full_ids == frozenset({0, 1})
+    after = policy.schedule(view([waiting(2, 100)], [decoding(1, 100, 5)], state=batch.policy_state))
+    assert after.scheduled == (Scheduled(2, 100),)
 
 
 def test_mixed_chunk_puts_the_decodes_in_the_prefill_step():

@@ -81,6 +81,9 @@ class FastEngine(DecisionApplier):
             self.draws = speculative.AcceptanceDraws(self.speculation)
             self._num_pad_drafts = self.speculation.num_speculative_tokens
             self.spec_counters = self.speculation.counters or speculative.SpecCounters()
+            # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
+            self._rewind_drafts = (self.speculation.frees_rejected_kv
+                                   and not getattr(policy, "guaranteed_no_evict", False))
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
         self.num_blocks = self.pool.num_blocks
@@ -665,6 +668,8 @@ class FastEngine(DecisionApplier):
             emitted = speculative.verified(req, n, draws, counters)
             if not emitted:
                 continue
+            if self._rewind_drafts:
+                speculative.rewind(self.pool, req, spec)
             req.num_generated_tokens = g + emitted
             if req.first_token_s is None:
                 req.first_token_s = now
