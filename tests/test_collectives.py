@@ -88,3 +88,10 @@ def test_a_described_gpu_takes_pcie_host_and_a_bad_kind_is_one_line(tmp_path, ca
     assert main([str(sweep), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "hardware.interconnect_kind" in err[0]
+
+
+def test_the_refit_recovers_a_latency_and_a_bandwidth():
+    from benchmarks.pcie_collectives import fit
+    ring = [2.0 ** k for k in range(12, 28)]   # 4 kB to 128 MB; the fit keeps 256 kB to 64 MB
+    latency, bw, worst = fit(ring, [14.2e-6 + b / 37.76e9 for b in ring])
+    assert latency == pytest.approx(14.2e-6, rel=1e-6) and bw == pytest.approx(37.76e9, rel=1e-6) and worst < 1e-9
