@@ -146,6 +146,9 @@ class RooflineCostModel:
                 "dtype": self.dtype, "weights": d.weight_format(self.model), "kv_cache_dtype": d.kv_format(),
                 "pp": d.pipeline_parallel_size, "dp": d.data_parallel_size, "ep": d.ep,
                 "expert_load_imbalance": d.expert_load_imbalance,
+                # what the TP all-reduce crosses and its price (costmodels/collectives.py)
+                "tp_link": {"kind": self.gpu.interconnect_kind, "efficiency": self.tp_link.efficiency,
+                            "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
 
     def _gemm_s(self, m: float, n: int, k: int, wb: float | None = None) -> float:

@@ -95,3 +95,8 @@ def test_the_refit_recovers_a_latency_and_a_bandwidth():
     ring = [2.0 ** k for k in range(12, 28)]   # 4 kB to 128 MB; the fit keeps 256 kB to 64 MB
     latency, bw, worst = fit(ring, [14.2e-6 + b / 37.76e9 for b in ring])
     assert latency == pytest.approx(14.2e-6, rel=1e-6) and bw == pytest.approx(37.76e9, rel=1e-6) and worst < 1e-9
+
+
+def test_the_link_is_recorded_in_the_cost_model_description():
+    d = RooflineCostModel(QWEN3_32B, GPUS["rtx-4090"], tp=2).describe()
+    assert d["tp_link"] == {"kind": "pcie_host", "efficiency": 0.252, "latency_s": 9.5e-6}
