@@ -32,8 +32,10 @@ def fit(ring_bytes, seconds, lo: float = 256e3, hi: float = 64e6) -> tuple[float
 def main(argv=None) -> int:
     import pandas as pd
 
+    from commandline.parser import Parser
     from costmodels.aic import tables_root
     from costmodels.catalog import GPUS
+    Parser(prog="python -m benchmarks.pcie_collectives", description=__doc__.split("\n\n")[0]).parse_args(argv)
     root = tables_root()
     if root is None:
         print("aiconfigurator-core is not installed (the [aic] extra): nothing to fit")
