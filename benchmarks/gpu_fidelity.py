@@ -23,7 +23,9 @@ serving front end (costmodels/frontend.py: `vllm serve` over HTTP for the H100 s
 serve` drove; none for the LLMServingSim runs, whose times are all the engine core's: TTFT from the
 core receiving the tokenised request). Cost models: `roofline`
 (the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
-and they have the GPU, else the same prior). Writes stages.csv, runs.csv and report.md under --out.
+and they have the GPU, else the same prior); for a multi-GPU run on a PCIe GPU also `roofline-pcie_host`,
+the prior with the GPUs described as having no peer-to-peer path (host_staged_point says why). Writes
+stages.csv, runs.csv and report.md under --out.
 Without ../shared (or --shared) it says so and exits 0.
 """
 from __future__ import annotations
@@ -220,9 +222,13 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         peer = peer_errors(d)
         cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
         profile = layer_profile(shared, d.name, work)
-        for name in models + (["layer-profile"] if profile else []):
+        host = host_staged_point(run, model_ref(run.meta["model_id"], work))
+        for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
-            res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
+            if name == "roofline-pcie_host":
+                res = replay(run, replay_config(run, host), "roofline")
+            else:
+                res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
             m = _lss_metrics(res.requests)
             row = {"run": d.name, "cost_model": name, "num_requests": len(real),
                    "sim_wall_s": round(time.perf_counter() - t0, 1)}
@@ -234,6 +240,23 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
             say(f"{d.name} {name}: TPOT mean {m['tpot_mean_ms']:.2f} ms (real {real_m['tpot_mean_ms']:.2f}), "
                 f"TTFT mean {m['ttft_mean_ms']:.0f} ms (real {real_m['ttft_mean_ms']:.0f}), {row['sim_wall_s']} s")
     return pd.DataFrame(rows)
+
+
+def host_staged_point(run, model: str) -> dict | None:
+    """The replay point with the run's GPU described as having no GPU peer-to-peer path (`interconnect_kind:
+    pcie_host`, costmodels/collectives.py), for a multi-GPU run on a GPU the catalog gives P2P over PCIe:
+    LLMServingSim's calibration of its two RTX PRO 6000 Server measured that path (a 16 GB/s all-reduce)
+    until its host's ACS and IOMMU were turned off, and the run does not say which its host had. None for
+    single-GPU runs and other interconnects."""
+    from costmodels.gpuspec import parse_gpu
+    from fidelity.llmservingsim import gpu_of, replay_point
+    point = replay_point(run, model)
+    if point["tensor_parallel_size"] < 2 or parse_gpu(point["hardware"]).interconnect_kind != "pcie":
+        return None
+    gpu = gpu_of(run)
+    hw = {**(gpu if isinstance(gpu, dict) else {"base": gpu, "name": gpu}), "interconnect_kind": "pcie_host"}
+    hw["name"] = f"{hw['name']}-pcie_host"
+    return replay_point(run, model, hardware=hw)
 
 
 def layer_profile(shared: Path, run_name: str, work: Path) -> str | None:

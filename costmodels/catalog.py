@@ -22,7 +22,8 @@ class GPU:
     host_link_bytes_per_s: float     # GPU<->host copies (KV swap), PCIe gen4 x16 ~25 GB/s, gen5 ~50 GB/s
     fp8_flops_per_s: float | None = None  # dense FP8 tensor-core peak; None: no FP8 tensor cores (A100)
     fp4_flops_per_s: float | None = None  # dense FP4 peak (Blackwell); None: FP4 weights dequantised to fp8/bf16
-    interconnect_kind: str = "nvlink"     # nvlink | pcie | infinity_fabric: what the TP collectives cross
+    interconnect_kind: str = "nvlink"     # nvlink | pcie | pcie_host | infinity_fabric: what TP collectives
+                                          # cross (pcie: GPU peer-to-peer; pcie_host: staged through host memory)
     l2_bytes: float | None = None         # last-level on-chip cache (the [aic] tables' decode attention uses it)
     host_memory_bytes: float | None = None  # host (CPU) memory per GPU in its reference server (KV offload's
                                             # ceiling); None: not known, not checked
@@ -60,8 +61,9 @@ GPUS: dict[str, GPU] = {
         GPU("l40", 181e12, 864e9, 47.7e9, 32e9, 25e9, 362e12, interconnect_kind="pcie", l2_bytes=96e6),
         GPU("l40s", 362e12, 864e9, 47.7e9, 32e9, 25e9, 733e12, interconnect_kind="pcie", l2_bytes=96e6),
         GPU("a10g", 70e12, 600e9, 23.7e9, 32e9, 25e9, interconnect_kind="pcie", l2_bytes=6e6),  # est. memory
-        # GeForce Ada: BF16 with FP32 accumulate runs at half the FP16-accumulate rate
-        GPU("rtx-4090", 165.2e12, 1008e9, 25_250_627_584, 32e9, 25e9, 330.3e12, interconnect_kind="pcie",
+        # GeForce Ada: BF16 with FP32 accumulate runs at half the FP16-accumulate rate; NVIDIA's driver gives
+        # GeForce cards no GPU peer-to-peer access, so TP collectives go through host memory
+        GPU("rtx-4090", 165.2e12, 1008e9, 25_250_627_584, 32e9, 25e9, 330.3e12, interconnect_kind="pcie_host",
             l2_bytes=72e6),
         GPU("rtx-pro-6000", 500e12, 1792e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
             l2_bytes=128e6),   # Blackwell, 96 GB GDDR7, est. memory; FLOP/s: half the sparse datasheet figures
@@ -84,7 +86,7 @@ GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name)) for n
 GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",
                "rtx4090": "rtx-4090", "rtx-pro-6000-blackwell": "rtx-pro-6000",
                "h100-pcie-80gb": "h100-pcie"}
-INTERCONNECT_KINDS = ("nvlink", "pcie", "infinity_fabric")
+INTERCONNECT_KINDS = ("nvlink", "pcie", "pcie_host", "infinity_fabric")
 
 
 @dataclass(frozen=True)

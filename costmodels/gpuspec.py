@@ -8,7 +8,7 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       hbm_bytes_per_s: 1008e9          # datasheet memory bandwidth
       dense_flops_per_s: {bf16: 165.2e12, fp8: 330.3e12}   # dense tensor-core peaks per precision
       interconnect_bytes_per_s: 32e9   # per GPU, per direction, what TP collectives cross
-      interconnect_kind: pcie          # nvlink | pcie | infinity_fabric
+      interconnect_kind: pcie          # nvlink | pcie (peer-to-peer) | pcie_host (no P2P) | infinity_fabric
       host_link_bytes_per_s: 25e9      # GPU <-> host copies
       l2_bytes: 72e6                   # last-level cache (optional)
       host_memory_bytes: 256e9         # host memory per GPU (optional; the ceiling of engine.kv_offload)

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
+from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
 from costmodels.roofline import Efficiencies
@@ -257,12 +258,15 @@ class ProfileCostModel:
         return t + self._allreduce_s(num_tokens) + self.overheads.per_layer_s
 
     def _allreduce_s(self, num_tokens: int) -> float:
-        """Two all-reduces per layer under TP; not in the kernel tables, so the roofline prior's terms."""
+        """Two all-reduces per layer under TP; not in the kernel tables, so the roofline prior's terms for
+        what they cross (costmodels/collectives.py)."""
         if self.tp == 1:
             return 0.0
         e = Efficiencies()
-        bytes_ = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype] * 2 * (self.tp - 1) / self.tp
-        return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+        nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
+        link = allreduce_link(self.gpu.interconnect_kind, self.tp, nvlink)
+        message = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
+        return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, link)
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:

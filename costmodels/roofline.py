@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import GPU, ModelShape
+from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels import deployment as _deployment
@@ -55,10 +56,11 @@ class Efficiencies:
     # Fused RMSNorm at 2,048 tokens (67 MB, inside L2) moves 2.35x (RTX 4090, 72 MB L2) and 2.67x (RTX PRO
     # 6000 Server, 128 MB L2) of the DRAM datasheet bandwidth (vLLM 0.19 per-layer timings, LLMServingSim).
     l2_speedup: float = 2.4
-    # TP all-reduce, latency + ring bytes / (link x efficiency) fitted to aiconfigurator's H100 tables from
-    # 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 /
-    # 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 / 0.60 / 0.62. vLLM runs the custom
-    # kernel up to 8 MB (captured in the decode graphs), NCCL beyond: the TP4 figures of the custom one.
+    # TP all-reduce over NVLink (and AMD Infinity Fabric), latency + ring bytes / (link x efficiency) fitted
+    # to aiconfigurator's H100 tables from 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs
+    # 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 / 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 /
+    # 0.60 / 0.62. vLLM runs the custom kernel up to 8 MB (captured in the decode graphs), NCCL beyond: the
+    # TP4 figures of the custom one. PCIe, with and without peer-to-peer: costmodels/collectives.py.
     allreduce_link: float = 0.60
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
     allreduce_latency_s: float = 6.6e-6  # per all-reduce (see allreduce_link)
@@ -131,6 +133,10 @@ class RooflineCostModel:
         self._decode_attention_consts = (flops_per_ctx, self.peak_flops * e.attention_compute,
                                          gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
+        # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
+        nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
+        self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvlink)
+        self.p2p_link = allreduce_link(gpu.interconnect_kind, 2, nvlink)   # one GPU to one other
 
     def describe(self) -> dict:
         d = self.deployment
@@ -140,6 +146,9 @@ class RooflineCostModel:
                 "dtype": self.dtype, "weights": d.weight_format(self.model), "kv_cache_dtype": d.kv_format(),
                 "pp": d.pipeline_parallel_size, "dp": d.data_parallel_size, "ep": d.ep,
                 "expert_load_imbalance": d.expert_load_imbalance,
+                # what the TP all-reduce crosses and its price (costmodels/collectives.py)
+                "tp_link": {"kind": self.gpu.interconnect_kind, "efficiency": self.tp_link.efficiency,
+                            "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
 
     def _gemm_s(self, m: float, n: int, k: int, wb: float | None = None) -> float:
@@ -205,12 +214,12 @@ class RooflineCostModel:
         return t
 
     def _allreduce_s(self, num_tokens: int) -> float:
-        """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm."""
+        """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm, at the
+        latency and link efficiency of what they cross (costmodels/collectives.py)."""
         if self.tp == 1:
             return 0.0
-        e = self.eff
-        bytes_ = num_tokens * self.model.hidden_size * self.dt * 2 * (self.tp - 1) / self.tp  # ring
-        return 2 * (bytes_ / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+        message = num_tokens * self.model.hidden_size * self.dt
+        return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, self.tp_link)
 
     def _routed_experts_s(self, num_tokens: int) -> float:
         """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank."""
@@ -233,7 +242,8 @@ class RooflineCostModel:
         """EP dispatch and combine: each token's hidden state to and from its top-k experts' ranks."""
         m, e, d = self.model, self.eff, self.deployment
         sent = num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size * self.dt * (d.ep - 1) / d.ep
-        return 2 * (sent / (self.gpu.interconnect_bytes_per_s * e.allreduce_link) + e.alltoall_latency_s)
+        link_bytes_per_s = self.gpu.interconnect_bytes_per_s * self.p2p_link.efficiency
+        return 2 * (sent / link_bytes_per_s + e.alltoall_latency_s)
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:
@@ -327,8 +337,8 @@ class RooflineCostModel:
                 t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)
         if d.pipeline_parallel_size > 1:   # hidden states sent from stage to stage
             t["pipeline_sends"] = (d.pipeline_parallel_size - 1) * (
-                num_tokens * m.hidden_size * self.dt / (self.gpu.interconnect_bytes_per_s * e.allreduce_link)
-                + e.allreduce_latency_s)
+                num_tokens * m.hidden_size * self.dt / (self.gpu.interconnect_bytes_per_s * self.p2p_link.efficiency)
+                + self.p2p_link.latency_s)
         t["embedding"] = num_tokens * m.hidden_size * self.dt * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
         return t
 

@@ -169,6 +169,7 @@ CASES = [
     ("fit-engine-unknown-fit", "fidelity.fit_engine", ["{tmp}/nothing", "--out", OUT, "--fit", "magic"], "--fit"),
     ("kernel-efficiency-shared-empty", "benchmarks.kernel_efficiency", ["--shared", "{tmp}/empty"], "--shared"),
     ("kernel-efficiency-bogus", "benchmarks.kernel_efficiency", ["--bogus"], "--bogus"),
+    ("pcie-collectives-bogus", "benchmarks.pcie_collectives", ["--bogus"], "--bogus"),
     ("import-lss-missing-folder", "calibration.import_llmservingsim", ["{tmp}/nothing", "--out", OUT], "nothing"),
     ("import-lss-tp-zero", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", OUT, "--tp", "0"], "--tp"),
     ("import-lss-out-is-file", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", "{tmp}/afile"], "--out"),

@@ -1,0 +1,102 @@
+"""The TP all-reduce priced by what it crosses (costmodels/collectives.py): NVLink unchanged, PCIe with
+peer-to-peer at NCCL's measured PCIe figures, PCIe without it through host memory; hand-worked numbers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from costmodels.catalog import GPUS, ModelShape
+from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
+from costmodels.profile import ProfileCostModel
+from costmodels.roofline import Efficiencies, RooflineCostModel
+from experiments.config import ConfigError, resolve_point
+from experiments.run import main
+
+NVLINK = LinkCollective(Efficiencies().allreduce_link, Efficiencies().allreduce_latency_s)
+# hidden 5120, bf16: one token's all-reduce message is 10,240 bytes
+QWEN3_32B = ModelShape("qwen3-32b-like", num_layers=64, hidden_size=5120, num_heads=64, num_kv_heads=8,
+                       intermediate_size=25600, vocab_size=151936, max_model_len=40960, head_dim=128)
+
+
+def test_one_megabyte_at_tp2_by_interconnect_kind():
+    mb = 1e6   # per GPU; at TP 2 the ring moves 2 x (2 - 1) / 2 = 1x of it each way
+    # NVLink on an H100 (450 GB/s a direction): 1e6 / (450e9 x 0.60) + 6.6 us = 3.70 + 6.6 us
+    assert ring_allreduce_s(mb, 2, 450e9, allreduce_link("nvlink", 2, NVLINK)) == pytest.approx(10.3037e-6, rel=1e-4)
+    # PCIe 5.0 x16 with P2P (64 GB/s): 1e6 / (64e9 x 0.59) + 14.2 us = 26.48 + 14.2 us
+    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie", 2, NVLINK)) == pytest.approx(40.683e-6, rel=1e-4)
+    # the same link through host memory: 1e6 / (64e9 x 0.252) + 9.5 us = 62.00 + 9.5 us
+    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie_host", 2, NVLINK)) == pytest.approx(71.504e-6, rel=1e-4)
+    # PCIe at TP 4: the ring moves 1.5 MB each way, 1.5e6 / (64e9 x 0.415) + 29.8 us
+    assert ring_allreduce_s(mb, 4, 64e9, allreduce_link("pcie", 4, NVLINK)) == pytest.approx(86.276e-6, rel=1e-4)
+    # TP 3 takes TP 2's figures, TP 16 TP 8's; one GPU has nothing to reduce
+    assert allreduce_link("pcie", 3, NVLINK) == allreduce_link("pcie", 2, NVLINK)
+    assert allreduce_link("pcie", 16, NVLINK) == allreduce_link("pcie", 8, NVLINK)
+    assert ring_allreduce_s(mb, 1, 64e9, allreduce_link("pcie", 1, NVLINK)) == 0.0
+    assert allreduce_link("infinity_fabric", 8, NVLINK) is NVLINK
+
+
+def test_h100_nvlink_all_reduce_is_the_same_price_bitwise():
+    """The formula before the interconnect kinds, evaluated in the same order."""
+    gpu, e = GPUS["h100-sxm"], Efficiencies()
+    cm = RooflineCostModel(QWEN3_32B, gpu, tp=4)
+    for n in (1, 37, 128, 2048):
+        bytes_ = n * QWEN3_32B.hidden_size * 2 * 2 * (4 - 1) / 4
+        old = 2 * (bytes_ / (gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+        assert cm.step_terms_s(decode=[700] * n)["allreduce"] == pytest.approx(QWEN3_32B.num_layers * old, rel=1e-12)
+        assert cm._allreduce_s(n) == old
+
+
+def test_a_decode_step_on_two_rtx_pro_6000_by_kind():
+    """128 decoding sequences, Qwen3-32B shapes at TP 2: 128 all-reduces of 1,310,720 bytes a step."""
+    def allreduce_ms(kind):
+        gpu = dataclasses.replace(GPUS["rtx-pro-6000-server"], interconnect_kind=kind)
+        return RooflineCostModel(QWEN3_32B, gpu, tp=2).step_terms_s(decode=[1000] * 128)["allreduce"] * 1e3
+    # 128 x (1,310,720 / (64e9 x 0.59) + 14.2 us) = 128 x 48.91 us
+    assert allreduce_ms("pcie") == pytest.approx(6.261, rel=1e-3)
+    # 128 x (1,310,720 / (64e9 x 0.252) + 9.5 us) = 128 x 90.77 us
+    assert allreduce_ms("pcie_host") == pytest.approx(11.619, rel=1e-3)
+
+
+def test_catalog_kinds_and_the_layer_profile_use_the_same_rule():
+    assert GPUS["rtx-4090"].interconnect_kind == "pcie_host"       # GeForce: no peer-to-peer
+    assert GPUS["rtx-pro-6000-server"].interconnect_kind == "pcie"
+    assert GPUS["l40s"].interconnect_kind == "pcie"
+    assert GPUS["h100-sxm"].interconnect_kind == "nvlink"
+    gpu = GPUS["rtx-pro-6000-server"]
+    prior = RooflineCostModel(QWEN3_32B, gpu, tp=2)
+    prof = ProfileCostModel.__new__(ProfileCostModel)   # only what _allreduce_s reads
+    prof.tp, prof.gpu, prof.model, prof.dtype = 2, gpu, QWEN3_32B, "bf16"
+    assert prof._allreduce_s(128) == pytest.approx(prior._allreduce_s(128), rel=1e-12)
+
+
+POINT = {"model": "llama-3.1-8b", "engine": {"policy": "chunked_prefill"},
+         "workload": {"num_requests": 4, "arrival": {"process": "poisson", "rate_per_s": 2},
+                      "prompt_tokens": {"dist": "fixed", "value": 16}, "output_tokens": {"dist": "fixed", "value": 4}}}
+
+
+def test_a_described_gpu_takes_pcie_host_and_a_bad_kind_is_one_line(tmp_path, capsys):
+    g = resolve_point({**POINT, "hardware": {"base": "rtx-pro-6000-server", "interconnect_kind": "pcie_host"}}).gpu
+    assert g.interconnect_kind == "pcie_host"
+    with pytest.raises(ConfigError) as e:
+        resolve_point({**POINT, "hardware": {"base": "rtx-pro-6000-server", "interconnect_kind": "pcie-p2p"}})
+    assert str(e.value).startswith("hardware.interconnect_kind") and "pcie_host" in str(e.value)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "hw", **POINT,
+                                     "hardware": {"base": "rtx-4090", "interconnect_kind": "pcie4"}}))
+    assert main([str(sweep), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hardware.interconnect_kind" in err[0]
+
+
+def test_the_refit_recovers_a_latency_and_a_bandwidth():
+    from benchmarks.pcie_collectives import fit
+    ring = [2.0 ** k for k in range(12, 28)]   # 4 kB to 128 MB; the fit keeps 256 kB to 64 MB
+    latency, bw, worst = fit(ring, [14.2e-6 + b / 37.76e9 for b in ring])
+    assert latency == pytest.approx(14.2e-6, rel=1e-6) and bw == pytest.approx(37.76e9, rel=1e-6) and worst < 1e-9
+
+
+def test_the_link_is_recorded_in_the_cost_model_description():
+    d = RooflineCostModel(QWEN3_32B, GPUS["rtx-4090"], tp=2).describe()
+    assert d["tp_link"] == {"kind": "pcie_host", "efficiency": 0.252, "latency_s": 9.5e-6}
