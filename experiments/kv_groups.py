@@ -4,9 +4,10 @@ for a model with sliding-window layers served by vLLM V1, or one group of every 
 vLLM turns the hybrid manager on by itself for such a model (vllm/config/vllm.py) unless told
 `--disable-hybrid-kv-cache-manager` (engine.disable_hybrid_kv_cache_manager: true here); a model whose
 layers are all sliding keeps its window either way (one uniform group). Engines other than vLLM V1
-(SGLang, TRT-LLM, TGI, vLLM V0, static batching) keep their own allocators, counted whole here. Where the
-hybrid manager runs in vLLM but is not modelled here (pipeline stages, disaggregation, prefix caching,
-swap preemption) the point is refused in one line rather than counted whole without saying so.
+(SGLang, TRT-LLM, TGI, vLLM V0, static batching) keep their own allocators, counted whole here. Prefix
+caching runs with it (simcore/hybridprefix.py). Where the hybrid manager runs in vLLM but is not modelled here
+(pipeline stages, disaggregation, swap preemption, and with prefix caching the host offload tier and EAGLE/MTP's
+dropped hit block) the point is refused in one line rather than counted whole without saying so.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def point_kv_groups(cfg) -> KVCacheGroups | None:
     d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
     why = ("pipeline_parallel_size > 1" if d.pipeline_parallel_size > 1 else
            "disaggregation" if cfg.disaggregation is not None else
-           "engine.enable_prefix_caching" if cfg.engine.enable_prefix_caching else
+           "engine.kv_offload" if cfg.engine.kv_offload is not None else
+           "prefix caching and engine.speculative's method " + cfg.engine.speculative.method
+           if cfg.engine.enable_prefix_caching and _drops_hit_block(cfg.engine.speculative) else
            "engine.preemption_mode: swap" if cfg.engine.preemption_mode != "recompute" else None)
     if why:
         fix = f"; set {FLAG}: true to count every layer whole" if num_full else ""
@@ -40,6 +43,12 @@ def point_kv_groups(cfg) -> KVCacheGroups | None:
     budget = getattr(cfg.policy, "max_num_batched_tokens", m.max_model_len)
     return kv_cache_groups(num_full, m.num_sliding_layers, m.sliding_window, block_size=cfg.engine.block_size,
                            max_num_batched_tokens=budget, max_model_len=m.max_model_len)
+
+
+def _drops_hit_block(speculative) -> bool:
+    """Whether a speculative method gives back a prefix hit's last block (EAGLE, MTP): vLLM's sliding
+    groups then need one more contiguous block, not modelled."""
+    return speculative is not None and speculative.method in ("eagle", "eagle3", "mtp")
 
 
 def bytes_per_block(cfg, groups: KVCacheGroups) -> int:

@@ -53,9 +53,6 @@ def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: b
             return (f"engine.policy: vLLM's hybrid KV cache manager is modelled for {', '.join(HYBRID_KV_POLICIES)}, "
                     f"not {policy.name}; set engine.disable_hybrid_kv_cache_manager: true")
     if enable_prefix_caching:
-        if kv_groups is not None:   # vLLM's hit rule for sliding groups (contiguous window blocks) is not modelled
-            return ("engine.enable_prefix_caching: not modelled with sliding-window layers under vLLM's hybrid KV "
-                    "cache manager; set engine.disable_hybrid_kv_cache_manager: true or turn prefix caching off")
         if not getattr(policy, "supports_prefix_caching", False):
             return f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching"
         if preemption_mode != "recompute":

@@ -163,7 +163,8 @@ def test_sliding_window_pattern_makes_every_nth_layer_full(tmp_path):
 
 
 @pytest.mark.parametrize("engine, match", [
-    ({"enable_prefix_caching": True}, "disable_hybrid_kv_cache_manager: .* not modelled with engine.enable_prefix_caching"),
+    ({"enable_prefix_caching": True, "kv_offload": {"cpu_gb": 1}},
+     "disable_hybrid_kv_cache_manager: .* not modelled with engine.kv_offload"),
     ({"policy": "continuous", "preemption_mode": "swap", "max_num_batched_tokens": 4096}, None),   # vLLM V0: its own counting, no refusal
     ({"disable_hybrid_kv_cache_manager": "yes"}, "disable_hybrid_kv_cache_manager: expected true or false"),
 ])
@@ -176,10 +177,9 @@ def test_combinations_not_modelled_are_refused_in_one_line(tmp_path, engine, mat
         memory_plan(resolve_point(point))
 
 
-def test_engines_refuse_hybrid_groups_with_swap_or_prefix_caching_or_another_engine():
+def test_engines_refuse_hybrid_groups_with_swap_or_another_engine():
     for limits, policy, match in (
             (EngineLimits(50, 16, 512, kv_groups=GROUPS, preemption_mode="swap"), POLICY, "preemption_mode"),
-            (EngineLimits(50, 16, 512, kv_groups=GROUPS, enable_prefix_caching=True), POLICY, "enable_prefix_caching"),
             (EngineLimits(50, 16, 512, kv_groups=GROUPS), Sglang(), "engine.policy")):
         with pytest.raises(ValueError, match=match):
             FastEngine(policy, ConstantCost(1.0), limits, [])
