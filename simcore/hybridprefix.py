@@ -53,19 +53,16 @@ class _Block:
 
 
 class _Tables:
-    """One request's block tables, one per group (None: a null block), how many leading entries are
-    registered (vLLM's num_cached_block, the same in every group) and its junction."""
-    __slots__ = ("groups", "num_registered", "junction")
+    """One request's block tables, one per group (None: a null block), all of one length; how many
+    leading entries each sliding table has nulled (the same in each), how many are registered (vLLM's
+    num_cached_block, the same in every group) and its junction."""
+    __slots__ = ("groups", "num_null", "num_registered", "junction")
 
     def __init__(self, num_groups: int):
         self.groups: list[list[_Block | None]] = [[] for _ in range(num_groups)]
+        self.num_null = 0
         self.num_registered = 0
         self.junction = 0
-
-    def copy(self) -> "_Tables":
-        t = _Tables(0)
-        t.groups, t.num_registered, t.junction = [list(g) for g in self.groups], self.num_registered, self.junction
-        return t
 
 
 class HybridPrefixCachingBlockPool:
@@ -100,7 +97,6 @@ class HybridPrefixCachingBlockPool:
         self._epoch = 0                  # bumped whenever the cache's contents change (memo of hits)
         self._memo: dict[int, tuple] = {}
         self._undo: list | None = None   # the plan in force: its undo log (None: none)
-        self._saved: dict[int, _Tables | None] = {}
         self._saved_counts = (0, 0, 0)
         # counters (vLLM's prefix_cache_queries / _hits), as simcore.kvcache.PrefixCachingBlockPool
         self.num_queried_tokens = self.num_hit_tokens = 0
@@ -144,31 +140,24 @@ class HybridPrefixCachingBlockPool:
         for fn in reversed(undo):
             fn()
         self._undo = None
-        for rid, tables in self._saved.items():
-            if tables is None:
-                self._tables.pop(rid, None)
-            else:
-                self._tables[rid] = tables
-        self._saved = {}
         self._used, self._refs, self._num_fresh = self._saved_counts
-        self._epoch += 1
+        if undo:
+            self._epoch += 1
         self._compact()
 
     def plan(self) -> "HybridStepPlan":
         self._settle()
-        self._undo, self._saved = [], {}
+        self._undo = []
         self._saved_counts = (self._used, self._refs, self._num_fresh)
         return HybridStepPlan(self)
 
     def _own(self, rid: int) -> _Tables:
-        """The request's tables, to change (under a plan: saved first, once)."""
+        """The request's tables, made if it has none (under a plan, undone)."""
         t = self._tables.get(rid)
-        if self._undo is not None and rid not in self._saved:
-            self._saved[rid] = t
-            if t is not None:
-                t = self._tables[rid] = t.copy()
         if t is None:
             t = self._tables[rid] = _Tables(self._num_groups)
+            if self._undo is not None:
+                self._undo.append(lambda: self._tables.pop(rid))
         return t
 
     def _compact(self) -> None:
@@ -185,8 +174,10 @@ class HybridPrefixCachingBlockPool:
             if undo is not None:
                 undo.append(lambda b=blk: self._front.appendleft(b))
         elif self._num_fresh:
-            self._num_fresh -= 1   # (the plan's undo restores the count)
+            self._num_fresh -= 1   # (the plan's undo restores the count, and drops the block)
             blk = _Block()
+            blk.ref_count = 1
+            return blk
         else:
             popped, seq = [], self._lru_seq
             while True:
@@ -360,18 +351,13 @@ class HybridPrefixCachingBlockPool:
                 out += max(need - hit, 0)
                 out += sum(1 for b in blocks[skipped if sliding else 0:] if b is not None and b.ref_count == 0)
             return out
-        grow = 0
-        skip = self._skipped(req.num_computed_tokens)
-        freed = 0
-        for g, table in enumerate(t.groups):
-            grow += max(n - len(table), 0)
-            if g >= len(self._full):
-                for i in range(min(skip, len(table)) - 1, -1, -1):
-                    b = table[i]
-                    if b is None:
-                        break
-                    freed += b.ref_count == 1
-        return grow - freed
+        length = len(t.groups[0])
+        grow = self._num_groups * (n - length) if n > length else 0
+        skip = min(max(0, req.num_computed_tokens - self._window + 1) // self.block_size, length)
+        if skip <= t.num_null:
+            return grow
+        first = t.num_null
+        return grow - sum(1 for g in self._sliding for b in t.groups[g][first:skip] if b.ref_count == 1)
 
     def blocks_to_hold(self, req: Request, num_tokens: int) -> int:
         self._settle()
@@ -382,7 +368,7 @@ class HybridPrefixCachingBlockPool:
         """vLLM add_local_computed_blocks: share the hit (sliding groups: inside the window only). Returns
         the hit in blocks."""
         hit, per_group, junction = self._lookup(spec, num_tokens)
-        t = self._own(rid)
+        t = self._own(rid)   # new: undoing it undoes the tables' contents too
         skipped = self._skipped(hit * self.block_size)
         for g, blocks in enumerate(per_group):
             table = t.groups[g]
@@ -392,6 +378,8 @@ class HybridPrefixCachingBlockPool:
             for b in blocks:
                 self._touch(b)
             table.extend(blocks)
+        if self._sliding:
+            t.num_null = skipped
         t.num_registered = hit
         t.junction = junction
         return hit
@@ -401,23 +389,25 @@ class HybridPrefixCachingBlockPool:
         down to the first null), keeping their places as nulls. Returns (table entries freed, blocks that
         became free)."""
         t = self._tables.get(rid)
-        skip = self._skipped(num_computed_tokens)
-        if t is None or not skip:
+        if t is None:
             return 0, 0
-        t = self._own(rid)
-        num_entries = num_free = 0
+        skip = min(max(0, num_computed_tokens - self._window + 1) // self.block_size, len(t.groups[0]))
+        first = t.num_null
+        if skip <= first:
+            return 0, 0
+        num_free = 0
+        undo = self._undo
         for g in self._sliding:
             table = t.groups[g]
-            freed = []
-            for i in range(min(skip, len(table)) - 1, -1, -1):
-                if table[i] is None:
-                    break
-                freed.append(table[i])
-                table[i] = None
-            if freed:
-                num_free += self._free_blocks(freed)
-                num_entries += len(freed)
-        return num_entries, num_free
+            freed = table[first:skip]
+            table[first:skip] = [None] * (skip - first)
+            if undo is not None:
+                undo.append(lambda tb=table, f=freed: tb.__setitem__(slice(first, skip), f))
+            num_free += self._free_blocks(freed[::-1])   # vLLM frees the window's blocks tail first
+        if undo is not None:
+            undo.append(lambda: setattr(t, "num_null", first))
+        t.num_null = skip
+        return (skip - first) * len(self._sliding), num_free
 
     def _grow(self, rid: int, num_computed_tokens: int, num_tokens: int) -> int:
         """vLLM allocate_slots for a scheduled request: free the sliding groups' blocks that left the window
@@ -425,12 +415,18 @@ class HybridPrefixCachingBlockPool:
         delta = -self._remove_skipped(rid, num_computed_tokens)[0]
         t = self._own(rid)
         n = cdiv(num_tokens, self.block_size)
+        undo = self._undo
         for table in t.groups:
-            for _ in range(n - len(table)):
+            k = n - len(table)
+            if k <= 0:
+                continue
+            if undo is not None:
+                undo.append(lambda tb=table, m=len(table): tb.__delitem__(slice(m, None)))
+            for _ in range(k):
                 table.append(self._pop_free())
-                self._used += 1
-                self._refs += 1
-                delta += 1
+            self._used += k
+            self._refs += k
+            delta += k
         return delta
 
     def _register(self, rid: int, spec: RequestSpec, num_tokens: int) -> None:
@@ -440,7 +436,6 @@ class HybridPrefixCachingBlockPool:
         start, end = t.num_registered, num_tokens // self.block_size
         if end <= start:
             return
-        t = self._own(rid)
         hashes = self._hashes_upto(spec, end)
         need = self._need
         ends = [(spec.num_prompt_tokens - 1) // self.block_size]
@@ -459,16 +454,18 @@ class HybridPrefixCachingBlockPool:
                 if undo is not None:
                     undo.append(lambda b=blk, k=key: (setattr(b, "key", None), self._cached[k].pop(),
                                                       self._cached.pop(k) if not self._cached[k] else None))
+        if undo is not None:
+            undo.append(lambda: setattr(t, "num_registered", start))
         t.num_registered = end
         self._epoch += 1
 
     def _release(self, rid: int) -> int:
         """Free every block the request holds, group by group, each tail first; returns how many became free."""
-        t = self._tables.get(rid)
+        t = self._tables.pop(rid, None)
         if t is None:
             return 0
-        self._own(rid)
-        t = self._tables.pop(rid)
+        if self._undo is not None:
+            self._undo.append(lambda: self._tables.__setitem__(rid, t))
         return sum(self._free_blocks([b for b in reversed(table) if b is not None]) for table in t.groups)
 
     # ---- the engine's calls ----

@@ -110,8 +110,7 @@ class EngineView:
         """Tell the view that `req` is scheduled to hold KV for `num_tokens` tokens after this step. The
         one write a policy makes, to its own scratch plan: with prefix caching a request admitted later in
         the step then sees the blocks this one evicts and registers, as in vLLM. A no-op without caching."""
-        # only a waiting request's hit reads the plan; under the hybrid manager window frees shape later counts too
-        if self.prefix_cache is not None and (self.waiting or self.hybrid_kv is not None):
+        if self.prefix_cache is not None and self.waiting:  # only a waiting request's hit reads the plan
             self._plan().take(req, num_tokens, self._is_new(req))
 
     def max_total_tokens(self, spec: RequestSpec) -> int:
