@@ -49,8 +49,9 @@ def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: b
     if kv_groups is not None:
         if preemption_mode != "recompute":
             return "engine.preemption_mode: swap is vLLM V0's; the hybrid KV cache manager (vLLM V1) recomputes"
-        if policy is not None and policy.name not in HYBRID_KV_POLICIES:
-            return (f"engine.policy: vLLM's hybrid KV cache manager is modelled for {', '.join(HYBRID_KV_POLICIES)}, "
+        allowed = getattr(kv_groups, "policies", HYBRID_KV_POLICIES)   # SGLang's pools: simcore/sglang_swa.py
+        if policy is not None and policy.name not in allowed:
+            return (f"engine.policy: these sliding-window KV pools are modelled for {', '.join(allowed)}, "
                     f"not {policy.name}; set engine.disable_hybrid_kv_cache_manager: true")
     if enable_prefix_caching:
         if not getattr(policy, "supports_prefix_caching", False):

@@ -122,7 +122,7 @@ def test_simulate_sizes_the_pool_by_group_and_is_identical_on_both_paths(tmp_pat
 
 def test_other_engines_keep_their_own_counting(tmp_path):
     point = tiny_point(tmp_path)
-    point["engine"] = {"policy": "sglang"}
+    point["engine"] = {"policy": "trtllm"}   # (SGLang has its own sliding-window pool: tests/test_sglang_swa.py)
     assert memory_plan(resolve_point(point)).kv_groups is None
 
 
