@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodels import mxfp4_moe
 from costmodels.catalog import CatalogError, ModelShape
 
 # bytes per weight; block formats carry their scales (mxfp4: one 8-bit scale per 32 values, nvfp4: one
@@ -96,15 +97,20 @@ def check(model: ModelShape, d: Deployment) -> None:
                            f"got {d.kv_cache_dtype!r}")
 
 
-def weight_bytes_per_gpu(model: ModelShape, d: Deployment) -> float:
+def weight_bytes_per_gpu(model: ModelShape, d: Deployment, gpu=None) -> float:
     """Weights one GPU holds. Quantisation applies to the decoder's linear layers (mxfp4, as gpt-oss ships
-    it, to the routed experts only); embeddings, LM head and norms stay 16-bit, as in vLLM."""
+    it, to the routed experts only); embeddings, LM head and norms stay 16-bit, as in vLLM. With `gpu`
+    (costmodels.catalog.GPU), MXFP4 experts as vLLM's MoE kernel for that GPU holds them (padded,
+    converted: costmodels/mxfp4_moe.py); without, the checkpoint's bytes."""
     p = model.param_counts()
     wb, half = WEIGHT_BYTES[d.weight_format(model)], d.activation_bytes()
     linear = wb if d.weight_format(model) != "mxfp4" else half
     expert_shards = d.ep if d.enable_expert_parallel else d.tp
-    layers = (p["attention"] + p["dense_mlp"] + p["shared"]) * linear / d.tp \
-        + p["experts"] * wb / expert_shards + p["norms"] * half
+    experts = p["experts"] * wb / expert_shards
+    if gpu is not None and model.is_moe and d.weight_format(model) == "mxfp4":
+        held = mxfp4_moe.expert_bytes_per_gpu(model, gpu, d.tp, d.ep)
+        experts = experts if held is None else held
+    layers = (p["attention"] + p["dense_mlp"] + p["shared"]) * linear / d.tp + experts + p["norms"] * half
     ends = p["embedding"] * half / d.tp
     if d.pipeline_parallel_size == 1:
         return layers + ends + p["lm_head"] * half / d.tp

@@ -50,6 +50,9 @@ class EngineSettings:
     # vLLM's --disable-hybrid-kv-cache-manager: None (vLLM's default: on where it applies), True: sliding-window
     # layers hold the whole sequence as full-attention ones (experiments/kv_groups.py)
     disable_hybrid_kv_cache_manager: bool | None = None
+    # SGLang's --swa-full-tokens-ratio: its sliding-window pool's tokens over its full pool's (simcore/sglang_swa.py);
+    # None: SGLang's default, 0.8
+    swa_full_tokens_ratio: float | None = None
     fast_path: str = "auto"               # auto | on | off: the exact fast engine (experiments/fast.py)
     frontend: FrontendLatency | None = None   # the serving front end's time per request (costmodels/frontend.py);
                                               # None: the cost model's own
@@ -75,6 +78,9 @@ class EngineSettings:
         flag = self.disable_hybrid_kv_cache_manager
         if flag is not None and not isinstance(flag, bool):
             raise ValueError(f"engine.disable_hybrid_kv_cache_manager: expected true or false, got {flag!r}")
+        ratio = self.swa_full_tokens_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
+            raise ValueError(f"engine.swa_full_tokens_ratio: expected a number in (0, 1], got {ratio!r}")
 
 
 ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineSettings)}

@@ -94,7 +94,7 @@ def memory_plan(cfg: PointConfig) -> MemoryPlan:
     try:
         return plan_memory(
             gpu_memory_bytes=cfg.gpu.memory_bytes, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-            weight_bytes=deployment.weight_bytes_per_gpu(cfg.model, d),
+            weight_bytes=deployment.weight_bytes_per_gpu(cfg.model, d, cfg.gpu),
             kv_bytes_per_token=deployment.kv_bytes_per_token(cfg.model, d),
             block_size=cfg.engine.block_size,
             activation_reserve_bytes=deployment.activation_reserve_bytes(cfg.model, d, budget, seqs),

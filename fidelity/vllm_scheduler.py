@@ -267,7 +267,10 @@ def vllm_scheduler(case: Case):
                                         dtype=v["torch"].float32, sliding_window=case.sliding_window)
         groups += [v["KVCacheGroupSpec"]([f"layers.{case.num_full_groups + i}"], window)
                    for i in range(case.num_sliding_groups)]
-    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    # vLLM's server resolves the retention of sliding groups' cached blocks from CacheConfig (default 0: only
+    # the blocks before a resumable boundary); a KVCacheConfig made by hand would default to keeping them all
+    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                            prefix_cache_retention_interval=cache.prefix_cache_retention_interval)
     base = v["AsyncScheduler"] if case.async_scheduling else v["Scheduler"]
 
     class Recording(base):  # vLLM reports preemptions as a set: keep their order

@@ -226,10 +226,14 @@ class ChunkedPrefill:
                 if need > free:
                     break
                 out.append(Scheduled(req.request_id, n, held))
+            elif n < left or view.hybrid_kv is not None:   # a chunk: it holds KV only for what it computes
+                # this step (vLLM checks that too; under the hybrid manager a hit may outrun the admission cap)
+                need = view.blocks_to_allocate(req, req.num_computed_tokens + hit + n)
+                if need > free:
+                    break
+                out.append(Scheduled(req.request_id, n))
             else:
                 out.append(Scheduled(req.request_id, n))
-            if n < left and not lookahead:   # a chunk: it holds KV only for what it computes this step
-                need = view.blocks_to_hold(req, req.num_computed_tokens + hit + n)
             free -= need
             if caching:
                 view.take(req, held if lookahead else req.num_computed_tokens + hit + n)

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least, sglang_chunked_prefill_size
 from policies.speculation_counting import sglang_decode_room
+from policies.sglang_swa_budget import swa_budget
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -165,7 +166,8 @@ class Sglang:
             return [], False
         if len(decoding) >= max_running and chunked is None:
             return [], True
-        free_blocks = view.num_free_blocks
+        swa = swa_budget(view)   # SGLang's hybrid SWA memory: a second budget, the sliding pool's
+        free_blocks = view.num_free_blocks if swa is None else swa.full_free_blocks
         num_mixed = len(decoding) if self.enable_mixed_chunk else 0
         if num_mixed:
             free_blocks -= view.num_decode_growth_blocks() if chunked is None else \
@@ -175,7 +177,7 @@ class Sglang:
         running_estimate = sum(self._remaining_estimate(view, r) * st.new_token_ratio for r in decoding)
         adder = _PrefillAdder(view.block_size, free_blocks * view.block_size, running_estimate,
                               self.max_prefill_tokens - num_mixed,
-                              self.chunked_prefill_size - num_mixed if self.chunked_prefill_size else None)
+                              self.chunked_prefill_size - num_mixed if self.chunked_prefill_size else None, swa)
         if chunked is not None:
             adder.add_chunked(chunked, self._remaining_estimate(view, chunked))
         num_allocatable = max_running - len(decoding)
@@ -237,8 +239,10 @@ class _PrefillAdder:
     `rem_total` = free KV - the running requests' ratio-scaled output estimate - what was added
     (extend + output estimate); `rem_input` (max_prefill_tokens); `rem_chunk` (chunked_prefill_size)."""
 
-    def __init__(self, page: int, avail: int, running_estimate: float, rem_input: int, rem_chunk: int | None):
+    def __init__(self, page: int, avail: int, running_estimate: float, rem_input: int, rem_chunk: int | None,
+                 swa=None):
         self.page, self.avail = page, avail
+        self.swa = swa   # policies/sglang_swa_budget.SwaBudget under hybrid SWA memory, else None
         self.offset, self.cur_offset = running_estimate, 0
         self.rem_input, self.rem_chunk = rem_input, rem_chunk
         self.out: list[Scheduled] = []
@@ -252,6 +256,8 @@ class _PrefillAdder:
 
     def _charge(self, extend: int, output_estimate: int) -> None:
         extend = self._paged(extend)
+        if self.swa is not None:
+            self.swa.charge(extend, self.rem_chunk)
         self.offset += extend + output_estimate
         self.cur_offset += extend
         self.rem_input -= extend
@@ -262,6 +268,8 @@ class _PrefillAdder:
         """The chunked request's next chunk: as much as the chunk budget and KV allow (no ratio check)."""
         left = req.num_uncomputed_tokens
         n = min(left, self.rem_chunk if self.rem_chunk is not None else left, int(self.rem_total))
+        if self.swa is not None:   # (the sliding pool must hold the chunk too)
+            n = min(n, self.swa.rem)
         if n > 0:
             self.out.append(Scheduled(req.request_id, n))
             self._charge(n, output_estimate if n == left else 0)
@@ -269,6 +277,8 @@ class _PrefillAdder:
     def add_one(self, req: Request, output_estimate: int) -> str:
         extend = req.num_uncomputed_tokens
         if extend + output_estimate >= self.rem_total:
+            return _NO_TOKEN
+        if self.swa is not None and not self.swa.fits(extend, self.rem_chunk):
             return _NO_TOKEN
         if self._paged(extend) >= self.rem_input and self.out:
             return _OTHER
@@ -281,7 +291,7 @@ class _PrefillAdder:
                 return _OTHER
             self.out.append(Scheduled(req.request_id, trunc))
             self._charge(trunc, 0)
-        if self.rem_total <= 0 or self.avail - self.cur_offset <= 0:
+        if self.rem_total <= 0 or self.avail - self.cur_offset <= 0 or (self.swa is not None and self.swa.exhausted):
             return _NO_TOKEN
         if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
             return _OTHER

@@ -8,6 +8,7 @@ from collections import deque
 
 from simcore.errors import SimulationError
 from simcore.hybridkv import gpu_block_pool
+from simcore.hybridprefix import HybridPrefixCachingBlockPool
 from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
 from simcore.kvoffload import host_loads
 from simcore.rules import without_admitted
@@ -29,9 +30,14 @@ class DecisionApplier:
         space and the KV offload tier's loads."""
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
-            self.prefix_cache = PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size)
+            self.prefix_cache = (PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size) if limits.kv_groups is None
+                                 else HybridPrefixCachingBlockPool(limits.num_gpu_blocks, limits.kv_groups))
             spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
-            self.prefix_cache.drop_last_hit_block = bool(spec and spec.drops_last_hit_block)
+            drop = bool(spec and spec.drops_last_hit_block)
+            if limits.kv_groups is not None and (drop or limits.kv_offload is not None):
+                raise ValueError(f"engine.{'speculative' if drop else 'kv_offload'}: not modelled with prefix caching "
+                                 "under vLLM's hybrid KV cache manager")
+            self.prefix_cache.drop_last_hit_block = drop
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
@@ -134,7 +140,11 @@ class DecisionApplier:
         cache, pool, requests, log = self.prefix_cache, self.pool, self.requests, self.log
         # victims interleaved with the allocations, as vLLM (only with prefix caching: Batch.preempt_at)
         victims = deque(zip(preempt_at, preempt)) if preempt_at else None
+        # under the hybrid manager, the request vLLM preempts for frees its out-of-window blocks first
+        free_skipped = getattr(cache, "free_skipped", None) if victims else None
         for i, s in enumerate(scheduled):  # in order, as vLLM allocates (it may evict a later hit)
+            if free_skipped and victims and victims[0][0] <= i:
+                free_skipped(requests[s.request_id])
             while victims and victims[0][0] <= i:
                 transfer_s += self._preempt((victims.popleft()[1],), now_s)
             req = requests.get(s.request_id)
@@ -166,6 +176,8 @@ class DecisionApplier:
             if cache is not None:  # vLLM registers full blocks when it schedules their computation, only
                 # of tokens already sampled: never a block holding drafts that may be rejected
                 cache.cache_full_blocks(req, min(num_held_tokens, req.num_tokens))
+        if free_skipped and victims:   # (the request it preempted for was the last one it preempted)
+            free_skipped(requests[victims[-1][1]])
         while victims:
             transfer_s += self._preempt((victims.popleft()[1],), now_s)
         if pool.num_used_blocks > pool.num_blocks:

@@ -280,7 +280,7 @@ class Engine(DecisionApplier):
         pool = self.pool
         held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving,
                                               self.loading) for r in group) + self._num_waiting_blocks()
-        expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks  # shared blocks
+        expected = getattr(pool, "num_block_refs", pool.num_used_blocks)  # shared blocks, or SGLang's two pools
         if not 0 <= pool.num_used_blocks <= pool.num_blocks or held != expected:
             raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
                                   f"{pool.num_blocks}, requests hold {held}")

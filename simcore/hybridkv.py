@@ -153,6 +153,9 @@ def gpu_block_pool(num_gpu_blocks: int, block_size: int, kv_groups: KVCacheGroup
     sliding-window groups, else one group of every layer."""
     if kv_groups is None:
         return BlockPool(num_gpu_blocks, block_size)
+    make = getattr(kv_groups, "make_pool", None)   # another engine's allocator (simcore/sglang_swa.py)
+    if make is not None:
+        return make(num_gpu_blocks)
     if kv_groups.block_size != block_size:
         raise ValueError(f"engine.block_size: {block_size}, but the KV cache groups were formed for {kv_groups.block_size}")
     return HybridBlockPool(num_gpu_blocks, kv_groups)

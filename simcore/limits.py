@@ -49,13 +49,11 @@ def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: b
     if kv_groups is not None:
         if preemption_mode != "recompute":
             return "engine.preemption_mode: swap is vLLM V0's; the hybrid KV cache manager (vLLM V1) recomputes"
-        if policy is not None and policy.name not in HYBRID_KV_POLICIES:
-            return (f"engine.policy: vLLM's hybrid KV cache manager is modelled for {', '.join(HYBRID_KV_POLICIES)}, "
+        allowed = getattr(kv_groups, "policies", HYBRID_KV_POLICIES)   # SGLang's pools: simcore/sglang_swa.py
+        if policy is not None and policy.name not in allowed:
+            return (f"engine.policy: these sliding-window KV pools are modelled for {', '.join(allowed)}, "
                     f"not {policy.name}; set engine.disable_hybrid_kv_cache_manager: true")
     if enable_prefix_caching:
-        if kv_groups is not None:   # vLLM's hit rule for sliding groups (contiguous window blocks) is not modelled
-            return ("engine.enable_prefix_caching: not modelled with sliding-window layers under vLLM's hybrid KV "
-                    "cache manager; set engine.disable_hybrid_kv_cache_manager: true or turn prefix caching off")
         if not getattr(policy, "supports_prefix_caching", False):
             return f"engine.enable_prefix_caching: policy {policy.name} has no prefix caching"
         if preemption_mode != "recompute":

@@ -81,8 +81,8 @@ class EngineView:
         plus, for a swapped request, the blocks it brings back from the host. With prefix caching, a new
         request's hit blocks that other requests hold (or take this step) are shared and take no free block.
         Under vLLM's hybrid manager the pool answers, net of the out-of-window blocks freed first."""
-        if self.hybrid_kv is not None:
-            return self.hybrid_kv.blocks_to_hold(req, num_tokens)
+        if self.hybrid_kv is not None:   # (with prefix caching, on the step's plan)
+            return (self._plan() or self.hybrid_kv).blocks_to_hold(req, num_tokens)
         if self.prefix_cache is not None and self._is_new(req):
             return cdiv(num_tokens, self.block_size) - self._plan().num_held_hit_blocks(req)
         held = req.num_blocks
@@ -90,6 +90,14 @@ class EngineView:
         if extra < 0:   # (not max(0, ...): policies ask this once per request they consider, on the fast path too)
             extra = 0
         return extra + held if req.status is SWAPPED else extra
+
+    def blocks_to_allocate(self, req: Request, num_tokens: int) -> int:
+        """Free blocks the step's allocation for a waiting request takes (vLLM checks it after the
+        full-sequence admission check `blocks_to_hold(req, req.num_tokens)`). The same count but under the
+        hybrid manager with prefix caching, where a hit may outrun a sliding group's admission cap."""
+        if self.hybrid_kv is not None and self.prefix_cache is not None:
+            return self._plan().blocks_to_hold(req, num_tokens, admission=False)
+        return self.blocks_to_hold(req, num_tokens)
 
     def blocks_freed(self, req: Request) -> int:
         """Blocks that preempting running `req` returns to the free pool: all it holds, or with prefix

@@ -122,7 +122,7 @@ def test_simulate_sizes_the_pool_by_group_and_is_identical_on_both_paths(tmp_pat
 
 def test_other_engines_keep_their_own_counting(tmp_path):
     point = tiny_point(tmp_path)
-    point["engine"] = {"policy": "sglang"}
+    point["engine"] = {"policy": "trtllm"}   # (SGLang has its own sliding-window pool: tests/test_sglang_swa.py)
     assert memory_plan(resolve_point(point)).kv_groups is None
 
 
@@ -163,7 +163,8 @@ def test_sliding_window_pattern_makes_every_nth_layer_full(tmp_path):
 
 
 @pytest.mark.parametrize("engine, match", [
-    ({"enable_prefix_caching": True}, "disable_hybrid_kv_cache_manager: .* not modelled with engine.enable_prefix_caching"),
+    ({"enable_prefix_caching": True, "kv_offload": {"cpu_gb": 1}},
+     "disable_hybrid_kv_cache_manager: .* not modelled with engine.kv_offload"),
     ({"policy": "continuous", "preemption_mode": "swap", "max_num_batched_tokens": 4096}, None),   # vLLM V0: its own counting, no refusal
     ({"disable_hybrid_kv_cache_manager": "yes"}, "disable_hybrid_kv_cache_manager: expected true or false"),
 ])
@@ -176,10 +177,9 @@ def test_combinations_not_modelled_are_refused_in_one_line(tmp_path, engine, mat
         memory_plan(resolve_point(point))
 
 
-def test_engines_refuse_hybrid_groups_with_swap_or_prefix_caching_or_another_engine():
+def test_engines_refuse_hybrid_groups_with_swap_or_another_engine():
     for limits, policy, match in (
             (EngineLimits(50, 16, 512, kv_groups=GROUPS, preemption_mode="swap"), POLICY, "preemption_mode"),
-            (EngineLimits(50, 16, 512, kv_groups=GROUPS, enable_prefix_caching=True), POLICY, "enable_prefix_caching"),
             (EngineLimits(50, 16, 512, kv_groups=GROUPS), Sglang(), "engine.policy")):
         with pytest.raises(ValueError, match=match):
             FastEngine(policy, ConstantCost(1.0), limits, [])
@@ -212,7 +212,7 @@ def test_random_workloads_make_the_same_decisions_as_vllms_hybrid_manager(vllm, 
     assert preemptions > 0
 
 
-def test_the_32_user_example_preempts_only_without_the_hybrid_manager(tmp_path):
+def test_the_32_user_example_preempts_far_less_with_the_hybrid_manager(tmp_path):
     pytest.importorskip("aiconfigurator_core")   # gpt-oss-120b's config.json ships with it
     import yaml
     from pathlib import Path
@@ -224,7 +224,7 @@ def test_the_32_user_example_preempts_only_without_the_hybrid_manager(tmp_path):
     sweep["engine"]["disable_hybrid_kv_cache_manager"] = True
     off = simulate(sweep, seed=0).summary
     assert on["num_gpu_blocks"] in (2 * off["num_gpu_blocks"], 2 * off["num_gpu_blocks"] + 1)
-    assert on["num_preemptions"] == 0 < off["num_preemptions"]
+    assert 2 * on["num_preemptions"] < off["num_preemptions"]
 
 
 def test_pipeline_stages_refuse_the_hybrid_pool():

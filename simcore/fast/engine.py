@@ -716,7 +716,7 @@ class FastEngine(DecisionApplier):
         if self.explicit_step or self.shortcut is None:
             held = sum(r.num_blocks for group in (self.running, self.draining, self.sending, self.receiving,
                                                   self.loading) for r in group) + self._num_waiting_blocks()
-            expected = pool.num_block_refs if self.prefix_cache is not None else pool.num_used_blocks
+            expected = getattr(pool, "num_block_refs", pool.num_used_blocks)   # shared blocks, or two pools
             if held != expected:
                 raise SimulationError(f"KV accounting broken: pool says {pool.num_used_blocks} used of "
                                       f"{pool.num_blocks}, requests hold {held}")
