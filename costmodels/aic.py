@@ -25,16 +25,14 @@ from costmodels.profile import prefill_coords
 from costmodels.tablegrid import TableFamily, family, table_guard
 from costmodels.roofline import RooflineCostModel
 
+# Catalog GPUs whose tables aiconfigurator-core ships for vLLM (its h100_pcie and a100_pcie folders hold no vLLM
+# tables; its RTX PRO 6000 tables are the 1,597 GB/s Server Edition's, not the Workstation Edition's).
 GPU_DIRS = {"a100-80gb": "a100_sxm", "h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200-sxm": "b200_sxm",
-            "l40s": "l40s", "l4": "l4"}
+            "gb200": "gb200", "l40s": "l40s", "l4": "l4", "rtx-pro-6000-server": "rtx_pro_6000_server"}
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 FORMAT = "batchsim-aic-grids/4"
-# L2 cache per GPU (NVIDIA datasheets / architecture whitepapers: A100 40 MB, H100 and H200 50 MB, B200 126 MB,
-# L40S 96 MB, L4 48 MB). Decode attention whose whole KV fits is served from L2: the tables' rows step up
-# once b x context x KV bytes/token outgrows it (L40S ~3x, H100 ~1.4x; see tablegrid.baseline_s).
-L2_BYTES = {"a100-80gb": 40e6, "h100-sxm": 50e6, "h200-sxm": 50e6, "b200-sxm": 126e6, "l40s": 96e6, "l4": 48e6}
 # Collectives: latency + bytes / bandwidth fitted per table (the small-message rows are launch/latency noise).
 COMM_BASELINE = {"flops": [], "bytes": [(2.0, (1,))], "peak_flops_per_s": 1.0, "fit": "latency_bandwidth"}
 
@@ -142,7 +140,10 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
                     # to 18x (H100) the rest of this shape)
                 base = {"flops": [(4.0 * hd * heads, (1, 0, 1))],
                         "bytes": [(2 * kv_e * kv_heads * hd, (1, 0, 1)), (2 * 2.0 * heads * hd, (1, 0, 0))],
-                        "cap": [1, 1.0, None], "l2_bytes": L2_BYTES.get(gpu.name), "per_seq_s": 0.0}
+                        "cap": [1, 1.0, None], "per_seq_s": 0.0,
+                        # KV that fits the L2 is served from it: the rows step up once b x context x KV
+                        # bytes outgrow it (L40S ~3x, H100 ~1.4x; tablegrid.baseline_s)
+                        "l2_bytes": gpu.l2_bytes}
             base.update(peak_flops_per_s=gpu.bf16_flops_per_s, bytes_per_s=gpu.hbm_bytes_per_s)
             for wname, w in windows.items():
                 rows = t[t["window_size"] == w]
