@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodels.attention_kernel import mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
@@ -55,6 +56,12 @@ class Efficiencies:
     # Fused RMSNorm at 2,048 tokens (67 MB, inside L2) moves 2.35x (RTX 4090, 72 MB L2) and 2.67x (RTX PRO
     # 6000 Server, 128 MB L2) of the DRAM datasheet bandwidth (vLLM 0.19 per-layer timings, LLMServingSim).
     l2_speedup: float = 2.4
+    # A mixed prefill+decode step on FlashAttention 2 reads each KV head's slice of the decodes' cache once
+    # per query head sharing it (costmodels/attention_kernel.py); the re-reads of a slice that fits in L2
+    # come from L2 at this multiple of the DRAM figure (attention_memory x HBM). vLLM 0.19's mixed attention
+    # rows (LLMServingSim profiler, 804 rows with 8+ decodes at context 256+ whose slice fits in L2, kernel
+    # minus the decode-only and prefill-only kernels): median 4.7 (RTX 4090 3.3, RTX PRO 6000 Server 6.2).
+    mixed_reread_l2_speedup: float = 4.7
     # TP all-reduce, latency + ring bytes / (link x efficiency) fitted to aiconfigurator's H100 tables from
     # 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 /
     # 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 / 0.60 / 0.62. vLLM runs the custom
@@ -131,6 +138,11 @@ class RooflineCostModel:
         self._decode_attention_consts = (flops_per_ctx, self.peak_flops * e.attention_compute,
                                          gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
+        # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
+        kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
+        self._kv_heads = kv_heads
+        self._mixed_rereads = (self.heads / kv_heads - 1.0
+                               if kv_heads and self.heads > kv_heads and mixed_batch_rereads_kv(gpu) else 0.0)
 
     def describe(self) -> dict:
         d = self.deployment
@@ -189,6 +201,21 @@ class RooflineCostModel:
         windowed = maximum(flops_per_ctx * ctx / compute_rate,
                            (self.kv_dt * (ctx * self.kv_dim) + q_bytes) / memory_rate) + launch_s
         return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
+
+    def _mixed_rereads_s(self, context_sum: float) -> float:
+        """A step with prefill chunks and decodes on FlashAttention 2 (costmodels/attention_kernel.py): the
+        decode rows lose the grouped-query fold, so each KV head's slice of the decodes' cache is read again
+        by every other query head that shares it: the part of the slice L2 holds (all of it when it fits)
+        at `mixed_reread_l2_speedup` times the DRAM figure, the rest from DRAM. Over all layers; 0 elsewhere."""
+        if not self._mixed_rereads:
+            return 0.0
+        e = self.eff
+        kv_bytes = self.kv_dt * context_sum * self.kv_dim   # one layer's decode KV on this GPU
+        slice_bytes = kv_bytes / self._kv_heads             # one KV head's K and V
+        in_l2 = min(1.0, (self.gpu.l2_bytes or 0.0) / slice_bytes) if slice_bytes > 0 else 1.0
+        dram = self.gpu.hbm_bytes_per_s * e.attention_memory
+        per_read = kv_bytes * (in_l2 / (dram * e.mixed_reread_l2_speedup) + (1.0 - in_l2) / dram)
+        return self.model.num_layers * self._mixed_rereads * per_read
 
     def _elementwise_s(self, num_tokens: int, mlp_width: float) -> float:
         """vLLM's fused elementwise kernels of one layer, each streaming its tensors once: two fused residual
@@ -254,6 +281,8 @@ class RooflineCostModel:
             attention += self._prefill_attention_total_s(prefill)
         if num_decode:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
+            if prefill:
+                attention += self._mixed_rereads_s(float(decode_context_sum))
         return self._step_s(num_tokens, num_seqs, num_logits, attention)
 
     def _prefill_attention_total_s(self, prefill) -> float:
@@ -341,6 +370,7 @@ class RooflineCostModel:
         t = self._layer_terms_s(num_tokens)
         t["prefill_attention"] = self._prefill_attention_total_s(prefill) if prefill else 0.0
         t["decode_attention"] = float(self._decode_attention_s(float(sum(decode)), len(decode))) if decode else 0.0
+        t["mixed_attention"] = self._mixed_rereads_s(float(sum(decode))) if decode and prefill else 0.0
         t["lm_head_sampling"] = self._head_s(num_seqs if num_logits is None else num_logits)
         t["per_step"], t["per_request"] = self.eff.per_step_s, self.eff.per_request_s * num_seqs
         if self.eff.async_scheduling:  # the CPU terms hide behind the GPU's (see Efficiencies)
@@ -376,6 +406,8 @@ class RooflineCostModel:
             layers += self._prefill_attention_total_s(prefill)
         if decode:
             layers += float(self._decode_attention_s(float(sum(decode)), len(decode)))
+            if prefill:
+                layers += self._mixed_rereads_s(float(sum(decode)))
         stages = [layers * n / self.model.num_layers for n in _deployment.stage_layers(self.model.num_layers, pp)]
         stages[0] += embed
         stages[-1] += self._head_s(num_seqs if num_logits is None else num_logits)
