@@ -1,5 +1,6 @@
-"""Roofline cost model: each operator of one forward pass costs max(compute time, memory time) at
-realistic efficiencies plus a fixed launch cost; the step adds CPU-side overheads.
+"""Roofline cost model: each operator of one forward pass costs the larger of its compute and memory time
+at realistic efficiencies (GEMMs a little more near the ridge, where the two overlap imperfectly) plus a
+fixed launch cost; the step adds CPU-side overheads.
 
 It is the prior for GPUs and models without a measured profile (datasheet figures from
 `costmodels.catalog`). Per family: dense attention (full or sliding-window layers), MLA attention
@@ -100,7 +101,9 @@ class RooflineCostModel:
     `tp` GPUs of kind `gpu` (or as `deployment` lays it out: precision, TP, PP, DP, EP). Seconds.
 
     A step is `sum over layers (attention GEMMs + attention + MLP or MoE (router, shared experts, routed
-    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's, and
+    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's (a step
+    mixing prefill chunks with decodes adds the decodes' KV re-reads on FlashAttention 2 GPUs,
+    `mixed_attention`: costmodels/attention_kernel.py), and
     `per_step_s + per_request_s x sequences`, the CPU's; with async scheduling (vLLM V1's default on CUDA)
     the step takes the larger of the two, else their sum. `step_terms_s` returns each term (the overlap as
     a negative `async_overlap`). Each request also pays `eff.frontend` (its front end) outside the steps.
