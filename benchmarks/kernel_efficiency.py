@@ -53,6 +53,9 @@ def tables(root: Path) -> None:
             b = (d.n * d.k * 2 + d.m * (d.n + d.k) * 2.0).to_numpy()
             print(line(f"{name} decode GEMM (aiconfigurator vllm {gemm[-1].split('/')[-2]}, {len(d)} rows)",
                        fit(b, d.latency.to_numpy() * 1e-3, bw)))
+            r = pd.read_parquet(gemm[-1])
+            r = r[(r.gemm_dtype == "bfloat16") & (r.n * r.k * 2 >= 4e6)]
+            print(ridge_line(name, f"aiconfigurator vllm {gemm[-1].split('/')[-2]}", r.m, r.n, r.k, r.latency * 1e-3))
         attn = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/generation_attention_perf.parquet"))
         if attn:
             d = pd.read_parquet(attn[-1])
@@ -99,6 +102,23 @@ def mixed_reread_speeds(att: pd.DataFrame, gpu) -> np.ndarray:
     return (3 * kv_bytes[keep] / m.excess_s[keep] / (gpu.hbm_bytes_per_s * Efficiencies().attention_memory)).to_numpy()
 
 
+def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
+    """bf16 GEMMs within 0.5-2x of the ridge (the prior's compute time, peak x gemm_compute, against its
+    memory time, HBM x gemm_memory): the median of measured / max(), and the exponent p of (compute^p +
+    memory^p)^(1/p) + gemm_fixed_s that zeroes the median log error there (Efficiencies.gemm_ridge_exponent)."""
+    from costmodels.roofline import Efficiencies
+    e, g = Efficiencies(), GPUS[name]
+    m, n, k, y = (np.asarray(v, dtype=float) for v in (m, n, k, latency_s))
+    tc = 2 * m * n * k / (g.bf16_flops_per_s * e.gemm_compute)
+    tm = 2 * (n * k + m * k + m * n) / (g.hbm_bytes_per_s * e.gemm_memory)
+    near = (tc / tm > 0.5) & (tc / tm < 2)
+    ps = np.linspace(1.0, 12.0, 221)
+    med = [np.median(np.log(((tc[near] ** p + tm[near] ** p) ** (1 / p) + e.gemm_fixed_s) / y[near])) for p in ps]
+    ratio = np.median(y[near] / (np.maximum(tc[near], tm[near]) + e.gemm_fixed_s))
+    return (f"{name} GEMMs near the ridge ({source}, {int(near.sum())} rows): {ratio:.2f}x max(); "
+            f"exponent {ps[int(np.argmin(np.abs(med)))]:.2f}")
+
+
 def profiler(shared: Path) -> None:
     base = shared / "real-runs" / "llmservingsim" / "profiler_perf"
     speeds = []
@@ -112,6 +132,9 @@ def profiler(shared: Path) -> None:
         b = np.array([LLAMA31_8B[l][0] * LLAMA31_8B[l][1] * 2 + t * sum(LLAMA31_8B[l]) * 2
                       for l, t in zip(s.layer, s.tokens)], dtype=float)
         print(line(f"{name} decode GEMM (vLLM 0.19 eager, Llama-3.1-8B, {len(s)} rows)", fit(b, s.time_us.to_numpy() * 1e-6, bw)))
+        s = dense[dense.layer.isin(LLAMA31_8B)]
+        print(ridge_line(name, "vLLM 0.19 eager, Llama-3.1-8B", s.tokens, [LLAMA31_8B[l][0] for l in s.layer],
+                         [LLAMA31_8B[l][1] for l in s.layer], s.time_us * 1e-6))
         a = pd.read_csv(d / "attention.csv")
         a = a[(a.prefill_chunk == 0) & (a.n_decode > 0)]
         b = (a.n_decode * a.kv_decode * 2 * 8 * 128 * 2.0).to_numpy()

@@ -39,10 +39,11 @@ class Efficiencies:
     # Near the ridge a GEMM's memory and compute time overlap imperfectly (tile loads against MMA, the
     # pipeline's fill and drain), so it takes longer than the larger of the two: time = (compute^p +
     # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time between 0.5 and 2 run
-    # a median 8% (H100, vLLM 0.24, 4,824 rows), 12% (H200), 18% (B200), 29% (A100) over max(); the exponent
+    # a median 9% (H100, vLLM 0.24, 4,824 rows), 13% (H200), 22% (B200), 41% (A100) over max(); the exponent
     # that zeroes the median there is 2.95 on H100, 2.55 H200, 1.7 B200, 1.3 A100, 1.7 on the RTX PRO 6000
-    # Server (vLLM 0.19's own GEMMs); 3 is the H100's, the most conservative but the RTX 4090's (whose
-    # GEMMs reach 1.0 of its datasheet compute, so the prior overprices that side on it throughout).
+    # Server (vLLM 0.19's own GEMMs; `python -m benchmarks.kernel_efficiency`); 3 is the H100's, the most
+    # conservative but the RTX 4090's (10.8: its GEMMs reach 1.0 of its datasheet compute, so the prior
+    # overprices that side on it throughout).
     # At compute = memory it is 1.26x max(); at a ratio of 0.5 or 2, 1.04x.
     gemm_ridge_exponent: float = 3.0
     # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
