@@ -53,6 +53,9 @@ def tables(root: Path) -> None:
             b = (d.n * d.k * 2 + d.m * (d.n + d.k) * 2.0).to_numpy()
             print(line(f"{name} decode GEMM (aiconfigurator vllm {gemm[-1].split('/')[-2]}, {len(d)} rows)",
                        fit(b, d.latency.to_numpy() * 1e-3, bw)))
+            r = pd.read_parquet(gemm[-1])
+            r = r[(r.gemm_dtype == "bfloat16") & (r.n * r.k * 2 >= 4e6)]
+            print(ridge_line(name, f"aiconfigurator vllm {gemm[-1].split('/')[-2]}", r.m, r.n, r.k, r.latency * 1e-3))
         attn = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/generation_attention_perf.parquet"))
         if attn:
             d = pd.read_parquet(attn[-1])
@@ -76,8 +79,49 @@ def tables(root: Path) -> None:
                                                                   GPUS["h100-sxm"].interconnect_bytes_per_s)))
 
 
+def mixed_excess(att: pd.DataFrame) -> pd.DataFrame:
+    """The profiler's mixed prefill+decode attention rows (no cached prefill) with `excess_s`: the mixed
+    kernel less the decode-only kernel of its decodes and the prefill-only kernel of its chunk."""
+    a = att[att.kv_prefill == 0]
+    dec = a[a.prefill_chunk == 0].set_index(["n_decode", "kv_decode"]).time_us
+    pre = a[a.n_decode == 0].set_index("prefill_chunk").time_us
+    m = a[(a.prefill_chunk > 0) & (a.n_decode > 0)].copy()
+    m["excess_s"] = 1e-6 * (m.time_us - np.array([dec.get((n, k), np.nan) for n, k in zip(m.n_decode, m.kv_decode)])
+                            - np.array([pre.get(c, np.nan) for c in m.prefill_chunk]))
+    return m.dropna(subset=["excess_s"])
+
+
+def mixed_reread_speeds(att: pd.DataFrame, gpu) -> np.ndarray:
+    """Llama-3.1-8B (32 query heads over 8 KV heads): the rate, as a multiple of attention_memory x HBM, at
+    which a mixed step's 3 re-reads of each KV head's decode slice ran, over the rows with 8+ decodes at
+    context 256+ whose slice (one KV head's K and V) fits in L2 (costmodels/attention_kernel.py)."""
+    from costmodels.roofline import Efficiencies
+    m = mixed_excess(att)
+    kv_bytes = m.n_decode * m.kv_decode * 2 * 8 * 128 * 2.0   # one layer's decode KV
+    keep = (kv_bytes / 8 <= gpu.l2_bytes) & (m.n_decode >= 8) & (m.kv_decode >= 256) & (m.excess_s > 0)
+    return (3 * kv_bytes[keep] / m.excess_s[keep] / (gpu.hbm_bytes_per_s * Efficiencies().attention_memory)).to_numpy()
+
+
+def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
+    """bf16 GEMMs within 0.5-2x of the ridge (the prior's compute time, peak x gemm_compute, against its
+    memory time, HBM x gemm_memory): the median of measured / max(), and the exponent p of (compute^p +
+    memory^p)^(1/p) + gemm_fixed_s that zeroes the median log error there (Efficiencies.gemm_ridge_exponent)."""
+    from costmodels.roofline import Efficiencies
+    e, g = Efficiencies(), GPUS[name]
+    m, n, k, y = (np.asarray(v, dtype=float) for v in (m, n, k, latency_s))
+    tc = 2 * m * n * k / (g.bf16_flops_per_s * e.gemm_compute)
+    tm = 2 * (n * k + m * k + m * n) / (g.hbm_bytes_per_s * e.gemm_memory)
+    near = (tc / tm > 0.5) & (tc / tm < 2)
+    ps = np.linspace(1.0, 12.0, 221)
+    med = [np.median(np.log(((tc[near] ** p + tm[near] ** p) ** (1 / p) + e.gemm_fixed_s) / y[near])) for p in ps]
+    ratio = np.median(y[near] / (np.maximum(tc[near], tm[near]) + e.gemm_fixed_s))
+    return (f"{name} GEMMs near the ridge ({source}, {int(near.sum())} rows): {ratio:.2f}x max(); "
+            f"exponent {ps[int(np.argmin(np.abs(med)))]:.2f}")
+
+
 def profiler(shared: Path) -> None:
     base = shared / "real-runs" / "llmservingsim" / "profiler_perf"
+    speeds = []
     for g, name in PROFILER_GPUS.items():
         d = base / f"{g}_Llama-3.1-8B_bf16" / "tp1"
         if not d.is_dir():
@@ -88,6 +132,9 @@ def profiler(shared: Path) -> None:
         b = np.array([LLAMA31_8B[l][0] * LLAMA31_8B[l][1] * 2 + t * sum(LLAMA31_8B[l]) * 2
                       for l, t in zip(s.layer, s.tokens)], dtype=float)
         print(line(f"{name} decode GEMM (vLLM 0.19 eager, Llama-3.1-8B, {len(s)} rows)", fit(b, s.time_us.to_numpy() * 1e-6, bw)))
+        s = dense[dense.layer.isin(LLAMA31_8B)]
+        print(ridge_line(name, "vLLM 0.19 eager, Llama-3.1-8B", s.tokens, [LLAMA31_8B[l][0] for l in s.layer],
+                         [LLAMA31_8B[l][1] for l in s.layer], s.time_us * 1e-6))
         a = pd.read_csv(d / "attention.csv")
         a = a[(a.prefill_chunk == 0) & (a.n_decode > 0)]
         b = (a.n_decode * a.kv_decode * 2 * 8 * 128 * 2.0).to_numpy()
@@ -103,6 +150,13 @@ def profiler(shared: Path) -> None:
             moved = 2048 * 4 * 4096 * 2.0
             print(f"{name} fused add+RMSNorm at 2,048 tokens ({moved / 1e6:.0f} MB): "
                   f"{moved / (norm.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
+        v = mixed_reread_speeds(pd.read_csv(d / "attention.csv"), GPUS[name])
+        speeds.append(v)
+        print(f"{name} mixed-step KV re-reads from L2 ({len(v)} rows): median {np.median(v):.1f}x attention_memory x HBM")
+    if speeds:
+        v = np.concatenate(speeds)
+        print(f"mixed-step KV re-reads from L2, both GPUs ({len(v)} rows): median {np.median(v):.1f}x "
+              "(Efficiencies.mixed_reread_l2_speedup)")
 
 
 PRIOR_BEFORE = dict(gemm_memory=0.75, gemm_fixed_s=2e-6, attention_memory=0.70, decode_attention_fixed_s=2e-6,
@@ -147,6 +201,13 @@ def op_comparison(shared: Path) -> str:
             one = lambda layer, t=t: dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]  # noqa: E731
             add("elementwise (2 norms, rotary, silu_mul)", t, 2 * one("layernorm") + one("rotary_emb") + one("act_fn"),
                 lambda m, t=t: m._elementwise_s(t, model.intermediate_size))
+        excess = mixed_excess(att)
+        for nd, kv in ((8, 1024), (32, 1024), (128, 256), (128, 1024), (128, 4096)):   # with a 16-token chunk
+            meas = excess[(excess.n_decode == nd) & (excess.kv_decode == kv) & (excess.prefill_chunk == 16)]
+            if len(meas):   # the prior before this term priced none of it
+                add(f"mixed-step attention excess, context {kv}", nd, meas.excess_s.iloc[0] * 1e6,
+                    lambda m, nd=nd, kv=kv: (m._mixed_rereads_s(float(nd * kv)) / model.num_layers
+                                             if m.eff != priors["before"].eff else 0.0))
         out.append(f"### {name}: vLLM 0.19.0, Llama-3.1-8B, one layer (eager-mode timings, launch included)\n\n"
                    + md_table(pd.DataFrame(rows)))
     return "\n\n".join(out)

@@ -9,9 +9,13 @@ decoder layer's qkv/o/gate_up/down projections, norms, rotary, activation, embed
 (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us), tp<N>/per_sequence.csv (lm_head, sampler over
 sequences). Mapped: the four projections to GEMM rows of the model's shapes (N, K from its config), layer
 norm / rotary / act_fn / embedding to elementwise rows, decode-only attention rows to decode_attn, prefill-only
-rows to prefill_attn, lm_head to the lm_head GEMM, sampler to sampling. Mixed prefill+decode attention rows
-are left out (the profile prices the two parts separately). The timings were taken in eager mode
-(enforce_eager): each includes its kernel launch, which CUDA graphs remove in a served engine.
+rows to prefill_attn, lm_head to the lm_head GEMM, sampler to sampling. The
+mixed prefill+decode attention rows (one varlen kernel over both, as vLLM runs a mixed step) become the
+profile's `mixed_attn` grid: what the mixed kernel takes beyond the decode-only and prefill-only kernels
+of its parts, over (decodes, decode context, prefill tokens), as measured at the profiler's grid points
+with no cached prefill (on FlashAttention 2 the decodes lose their grouped-query fold in a mixed step:
+costmodels/attention_kernel.py). The timings were taken in eager mode (enforce_eager): each includes its
+kernel launch, which CUDA graphs remove in a served engine.
 """
 from __future__ import annotations
 
@@ -22,13 +26,18 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+import json
+import math
+
+import numpy as np
+
 from calibration import measurements
 from commandline.argtypes import positive_int
 from commandline.exits import refuse, run_main
 from commandline.outputs import OutputError, out_dir, out_file
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError, ModelShape, get_gpu, get_model
-from costmodels.profile import attention_heads, gemm_shapes
+from costmodels.profile import LogGrid, attention_heads, gemm_shapes
 
 GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 ELEMENTWISE = {"layernorm": "rmsnorm", "rotary_emb": "rotary", "act_fn": "silu_mul", "embedding": "embedding"}
@@ -111,6 +120,72 @@ def import_profiler(folder: Path, model: ModelShape, tp: int = 1) -> tuple[list[
     return rows, info
 
 
+# The excess of a mixed kernel over its parts is at most noise where the parts already cover it (a handful
+# of decodes); the grid is in log time, so those cells hold this floor: a tenth of a microsecond, nothing.
+MIXED_FLOOR_S = 1e-7
+
+
+def mixed_attention_grid(attention: pd.DataFrame) -> LogGrid | None:
+    """The `mixed_attn` family: per layer, a mixed kernel's time less the decode-only kernel (same decodes
+    and context) and the prefill-only kernel (same chunk, no cached tokens), at every (decodes, context,
+    chunk) of the profiler's grid that has all three; the largest complete tensor grid of powers of two.
+    None when the folder has no such rows."""
+    a = attention[attention["kv_prefill"] == 0]
+    dec = a[a["prefill_chunk"] == 0].set_index(["n_decode", "kv_decode"])["time_us"]
+    pre = a[a["n_decode"] == 0].set_index("prefill_chunk")["time_us"]
+    mixed = a[(a["prefill_chunk"] > 0) & (a["n_decode"] > 0)]
+    pow2 = lambda v: v > 0 and (int(v) & (int(v) - 1)) == 0   # noqa: E731
+    mixed = mixed[mixed["n_decode"].map(pow2) & mixed["kv_decode"].map(pow2) & mixed["prefill_chunk"].map(pow2)]
+    extra = {}
+    for nd, kvd, chunk, us in mixed[["n_decode", "kv_decode", "prefill_chunk", "time_us"]].itertuples(index=False):
+        if (nd, kvd) in dec.index and chunk in pre.index:
+            extra[(int(nd), int(kvd), int(chunk))] = max((us - dec[(nd, kvd)] - pre[chunk]) * 1e-6, MIXED_FLOOR_S)
+    axes = [sorted({k[i] for k in extra}) for i in range(3)]
+    # drop the knots that leave holes (the largest decode count may lack long contexts, and so on)
+    while axes and all(axes) and len(extra) < math.prod(len(x) for x in axes):
+        holes = [sum(1 for k in _product(axes) if k not in extra and k[i] == v) for i in range(3) for v in axes[i]]
+        worst = int(np.argmax(holes))
+        for i in range(3):
+            if worst < len(axes[i]):
+                axes[i].pop(worst)
+                break
+            worst -= len(axes[i])
+    if not axes or not all(len(x) >= 2 for x in axes):
+        return None
+    values = np.array([extra[k] for k in _product(axes)]).reshape([len(x) for x in axes])
+    # beyond the grid: linear in decodes and in context (the re-read KV grows with both), flat in chunk
+    return LogGrid(("decode_sequences", "decode_context", "prefill_tokens"),
+                   tuple(np.log(np.asarray(x, dtype=float)) for x in axes), np.log(values), (1.0, 1.0, 0.0))
+
+
+def _product(axes):
+    return [(x, y, z) for x in axes[0] for y in axes[1] for z in axes[2]]
+
+
+# The step a served vLLM 0.19 engine takes over these kernels adds no CPU time of its own: async scheduling
+# (on by default on CUDA) prepares step n+1 on the CPU while the GPU runs step n, so the CPU's per-step and
+# per-sequence work hides behind the kernels (the roofline prior's rule: max(GPU, CPU), and here the GPU's
+# 10-90 ms is far above the prior's 0.4 ms + 6 us a sequence); and the eager timings already include each
+# kernel's launch, which the served engine's CUDA graphs remove.
+SERVED_OVERHEADS = {"per_step_s": 0.0, "per_request_s": 0.0, "per_layer_s": 0.0,
+                    "source": "none beyond the eager kernel timings: vLLM V1's async scheduling overlaps the "
+                              "CPU's step with the GPU's, and each eager timing includes its launch"}
+
+
+def finish_profile(profile_path: Path, folder: Path, tp: int = 1) -> bool:
+    """Complete a profile fitted from the profiler folder: the `mixed_attn` grid (True when the folder has
+    mixed rows) and the served engine's overheads (SERVED_OVERHEADS)."""
+    grid = mixed_attention_grid(_csv(Path(folder) / f"tp{tp}" / "attention.csv",
+                                     {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"}))
+    profile = json.loads(Path(profile_path).read_text())
+    profile["overheads"] = dict(SERVED_OVERHEADS)
+    if grid is not None:
+        profile["families"]["mixed_attn"] = grid.to_dict()
+        profile.setdefault("family_sources", {})["mixed_attn"] = "measured (mixed kernel less its parts)"
+    Path(profile_path).write_text(json.dumps(profile, indent=1) + "\n")
+    return grid is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="python -m calibration.import_llmservingsim", description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="profiler/perf/<GPU>/<model>/<variant>/ (with meta.yaml, tp<N>/)")
@@ -139,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path}: {pd.Series([r['family'] for r in rows]).value_counts().to_dict()}")
     if args.fit:
         from calibration import fit
-        return fit.main([str(args.out), "--out", str(args.fit), "--report-dir", str(args.out)])
+        rc = fit.main([str(args.out), "--out", str(args.fit), "--report-dir", str(args.out)])
+        if rc == 0 and finish_profile(args.fit, args.folder, args.tp):
+            print(f"{args.fit}: mixed prefill+decode attention from the profiler's mixed rows (mixed_attn)")
+        return rc
     return 0
 
 

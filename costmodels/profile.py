@@ -199,6 +199,11 @@ class ProfileCostModel:
         self.gemm = {op: LogGrid.from_dict(fam[f"gemm_{op}"]) for op in (*GEMM_OPS, "lm_head")}
         self.prefill_attn = LogGrid.from_dict(fam["prefill_attn"])
         self.decode_attn = LogGrid.from_dict(fam["decode_attn"])
+        # What a step mixing prefill chunks with decodes adds to its two attention parts, per layer, over
+        # (decodes, mean decode context, prefill tokens), where the profile measured it (vLLM's one varlen
+        # kernel over both: on FlashAttention 2 the decodes lose their grouped-query fold,
+        # costmodels/attention_kernel.py); absent: the parts alone.
+        self.mixed_attn = LogGrid.from_dict(fam["mixed_attn"]) if "mixed_attn" in fam else None
         self.elementwise = {op: LogGrid.from_dict(g) for op, g in fam["elementwise"].items()}
         self.sampling = LogGrid.from_dict(fam["sampling"])
         o = profile["overheads"]
@@ -289,6 +294,8 @@ class ProfileCostModel:
             layer += self._prefill_slice(b).scalar(length)   # self.prefill_attn(b, length), bitwise
         if num_decode:
             layer += self._decode_slice(num_decode).scalar(decode_context_sum / num_decode)  # decode_coords
+            if new and self.mixed_attn is not None:
+                layer += self.mixed_attn(num_decode, decode_context_sum / num_decode, sum(new))
         o = self.overheads
         return (self.model.num_layers * layer + self._step_terms_s(num_tokens, num_logits) + o.per_step_s
                 + o.per_request_s * num_seqs)

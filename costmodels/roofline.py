@@ -1,5 +1,6 @@
-"""Roofline cost model: each operator of one forward pass costs max(compute time, memory time) at
-realistic efficiencies plus a fixed launch cost; the step adds CPU-side overheads.
+"""Roofline cost model: each operator of one forward pass costs the larger of its compute and memory time
+at realistic efficiencies (GEMMs a little more near the ridge, where the two overlap imperfectly) plus a
+fixed launch cost; the step adds CPU-side overheads.
 
 It is the prior for GPUs and models without a measured profile (datasheet figures from
 `costmodels.catalog`). Per family: dense attention (full or sliding-window layers), MLA attention
@@ -14,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodels.attention_kernel import mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -35,6 +37,16 @@ class Efficiencies:
     # (0.83 of 989; vLLM 0.24 table, m >= 2,048: median 0.81, H200 0.79); the LLMServingSim profiler's
     # vLLM 0.19 gate_up at 2,048 tokens: 0.83 of an RTX PRO 6000's 500 TFLOP/s.
     gemm_compute: float = 0.80
+    # Near the ridge a GEMM's memory and compute time overlap imperfectly (tile loads against MMA, the
+    # pipeline's fill and drain), so it takes longer than the larger of the two: time = (compute^p +
+    # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time between 0.5 and 2 run
+    # a median 9% (H100, vLLM 0.24, 4,824 rows), 13% (H200), 22% (B200), 41% (A100) over max(); the exponent
+    # that zeroes the median there is 2.95 on H100, 2.55 H200, 1.7 B200, 1.3 A100, 1.7 on the RTX PRO 6000
+    # Server (vLLM 0.19's own GEMMs; `python -m benchmarks.kernel_efficiency`); 3 is the H100's, the most
+    # conservative but the RTX 4090's (10.8: its GEMMs reach 1.0 of its datasheet compute, so the prior
+    # overprices that side on it throughout).
+    # At compute = memory it is 1.26x max(); at a ratio of 0.5 or 2, 1.04x.
+    gemm_ridge_exponent: float = 3.0
     # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
     # aiconfigurator's vLLM 0.24 tables: H100 0.86 + 3.3 us, H200 0.83 + 3.6 us, B200 0.77 + 2.9 us (A100,
     # vLLM 0.14: 0.74 + 5.1 us); vLLM 0.19's own qkv/o/gate_up/down timings (LLMServingSim profiler): RTX
@@ -56,6 +68,12 @@ class Efficiencies:
     # Fused RMSNorm at 2,048 tokens (67 MB, inside L2) moves 2.35x (RTX 4090, 72 MB L2) and 2.67x (RTX PRO
     # 6000 Server, 128 MB L2) of the DRAM datasheet bandwidth (vLLM 0.19 per-layer timings, LLMServingSim).
     l2_speedup: float = 2.4
+    # A mixed prefill+decode step on FlashAttention 2 reads each KV head's slice of the decodes' cache once
+    # per query head sharing it (costmodels/attention_kernel.py); the re-reads of a slice that fits in L2
+    # come from L2 at this multiple of the DRAM figure (attention_memory x HBM). vLLM 0.19's mixed attention
+    # rows (LLMServingSim profiler, 804 rows with 8+ decodes at context 256+ whose slice fits in L2, kernel
+    # minus the decode-only and prefill-only kernels): median 4.7 (RTX 4090 3.3, RTX PRO 6000 Server 6.2).
+    mixed_reread_l2_speedup: float = 4.7
     # TP all-reduce over NVLink (and AMD Infinity Fabric), latency + ring bytes / (link x efficiency) fitted
     # to aiconfigurator's H100 tables from 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs
     # 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 / 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 /
@@ -86,7 +104,9 @@ class RooflineCostModel:
     `tp` GPUs of kind `gpu` (or as `deployment` lays it out: precision, TP, PP, DP, EP). Seconds.
 
     A step is `sum over layers (attention GEMMs + attention + MLP or MoE (router, shared experts, routed
-    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's, and
+    experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's (a step
+    mixing prefill chunks with decodes adds the decodes' KV re-reads on FlashAttention 2 GPUs,
+    `mixed_attention`: costmodels/attention_kernel.py), and
     `per_step_s + per_request_s x sequences`, the CPU's; with async scheduling (vLLM V1's default on CUDA)
     the step takes the larger of the two, else their sum. `step_terms_s` returns each term (the overlap as
     a negative `async_overlap`). Each request also pays `eff.frontend` (its front end) outside the steps.
@@ -137,6 +157,11 @@ class RooflineCostModel:
         nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
         self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvlink)
         self.p2p_link = allreduce_link(gpu.interconnect_kind, 2, nvlink)   # one GPU to one other
+        # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
+        kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
+        self._kv_heads = kv_heads
+        self._mixed_rereads = (self.heads / kv_heads - 1.0
+                               if kv_heads and self.heads > kv_heads and mixed_batch_rereads_kv(gpu) else 0.0)
 
     def describe(self) -> dict:
         d = self.deployment
@@ -155,8 +180,8 @@ class RooflineCostModel:
         e = self.eff
         flops = 2.0 * m * n * k
         bytes_ = (m * k + m * n) * self.dt + k * n * (self.wb if wb is None else wb)   # activations + weights
-        return max(flops / (self.peak_flops * e.gemm_compute),
-                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + e.gemm_fixed_s
+        return _ridge(flops / (self.peak_flops * e.gemm_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
+                      e.gemm_ridge_exponent) + e.gemm_fixed_s
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`
@@ -199,6 +224,21 @@ class RooflineCostModel:
                            (self.kv_dt * (ctx * self.kv_dim) + q_bytes) / memory_rate) + launch_s
         return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
 
+    def _mixed_rereads_s(self, context_sum: float) -> float:
+        """A step with prefill chunks and decodes on FlashAttention 2 (costmodels/attention_kernel.py): the
+        decode rows lose the grouped-query fold, so each KV head's slice of the decodes' cache is read again
+        by every other query head that shares it: the part of the slice L2 holds (all of it when it fits)
+        at `mixed_reread_l2_speedup` times the DRAM figure, the rest from DRAM. Over all layers; 0 elsewhere."""
+        if not self._mixed_rereads:
+            return 0.0
+        e = self.eff
+        kv_bytes = self.kv_dt * context_sum * self.kv_dim   # one layer's decode KV on this GPU
+        slice_bytes = kv_bytes / self._kv_heads             # one KV head's K and V
+        in_l2 = min(1.0, (self.gpu.l2_bytes or 0.0) / slice_bytes) if slice_bytes > 0 else 1.0
+        dram = self.gpu.hbm_bytes_per_s * e.attention_memory
+        per_read = kv_bytes * (in_l2 / (dram * e.mixed_reread_l2_speedup) + (1.0 - in_l2) / dram)
+        return self.model.num_layers * self._mixed_rereads * per_read
+
     def _elementwise_s(self, num_tokens: int, mlp_width: float) -> float:
         """vLLM's fused elementwise kernels of one layer, each streaming its tensors once: two fused residual
         add + RMSNorm (read x and the residual, write both), rotary on Q and K (in place), SiLU*mul (read
@@ -235,8 +275,8 @@ class RooflineCostModel:
         active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
         flops = 2.0 * routed * 3 * h * width
         bytes_ = active * 3 * h * width * self.wb + routed * (2 * h + 3 * width) * self.dt
-        return max(flops / (self.peak_flops * e.gemm_compute),
-                   bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory)) + 2 * e.kernel_launch_s
+        return _ridge(flops / (self.peak_flops * e.gemm_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
+                      e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
     def _alltoall_s(self, num_tokens: int) -> float:
         """EP dispatch and combine: each token's hidden state to and from its top-k experts' ranks."""
@@ -264,6 +304,8 @@ class RooflineCostModel:
             attention += self._prefill_attention_total_s(prefill)
         if num_decode:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
+            if prefill:
+                attention += self._mixed_rereads_s(float(decode_context_sum))
         return self._step_s(num_tokens, num_seqs, num_logits, attention)
 
     def _prefill_attention_total_s(self, prefill) -> float:
@@ -351,6 +393,7 @@ class RooflineCostModel:
         t = self._layer_terms_s(num_tokens)
         t["prefill_attention"] = self._prefill_attention_total_s(prefill) if prefill else 0.0
         t["decode_attention"] = float(self._decode_attention_s(float(sum(decode)), len(decode))) if decode else 0.0
+        t["mixed_attention"] = self._mixed_rereads_s(float(sum(decode))) if decode and prefill else 0.0
         t["lm_head_sampling"] = self._head_s(num_seqs if num_logits is None else num_logits)
         t["per_step"], t["per_request"] = self.eff.per_step_s, self.eff.per_request_s * num_seqs
         if self.eff.async_scheduling:  # the CPU terms hide behind the GPU's (see Efficiencies)
@@ -386,6 +429,8 @@ class RooflineCostModel:
             layers += self._prefill_attention_total_s(prefill)
         if decode:
             layers += float(self._decode_attention_s(float(sum(decode)), len(decode)))
+            if prefill:
+                layers += self._mixed_rereads_s(float(sum(decode)))
         stages = [layers * n / self.model.num_layers for n in _deployment.stage_layers(self.model.num_layers, pp)]
         stages[0] += embed
         stages[-1] += self._head_s(num_seqs if num_logits is None else num_logits)
@@ -425,6 +470,13 @@ def activation_reserve_bytes(model: ModelShape, max_num_batched_tokens: int, max
                              tp: int = 1, dtype: str = "bf16") -> float:
     return _deployment.activation_reserve_bytes(model, Deployment(dtype=dtype, tensor_parallel_size=tp),
                                                 max_num_batched_tokens, max_num_seqs)
+
+
+def _ridge(compute_s: float, memory_s: float, p: float) -> float:
+    """(compute^p + memory^p)^(1/p), computed as the larger times (1 + (smaller / larger)^p)^(1/p): max()
+    far from the ridge, 2^(1/p) x max() on it (Efficiencies.gemm_ridge_exponent)."""
+    hi, lo = (compute_s, memory_s) if compute_s >= memory_s else (memory_s, compute_s)
+    return hi * (1.0 + (lo / hi) ** p) ** (1.0 / p) if hi > 0 else 0.0
 
 
 def _window_pairs(n: int, c: int, window: int) -> float:

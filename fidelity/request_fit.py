@@ -52,13 +52,15 @@ class RequestFitError(ValueError):
 @dataclass(frozen=True)
 class Rebuilt:
     """One engine's work on a grid, rebuilt from the requests: per bin (left edges `t`, width `dt`), the
-    steps per second and the prefill tokens, decode tokens and decode context read per second."""
+    steps per second and the prefill tokens, decode tokens and decode context read per second, and the
+    requests whose prefill runs (per second: each request's one prefill spread over its prefill phase)."""
     t: np.ndarray
     dt: float
     steps: np.ndarray
     prefill: np.ndarray
     decode: np.ndarray
     context: np.ndarray
+    prefills: np.ndarray | None = None
 
     def integrate(self, rate: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The integral of `rate` over each [a_i, b_i) (whole bins)."""
@@ -120,7 +122,8 @@ def rebuild(requests: pd.DataFrame, data_parallel_size: int = 1, budget: int = 2
     # nothing decoding, a prefill-only step takes the whole token budget
     steps = np.where(decoding > 0, decode / np.maximum(decoding, 1e-12), prefill / data_parallel_size / budget)
     d = float(data_parallel_size)
-    return Rebuilt(t, dt, steps, prefill / d, decode / d, context / d)
+    prefills = spread(pre["start"], pre["first"], 1.0 / (pre["first"] - pre["start"]))
+    return Rebuilt(t, dt, steps, prefill / d, decode / d, context / d, prefills / d)
 
 
 def equations(requests: pd.DataFrame, rebuilt: Rebuilt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,24 +169,38 @@ def fit_step_terms(runs: list, budgets: list[int], dps: list[int], source: str, 
     return StepFitCostModel(tuple(float(c) for c in full), source, None, held, dtype)
 
 
-def prior_seconds(rebuilt: Rebuilt, prior) -> np.ndarray:
-    """Per bin, the prior's time of the steps it holds: steps x the price of the bin's mean step (its
-    decodes, their context sum, one prefill chunk of the bin's mean prefill tokens a step)."""
+def prior_seconds(rebuilt: Rebuilt, prior, budget: int | None = None) -> np.ndarray:
+    """Per bin, the prior's time of the steps it holds. Without `budget`: steps x the price of the bin's
+    mean step (its decodes, their context sum, one prefill chunk of the bin's mean prefill tokens a step).
+    With it, as the engine schedules them: the prefill tokens ride in as few steps as carry them (one a
+    prefilling request, more where its prompt outgrows the budget left beside the decodes), the others
+    decode only; a step that mixes the two costs more than its parts on some GPUs
+    (costmodels/attention_kernel.py), so spreading the prefill over every step would overprice it."""
     out = np.zeros(len(rebuilt.t))
     sums = hasattr(prior, "step_time_sums_s")
+
+    def price(prefill, nd, ctx):
+        if sums:
+            return prior.step_time_sums_s(prefill, nd, ctx if nd else 0)
+        return prior.step_time_s(prefill, [max(1, ctx // max(nd, 1))] * nd)
+
     for k in np.flatnonzero(rebuilt.steps > 0):
         s = rebuilt.steps[k]
         nd = int(round(rebuilt.decode[k] / s))
         ctx = int(round(rebuilt.context[k] / s))
-        chunk = int(round(rebuilt.prefill[k] / s))
-        prefill = [(chunk, 0)] if chunk >= 1 else []
-        if not nd and not prefill:
+        if budget is None or rebuilt.prefills is None or not nd:
+            chunk = int(round(rebuilt.prefill[k] / s))
+            prefill = [(chunk, 0)] if chunk >= 1 else []
+            if nd or prefill:
+                out[k] = s * rebuilt.dt * price(prefill, nd, ctx)
             continue
-        if sums:
-            price = prior.step_time_sums_s(prefill, nd, ctx if nd else 0)
+        mixed = min(s, max(rebuilt.prefills[k], rebuilt.prefill[k] / max(budget - nd, 1)))   # per second
+        chunk = int(round(rebuilt.prefill[k] / mixed)) if mixed > 0 else 0
+        if chunk >= 1:
+            seconds = (s - mixed) * price([], nd, ctx) + mixed * price([(chunk, 0)], nd, ctx)
         else:
-            price = prior.step_time_s(prefill, [max(1, ctx // max(nd, 1))] * nd)
-        out[k] = s * rebuilt.dt * price
+            seconds = s * price([], nd, ctx)
+        out[k] = rebuilt.dt * seconds
     return out
 
 
@@ -194,7 +211,7 @@ def fit_prior_scale(run, prior, budget: int, dp: int = 1, dt: float | None = Non
     p = _phases(run.requests)
     p = p[(p["output"] > 1) & (p["last"] > p["first"])]
     a, b = p["first"].to_numpy(), p["last"].to_numpy()
-    x = np.column_stack([rb.integrate(prior_seconds(rb, prior) / rb.dt, a, b), p["output"].to_numpy() - 1])
+    x = np.column_stack([rb.integrate(prior_seconds(rb, prior, budget) / rb.dt, a, b), p["output"].to_numpy() - 1])
     ok = (b - a) > 4 * rb.dt
     coef, held = _held_out(x[ok], (b - a)[ok])
     return float(coef[0]), float(coef[1]), held

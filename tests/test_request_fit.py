@@ -166,3 +166,21 @@ def test_fit_timestamps_on_client_side_runs(tmp_path):
     assert data["held_out"]["within_fit"]["of"] == "decode intervals"
     truth = true_model()
     assert read_stepfit(out).step_time_s([], [300] * 8) == pytest.approx(truth.step_time_s([], [300] * 8), rel=0.2)
+
+
+def test_prior_prices_the_prefill_in_the_steps_that_carry_it():
+    """One 1-s bin of 30 steps, 100 decodes each, 8,600 prefill tokens from 10 requests: with a 2,048-token
+    budget the prefill rides in max(10 requests, 8,600 / 1,948) = 10 steps of 860 tokens, the other 20
+    decode only. A prior with 10 ms a step, 5 ms more for a step with a chunk and 10 us a prefill token:
+    20 x 10 + 10 x (10 + 5 + 8.6) = 436 ms; spread evenly (no budget), 30 steps of 287 tokens: 536.1 ms."""
+    import numpy as np
+    from fidelity.request_fit import Rebuilt, prior_seconds
+
+    class Prior:
+        def step_time_sums_s(self, prefill, num_decode, context_sum):
+            return 0.010 + (0.005 + 1e-5 * sum(n for n, _ in prefill) if prefill else 0.0)
+
+    one = lambda v: np.array([float(v)])   # noqa: E731
+    rb = Rebuilt(one(0), 1.0, one(30), one(8600), one(3000), one(3000 * 500), one(10))
+    assert prior_seconds(rb, Prior(), 2048)[0] == pytest.approx(0.436)
+    assert prior_seconds(rb, Prior())[0] == pytest.approx(30 * (0.015 + 287e-5))
