@@ -68,7 +68,7 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
     if profile is None:
         path = shipped_profile_path(model, gpu.name, tp, dtype)
         if path is None or d != Deployment(dtype=dtype, tensor_parallel_size=tp):
-            if aic.tables_root() is not None and gpu.name in aic.GPU_DIRS:   # the [aic] extra is installed
+            if aic.tables_root() is not None and gpu.name in aic.DEFAULT_GPUS:   # the [aic] extra is installed
                 try:
                     return aic.aic_cost_model("aic", model, gpu, d)
                 except CatalogError:
