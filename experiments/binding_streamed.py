@@ -28,11 +28,18 @@ def iteration_chunks(tables_dir, columns=STEP_COLUMNS):
     if p is None:
         raise FileNotFoundError(2, "no such table (.parquet or .csv)", str(Path(tables_dir) / "iterations"))
     if p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
         f = pq.ParquetFile(p)
         cols = [c for c in columns if c in set(f.schema_arrow.names)]
+        pool = pa.default_memory_pool()
         for batch in f.iter_batches(batch_size=CHUNK_ROWS, columns=cols):
-            yield batch.to_pandas()
+            frame = batch.to_pandas()
+            del batch
+            # arrow's allocator (mimalloc) keeps the pages of each row group read, so the resident set would
+            # grow with the table: give them back once the chunk is a frame
+            pool.release_unused()
+            yield frame
     else:
         yield from pd.read_csv(p, usecols=lambda c: c in set(columns), chunksize=CHUNK_ROWS)
 
