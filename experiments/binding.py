@@ -54,22 +54,50 @@ def admission_limits(policy) -> AdmissionLimits:
 
 
 def served_by_replica(served: pd.DataFrame, block_size: int) -> list[tuple]:
-    """Per replica, what `step_limits` looks up about its served requests: (replica, arrivals sorted,
-    admissions made nondecreasing in arrival order, prompts in that order, KV blocks freed by finish time)."""
+    """Per replica, what `step_limits` looks up about its served requests (`lookup_by_replica` over the
+    frame's columns)."""
+    return lookup_by_replica(served["replica_id"].to_numpy(), served["arrival_s"].to_numpy(float),
+                             served["admitted_s"].to_numpy(float), served["finish_s"].to_numpy(float),
+                             served["prompt_tokens"].to_numpy(), served["output_tokens"].to_numpy(),
+                             (served["status"] == "finished").to_numpy(), block_size)
+
+
+def lookup_by_replica(replica: np.ndarray, arrival_s: np.ndarray, admitted_s: np.ndarray, finish_s: np.ndarray,
+                      prompt_tokens: np.ndarray, output_tokens: np.ndarray, finished: np.ndarray, block_size: int,
+                      rows: np.ndarray | None = None) -> list[tuple]:
+    """Per replica (in replica order), what `step_limits` looks up about the served requests at `rows` (default:
+    all) of these columns: (replica, arrivals sorted, admissions made nondecreasing in arrival order, prompts
+    in that order, (finish times sorted and distinct, KV blocks freed at each)). numpy arrays only, about 40
+    bytes a request: a day's millions of requests are never copied as a frame."""
+    rows = np.arange(len(replica)) if rows is None else rows
+    rep = replica[rows]
+    rows = rows[np.lexsort((arrival_s[rows], rep))]   # by replica, then arrival (stable: ties keep row order)
+    rep = replica[rows]
+    cuts = np.flatnonzero(np.diff(rep)) + 1
     out = []
-    for r, g in served.groupby("replica_id"):
-        g = g.sort_values("arrival_s", kind="stable")
+    for seg in np.split(rows, cuts) if len(rows) else []:
         # FCFS admits in arrival order: the head at time t is the first whose admission (or any earlier
         # one's) comes after t
-        admitted = np.fmax.accumulate(np.nan_to_num(g["admitted_s"].to_numpy(float), nan=np.inf))
-        fin = g[g["status"] == "finished"]
-        blocks = -(-(fin["prompt_tokens"] + fin["output_tokens"] - 1).to_numpy() // block_size)
-        by_end = pd.Series(blocks).groupby(fin["finish_s"].to_numpy(float)).sum()
-        out.append((r, g["arrival_s"].to_numpy(float), admitted, g["prompt_tokens"].to_numpy(), by_end))
+        admitted = np.fmax.accumulate(np.nan_to_num(admitted_s[seg], nan=np.inf))
+        fin = seg[finished[seg]]
+        blocks = -(-(prompt_tokens[fin] + output_tokens[fin] - 1).astype(np.int64) // block_size)
+        order = np.argsort(finish_s[fin], kind="stable")
+        ends, first = np.unique(finish_s[fin][order], return_index=True)
+        freed = np.add.reduceat(blocks[order], first) if len(first) else np.zeros(0, dtype=np.int64)
+        out.append((replica[seg[0]].item(), arrival_s[seg], admitted, prompt_tokens[seg], (ends, freed)))
     return out
 
 
-def step_limits(it: pd.DataFrame, served: pd.DataFrame, limits: AdmissionLimits, num_blocks: int,
+def _freed_at(by_end: tuple, t: np.ndarray) -> np.ndarray:
+    """KV blocks freed by requests finishing at exactly each time of `t` (0 where none finished)."""
+    ends, freed = by_end
+    if not len(ends):
+        return np.zeros(len(t), dtype=np.int64)
+    k = np.minimum(np.searchsorted(ends, t), len(ends) - 1)
+    return np.where(ends[k] == t, freed[k], 0).astype(np.int64)
+
+
+def step_limits(it: pd.DataFrame, served: pd.DataFrame | None, limits: AdmissionLimits, num_blocks: int,
                 block_size: int, watermark_blocks: int = 0, lookup: list | None = None) -> np.ndarray:
     """One code per step (LIMITS index): why the requests still waiting after the step's decision were not
     admitted. Waiting at the decision = the queue the step left, less what arrived while it ran. The head
@@ -95,7 +123,7 @@ def step_limits(it: pd.DataFrame, served: pd.DataFrame, limits: AdmissionLimits,
         arrived[mask] = np.searchsorted(a, end[mask], "right") - np.searchsorted(a, start[mask], "right")
         head = np.minimum(np.searchsorted(admitted, start[mask], "right"), len(a) - 1)
         head_prompt[mask] = prompts[head]
-        freed[mask] = by_end.reindex(end[mask]).fillna(0).to_numpy(np.int64)
+        freed[mask] = _freed_at(by_end, end[mask])
     waited = it["num_waiting"].to_numpy() - arrived > 0
     tokens = (it["prefill_tokens"] + it["decode_tokens"] + it["padding_tokens"]).to_numpy().astype(float)
     free = num_blocks - it["kv_blocks_used"].to_numpy() - freed - watermark_blocks

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.binding import (DEMAND, LIMITS, SERVED_COLUMNS, STEP_COLUMNS, admission_limits, binding_name,
-                                 sampled_bounds, sampled_busy_steps, served_by_replica, step_limits)
+from experiments.binding import (DEMAND, LIMITS, STEP_COLUMNS, admission_limits, binding_name, lookup_by_replica,
+                                 sampled_bounds, sampled_busy_steps, step_limits)
 from experiments.tables import table_path
 from simcore.pairwise import StreamedSum
 
@@ -28,11 +28,18 @@ def iteration_chunks(tables_dir, columns=STEP_COLUMNS):
     if p is None:
         raise FileNotFoundError(2, "no such table (.parquet or .csv)", str(Path(tables_dir) / "iterations"))
     if p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
         f = pq.ParquetFile(p)
         cols = [c for c in columns if c in set(f.schema_arrow.names)]
+        pool = pa.default_memory_pool()
         for batch in f.iter_batches(batch_size=CHUNK_ROWS, columns=cols):
-            yield batch.to_pandas()
+            frame = batch.to_pandas()
+            del batch
+            # arrow's allocator (mimalloc) keeps the pages of each row group read, so the resident set would
+            # grow with the table: give them back once the chunk is a frame
+            pool.release_unused()
+            yield frame
     else:
         yield from pd.read_csv(p, usecols=lambda c: c in set(columns), chunksize=CHUNK_ROWS)
 
@@ -68,8 +75,10 @@ def _windows(tables_dir, drained: dict, columns=STEP_COLUMNS):
 def streamed_binding_keys(policy, requests: pd.DataFrame, tables_dir, num_blocks: int, block_size: int,
                           roofline=None, fell_behind: bool = False) -> dict:
     """experiments.binding.binding_keys, and `prefill_time_share`, over the streamed iterations table."""
-    served = requests.loc[requests["status"] != "rejected", SERVED_COLUMNS]
-    last_arrival_s = float(served["arrival_s"].max()) if len(served) else math.inf
+    # the served requests' columns as numpy views, not a frame copied (a day's millions of requests)
+    served = np.flatnonzero((requests["status"] != "rejected").to_numpy())
+    arrival_s = requests["arrival_s"].to_numpy(float)
+    last_arrival_s = float(arrival_s[served].max()) if len(served) else math.inf
     # pass 1: each replica's first step that starts after the last arrival and leaves nothing waiting
     # (admission_window: its later steps only drain), and the busy and prefill steps
     seen: dict = {}
@@ -96,7 +105,10 @@ def streamed_binding_keys(policy, requests: pd.DataFrame, tables_dir, num_blocks
     # pass 2: each step of the window classified (one byte a step kept), the roofline's sampled steps
     limits = admission_limits(policy)
     watermark = int(getattr(policy, "watermark", 0.0) * num_blocks)   # vLLM V0 keeps 1% free at admission
-    lookup = served_by_replica(served, block_size)
+    lookup = lookup_by_replica(requests["replica_id"].to_numpy(), arrival_s, requests["admitted_s"].to_numpy(float),
+                               requests["finish_s"].to_numpy(float), requests["prompt_tokens"].to_numpy(),
+                               requests["output_tokens"].to_numpy(), (requests["status"] == "finished").to_numpy(),
+                               block_size, served)
     want = sampled_busy_steps(num_busy) if roofline is not None and num_busy else np.zeros(0, dtype=np.int64)
     sampled, busy_seen, codes = [], 0, []
     rows_by_replica: dict = {}
@@ -109,10 +121,10 @@ def streamed_binding_keys(policy, requests: pd.DataFrame, tables_dir, num_blocks
             busy_seen += len(busy)
             if len(pick):
                 sampled.append(chunk.iloc[pick])
-        window = chunk[in_window]
+        window = chunk if in_window.all() else chunk[in_window]   # (no copy of a whole chunk)
         if not len(window):
             continue
-        codes.append(step_limits(window, served, limits, num_blocks, block_size, watermark, lookup))
+        codes.append(step_limits(window, None, limits, num_blocks, block_size, watermark, lookup))
         wrep = _replica(window)
         start = window["start_s"].to_numpy(float)
         end = start + window["duration_s"].to_numpy(float)

@@ -67,7 +67,8 @@ class Autoscaling(Cluster):
 
     # ---- routing among the serving replicas only ----
     def loads(self, spec: RequestSpec) -> list[ReplicaLoad]:
-        return [load for load in super().loads(spec) if self.state[load.replica_id] == SERVING]
+        # only theirs are built: a day's fleet is mostly off, and routing builds them for every request
+        return super().loads(spec, [i for i, s in enumerate(self.state) if s == SERVING])
 
     def route(self, spec: RequestSpec) -> int:
         loads = self.loads(spec)

@@ -57,10 +57,13 @@ class Cluster:
         self.num_routed = 0
         self.routed_to = array("i")  # replica of each request, in arrival order (4 bytes a request)
 
-    def loads(self, spec: RequestSpec) -> list[ReplicaLoad]:
+    def loads(self, spec: RequestSpec, indices: Sequence[int] | None = None) -> list[ReplicaLoad]:
+        """The router's view of the replicas at `indices` (default: all), in that order."""
         hashes = None
         out = []
-        for i, e in enumerate(self.engines):
+        engines = self.engines
+        for i in range(len(engines)) if indices is None else indices:
+            e = engines[i]
             cached = 0
             if self.router.needs_prefix_info and e.prefix_cache is not None:
                 if hashes is None:

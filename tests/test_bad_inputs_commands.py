@@ -144,6 +144,8 @@ CASES = [
     ("day-hours-zero", "benchmarks.autoscaling_day", ["--hours", "0"], "--hours"),
     ("day-repeats-bogus", "benchmarks.autoscaling_day", ["--repeats", "x"], "--repeats"),
     ("day-mean-negative", "benchmarks.autoscaling_day", ["--mean-rps", "-3"], "--mean-rps"),
+    ("end-memory-zero-requests", "benchmarks.end_of_run_memory", ["--requests", "0"], "--requests"),
+    ("end-memory-gaps-bogus", "benchmarks.end_of_run_memory", ["--gaps", "x"], "--gaps"),
     ("speed-requests-zero", "benchmarks.speed", ["--requests", "0"], "--requests"),
     ("speed-repeats-negative", "benchmarks.speed", ["--repeats", "-2"], "--repeats"),
     ("speed-unknown-section", "benchmarks.speed", ["--sections", "5"], "--sections"),

@@ -102,11 +102,12 @@ def test_duplicate_ids_are_still_refused():
         FastEngine(Continuous(), ConstantCost(0.01, 0.0), EngineLimits(100, 16, 512), specs)
 
 
-def test_itl_samples_gathered_chunk_by_chunk_equal_all_at_once():
+@pytest.mark.parametrize("num_distinct", [500, 100_000])   # gaps repeat within and across chunks, or hardly
+def test_itl_samples_gathered_chunk_by_chunk_equal_all_at_once(num_distinct):
     from simcore.metrics import ItlSamples, itl_samples
     rng = np.random.default_rng(0)
-    pool = rng.random(500)   # gaps repeat within and across chunks
-    chunks = [(pool[rng.integers(0, 500, 300)], rng.integers(1, 50, 300)) for _ in range(7)]
+    pool = rng.random(num_distinct)
+    chunks = [(pool[rng.integers(0, num_distinct, 300)], rng.integers(1, 50, 300)) for _ in range(7)]
     acc = ItlSamples()
     for values, counts in chunks + [(np.zeros(0), np.zeros(0, dtype=np.int64))]:
         acc.add(values, counts)

@@ -30,6 +30,47 @@ from simcore.limits import EngineLimits
 from simcore.request import RequestSpecs
 
 
+class ReplicaEvents:
+    """The replicas' pending events in the loop's order, for the earliest in O(log n) rather than a scan of
+    every replica at every event: a heap of (time, seq, replica index) with lazy deletion. A replica's
+    event is (`due_s`, `due_seq`) unless it is IDLE; `update` re-reads the replicas that may have changed,
+    and an entry that no longer matches its replica is dropped when it reaches the top. Ties keep the
+    scan's order: SimPy's (time, seq), then the lower replica index (seqs are unique, so never reached)."""
+
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.heap: list = []
+        self.queued: list = [None] * len(replicas)   # each replica's (time, seq) in the heap, if any
+        self.update(replicas)
+
+    def update(self, replicas) -> None:
+        heap, queued = self.heap, self.queued
+        for r in replicas:
+            if r.state is not IDLE:
+                i, key = r.replica_id, (r.due_s, r.due_seq)
+                if queued[i] != key:
+                    queued[i] = key
+                    heapq.heappush(heap, (r.due_s, r.due_seq, i))
+
+    def first(self):
+        """The replica whose event comes first, or None: stale entries are dropped on the way."""
+        heap, replicas, queued = self.heap, self.replicas, self.queued
+        while heap:
+            t, e, i = heap[0]
+            r = replicas[i]
+            if r.state is not IDLE and r.due_s == t and r.due_seq == e:
+                return r
+            heapq.heappop(heap)
+            if queued[i] == (t, e):
+                queued[i] = None
+        return None
+
+    def taken(self, replica) -> None:
+        """`replica`'s event (the heap's first) is being processed: its entry leaves the heap."""
+        heapq.heappop(self.heap)
+        self.queued[replica.replica_id] = None
+
+
 class FastCluster:
     """`num_replicas` identical fast engines behind `router`; open loop (`specs` sorted by arrival) or
     closed loop (`closed = (concurrency, think_time_s)`), as experiments/simulate.py wires the SimPy cluster.
@@ -68,6 +109,9 @@ class FastCluster:
                 replica.gateway = FastGateway(replica, limits[i].gateway, i - n - 1.5, self._push_watch)
         self.replica_of_request = np.zeros(len(specs), dtype=np.int32)   # where each request ran (its row's)
         self.scaler_after_step = None   # autoscaling: a draining replica leaves with its last step
+        # Replicas whose pending event may have changed since the loop last looked (everything that changes
+        # one from outside goes through `_lend`): the loop re-reads only these (`ReplicaEvents`).
+        self.touched: list = []
 
     # ---- arrivals: routed, then submitted to the replica (which holds the event counter meanwhile) ----
     def _submit(self, k: int, spec, now: float) -> None:
@@ -81,6 +125,7 @@ class FastCluster:
 
     def _lend(self, replica: FastEngine, fn, *args) -> None:
         """Call `fn(*args)`, which may create events on `replica`, with the event counter lent to it."""
+        self.touched.append(replica)
         traffic = self.traffic
         holder = traffic.holder
         if replica is holder:
@@ -96,19 +141,23 @@ class FastCluster:
         n = len(replicas)
         for i, replica in enumerate(replicas):   # the engine processes start first, in replica order
             replica.state, replica.due_s, replica.due_seq = RESUME, 0.0, i - n - 1
+        due = ReplicaEvents(replicas)
         traffic = self.traffic
         traffic.start()
         first_arrival = True
-        own, timers = self.own_events, traffic.timers
+        own, timers, touched = self.own_events, traffic.timers, self.touched
         while True:
+            if touched:
+                due.update(touched)
+                touched.clear()
             t, e, source = traffic.arrival_s, traffic.arrival_seq, None
             if timers and timers[0][:2] < (t, e):
                 (t, e), source = timers[0][:2], timers
             if own and own[0][:2] < (t, e):
                 (t, e), source = own[0][:2], own
-            for replica in replicas:
-                if replica.state is not IDLE and (replica.due_s < t or (replica.due_s == t and replica.due_seq < e)):
-                    t, e, source = replica.due_s, replica.due_seq, replica
+            replica = due.first()
+            if replica is not None and (replica.due_s < t or (replica.due_s == t and replica.due_seq < e)):
+                t, e, source = replica.due_s, replica.due_seq, replica
             if t == INF:
                 break
             if source is None:
@@ -119,8 +168,13 @@ class FastCluster:
             elif source is own:
                 _, _, kind, payload = heapq.heappop(own)
                 self._driver_event(kind, payload, t)
+                # a gateway's watch acts on its own replica (through `_lend` when it ends a user's request);
+                # the autoscaler's and a deployment's rarer events may act on any
+                touched.extend((payload.engine,) if kind == "gateway" else replicas)
             else:
-                self._replica_event(source, t)
+                due.taken(replica)
+                self._replica_event(replica, t)
+                touched.append(replica)
         return self._log()
 
     def _replica_event(self, replica: FastEngine, now: float) -> None:
