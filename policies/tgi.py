@@ -206,6 +206,12 @@ class Tgi:
                 f"tgi: request {req.request_id} has a {req.num_prompt_tokens}-token prompt > "
                 f"max_batch_prefill_tokens {self.max_batch_prefill_tokens} with prefill_chunking off; TGI refuses "
                 "to start unless max_batch_prefill_tokens >= max_input_tokens")
+        k = view.num_speculative_tokens
+        if k and cdiv(reserved - k, view.block_size) <= view.num_total_blocks < cdiv(reserved, view.block_size):
+            raise SimulationError(
+                f"tgi: request {req.request_id} reserves {reserved} tokens with speculate "
+                f"{view.num_speculative_tokens} > the KV pool ({view.num_total_blocks * view.block_size} tokens); "
+                "TGI rejects it at validation (max_total_tokens must be <= max_batch_total_tokens)")
         total = self.max_batch_total_tokens
         if total is not None and cdiv(reserved, view.block_size) > total // view.block_size:
             raise SimulationError(

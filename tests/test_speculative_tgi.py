@@ -51,6 +51,15 @@ def test_the_reservation_counts_the_drafts():
     assert Tgi.reserved_tokens(spec, 512, 2) == 18 and Tgi.reserved_tokens(spec, 512) == 16
 
 
+def test_a_reservation_past_the_pool_only_with_the_drafts_fails_loudly():
+    # 386 + 10 - 1 = 395 tokens fit the 99 blocks of 4; with speculate 2, 397 do not (TGI refuses it at validation)
+    from simcore.engine import SimulationError
+    big = [RequestSpec(0, 0.0, 386, 10, max_new_tokens=10)]
+    assert Tgi.reserved_tokens(big[0], 512) == 395
+    with pytest.raises(SimulationError, match="speculate 2 > the KV pool"):
+        run(Tgi(), "tgi", [0.0, 0.0], big)
+
+
 TWO = [RequestSpec(0, 0.0, 10, 7, max_new_tokens=7), RequestSpec(1, 1.5, 10, 3, max_new_tokens=3)]
 
 
