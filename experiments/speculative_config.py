@@ -22,23 +22,27 @@ from simcore.speculative import METHODS, Speculation, SpecCounters, default_acce
 
 KEYS = ("method", "num_speculative_tokens", "acceptance", "draft_model", "model")
 # Policies whose engine speculates and whose scheduling of it is modelled: vLLM V1's scheduler (chunked
-# prefill, and `continuous` as V1 without chunking), SGLang's and TensorRT-LLM's. The others, in one line each.
+# prefill, and `continuous` as V1 without chunking), SGLang's, TensorRT-LLM's and TGI's. The others, in one line each.
 POLICY_REFUSALS = {
     "static": "static batching (HF generate-style) has no speculative decoding here",
-    "tgi": "TGI's scheduler is not modelled with speculation (TGI runs Medusa and n-gram speculation, "
-           "not EAGLE/MTP configs)",
 }
 # Methods an engine does not run, in one line each. SGLang runs all five (EAGLE, EAGLE3, NEXTN = MTP through
 # the EAGLE path, STANDALONE = a draft model, NGRAM: server_args.py --speculative-algorithm); TensorRT-LLM's
 # PyTorch backend runs MTP, Eagle3, DraftTarget and NGram (llmapi/llm_args.py decoding configs).
+# TGI speculates with n-gram lookup (`--speculate N` on a model without heads) or with Medusa / MLP-speculator
+# heads shipped with the model (docs/source/conceptual/speculation.md); those heads are not among our methods,
+# and TGI runs no EAGLE, MTP or separate draft model.
+_TGI_METHODS = ("TGI speculates with n-gram lookup (method ngram) or Medusa/MLP-speculator heads (not modelled); "
+                "it runs no EAGLE, MTP or draft model")
 METHOD_REFUSALS = {
     ("trtllm", "eagle"): "TensorRT-LLM's PyTorch backend runs EAGLE-3 (method eagle3), not EAGLE-1 heads",
+    **{("tgi", m): _TGI_METHODS for m in ("eagle", "eagle3", "mtp", "draft_model")},
 }
 # SGLang's server caps the running requests at 48 when speculating unless --max-running-requests is given
 # (server_args.py `_handle_speculative_decoding`: "Max running requests is reset to 48 for speculative decoding").
 SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS = 48
 # Whose counting of drafts each policy follows (simcore/speculative.py `Speculation.engine`).
-ENGINE_OF_POLICY = {"sglang": "sglang", "trtllm": "trtllm"}
+ENGINE_OF_POLICY = {"sglang": "sglang", "trtllm": "trtllm", "tgi": "tgi"}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,13 @@ engine"); vLLM V1's counting is `policies/chunked_prefill.py` `spec_row`. A deco
   1 + k tokens of `max_num_tokens` (`reqNumTokens = reqBeamWidth + llmReq->getNumDraftTokens()`) and KV for
   them past its held tokens, which include `num_extra_kv_tokens` (`view.num_lookahead_tokens`) added when
   its context started.
+- TGI (`backends/v3/src/queue.rs` `next_batch`, `server/text_generation_server/models/flash_causal_lm.py`):
+  n-gram speculation only (Medusa and MLP-speculator heads are not among our methods). Admission reserves
+  `input_length + max_new_tokens + speculate - 1` tokens at once (the last verification's drafts may run past
+  the last token), so nothing is given back or preempted. The server keeps a batch's drafts
+  (`speculative_ids`) only after a forward that left no request prefilling, and discards them all when a new
+  batch is concatenated in (`concatenate`: only if every batch has them); with them, every request verifies
+  1 + k tokens, with no token budget.
 """
 from __future__ import annotations
 
@@ -41,3 +48,23 @@ def trtllm_reservation_slack(view: EngineView) -> int:
     extra slots and the drafts of its last verification, which may run past its last token (TensorRT-LLM's
     count to completion, `getRemainingBlocksToCompletion`, leaves them out; here the pool must hold them)."""
     return view.num_lookahead_tokens + view.num_speculative_tokens
+
+
+def tgi_reservation_speculate(view: EngineView) -> int:
+    """The `+ speculate` in TGI's reservation (`input_length + max_new_tokens + speculate - 1`): k, or 0."""
+    return view.num_speculative_tokens
+
+
+def tgi_batch_has_drafts(view: EngineView) -> bool:
+    """Whether TGI's running batch carries drafts into its next forward: the server sets `speculative_ids`
+    after a forward only `if not prefill or (prefill and finished_prefilling)`, so not while any request is
+    still prefilling (a chunked prompt). A forward that onboards new requests concatenates a batch without
+    drafts, which drops everyone's: the caller gives that forward one token a decode."""
+    if not view.num_speculative_tokens:
+        return False
+    return not any(r.num_uncomputed_tokens > 1 or r.num_generated_tokens == 0 for r in view.running)
+
+
+def tgi_step_tokens(req: Request) -> int:
+    """A TGI decode's tokens in a forward with drafts: its next token and its k n-gram drafts."""
+    return 1 + req.num_spec_tokens

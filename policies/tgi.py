@@ -1,7 +1,11 @@
 """Hugging Face TGI router v3 (`backends/v3/src/{backend,queue}.rs` at HEAD db931fcf; server chunk sizing
 in `server/text_generation_server/models/flash_causal_lm.py`): docs/engines.md section 2.
 
-Simplifications: no prefix cache (radix allocator), no speculation, no padding path (models without a
+Speculative decoding (engine.speculative, n-gram only: policies/speculation_counting.py): the reservation
+counts `speculate` more tokens; a forward carries each decode's k drafts unless a request is still
+prefilling or new requests join it (the server drops the batch's drafts then).
+
+Simplifications: no prefix cache (radix allocator), no Medusa/MLP-speculator heads, no padding path (models without a
 block allocator), no 1024-token `max_new_tokens` segments with re-queueing (the whole max output is
 reserved at once), no `max_concurrent_requests` 429s; the server's next-chunk lengths are recomputed
 from the current batch each step rather than fixed at the end of the previous forward.
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
+from policies.speculation_counting import tgi_batch_has_drafts, tgi_reservation_speculate, tgi_step_tokens
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -76,9 +81,10 @@ class Tgi:
         return self.reserved_tokens(spec, max_model_len)
 
     @staticmethod
-    def reserved_tokens(spec: RequestSpec, max_model_len: int) -> int:
-        # queue.rs: `input_length + max_new_tokens + speculate - 1` (the last token's KV is never written)
-        return max_total_tokens(spec, max_model_len) - 1
+    def reserved_tokens(spec: RequestSpec, max_model_len: int, speculate: int = 0) -> int:
+        # queue.rs: `input_length + max_new_tokens + speculate - 1` (the last token's KV is never written;
+        # the last verification's `speculate` drafts are)
+        return max_total_tokens(spec, max_model_len) + speculate - 1
 
     def schedule(self, view: EngineView) -> Batch:
         free = self._free_blocks(view)
@@ -101,6 +107,9 @@ class Tgi:
                 new = self._next_batch(view, free, min_size, max_size, self.max_batch_prefill_tokens)
                 if new:  # the running batch waits for this prefill-only forward
                     return Batch(tuple(new), policy_state=TgiState(1, True))
+        if tgi_batch_has_drafts(view):   # speculative decoding: every decode verifies its drafts
+            reqs = {r.request_id: r for r in view.running}
+            current = [Scheduled(s.request_id, tgi_step_tokens(reqs[s.request_id])) for s in current]
         return Batch(tuple(current), policy_state=TgiState(self._counted(state.waiting_tokens), False))
 
     def _counted(self, waiting_tokens: int) -> int:
@@ -171,7 +180,7 @@ class Tgi:
         batch: list[Scheduled] = []
         num_prefill = 0
         for req in waiting:
-            reserved = self.reserved_tokens(req.spec, view.max_model_len)
+            reserved = self.reserved_tokens(req.spec, view.max_model_len, tgi_reservation_speculate(view))
             need = cdiv(reserved, view.block_size)
             self._check_fits(view, req, reserved)
             if need > free:
@@ -197,6 +206,12 @@ class Tgi:
                 f"tgi: request {req.request_id} has a {req.num_prompt_tokens}-token prompt > "
                 f"max_batch_prefill_tokens {self.max_batch_prefill_tokens} with prefill_chunking off; TGI refuses "
                 "to start unless max_batch_prefill_tokens >= max_input_tokens")
+        k = view.num_speculative_tokens
+        if k and cdiv(reserved - k, view.block_size) <= view.num_total_blocks < cdiv(reserved, view.block_size):
+            raise SimulationError(
+                f"tgi: request {req.request_id} reserves {reserved} tokens with speculate "
+                f"{view.num_speculative_tokens} > the KV pool ({view.num_total_blocks * view.block_size} tokens); "
+                "TGI rejects it at validation (max_total_tokens must be <= max_batch_total_tokens)")
         total = self.max_batch_total_tokens
         if total is not None and cdiv(reserved, view.block_size) > total // view.block_size:
             raise SimulationError(

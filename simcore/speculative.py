@@ -25,6 +25,8 @@ the verification and the draft tree before a decode step (`num_lookahead_tokens`
 `speculative_eagle_topk x speculative_num_steps` slots, allocated for the draft passes and given back within
 the step), TensorRT-LLM keeps `num_extra_kv_tokens` slots past each sequence (one-model EAGLE-3 and MTP:
 k - 1); both give back the rejected drafts' KV after the verification (`rewind`), where vLLM keeps it.
+TGI (n-gram only) reserves the drafts' KV with the whole output at admission and gives nothing back; its
+server drops the batch's drafts when new requests join it (policies/speculation_counting.py).
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ DEFAULT_ACCEPTANCE = {
     # draft_model: no default; acceptance depends on the pair of models and the text.
 }
 
-ENGINES = ("vllm", "sglang", "trtllm")
+ENGINES = ("vllm", "sglang", "trtllm", "tgi")
 # TensorRT-LLM's one-model drafters (the drafter runs inside the target's engine) keep max_draft_len - 1 extra
 # KV slots per sequence: `get_num_extra_kv_tokens` in tensorrt_llm/_torch/speculative/utils.py.
 TRTLLM_ONE_MODEL_METHODS = ("eagle3", "mtp")
@@ -99,26 +101,29 @@ class Speculation:
     seed: int = 0
     proposer: object = None
     counters: object = None
-    engine: str = "vllm"   # whose scheduling of drafts the policy follows: vllm, sglang or trtllm
+    engine: str = "vllm"   # whose scheduling of drafts the policy follows: vllm, sglang, trtllm or tgi
 
     @property
     def num_lookahead_tokens(self) -> int:
         """KV slots past each scheduled row the drafter needs. vLLM: `num_lookahead_tokens`, k for GPU
         drafters, held. SGLang: the draft tree's topk x num_steps slots (a chain of k for GPU drafters; one
         for n-gram, whose num_steps and topk are unset), checked and allocated within the step only.
-        TensorRT-LLM: `num_extra_kv_tokens`, k - 1 for its one-model EAGLE-3 and MTP, held."""
+        TensorRT-LLM: `num_extra_kv_tokens`, k - 1 for its one-model EAGLE-3 and MTP, held. TGI (n-gram):
+        none; its reservation to completion holds the drafts."""
         k = self.num_speculative_tokens
         if self.engine == "sglang":
             return 1 if self.method == "ngram" else k
         if self.engine == "trtllm":
             return k - 1 if self.method in TRTLLM_ONE_MODEL_METHODS else 0
+        if self.engine == "tgi":
+            return 0
         return k if self.method in LOOKAHEAD_METHODS else 0
 
     @property
     def frees_rejected_kv(self) -> bool:
         """SGLang frees the rejected drafts' KV slots after the verification (eagle_info.py `verify`),
-        TensorRT-LLM rewinds them (`rewind_kv_cache`); vLLM keeps the blocks."""
-        return self.engine != "vllm"
+        TensorRT-LLM rewinds them (`rewind_kv_cache`); vLLM keeps the blocks, TGI its whole reservation."""
+        return self.engine in ("sglang", "trtllm")
 
     @property
     def num_kept_lookahead_tokens(self) -> int:

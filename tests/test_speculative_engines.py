@@ -199,7 +199,7 @@ def test_sglang_speculating_runs_48_requests_unless_told():
      "engine.speculative.method"),
     ({"policy": "sglang", "enable_mixed_chunk": True, "speculative": {"method": "eagle3", "num_speculative_tokens": 2}},
      "engine.enable_mixed_chunk"),
-    ({"policy": "tgi", "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "engine.speculative"),
+    ({"policy": "static", "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "engine.speculative"),
 ])
 def test_what_an_engine_does_not_run_is_one_line_naming_the_key(engine, key):
     from experiments.config import resolve_point
