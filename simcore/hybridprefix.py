@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 
 from simcore.hybridkv import KVCacheGroups
-from simcore.kvcache import cdiv, chain_hashes, num_usable_blocks, prefix_cache_stats
+from simcore.kvcache import RequestBlockHashes, cdiv, num_usable_blocks, prefix_cache_stats
 from simcore.request import Request, RequestSpec
 from simcore.request import Status as RequestStatus
 
@@ -65,7 +65,7 @@ class _Tables:
         self.junction = 0
 
 
-class HybridPrefixCachingBlockPool:
+class HybridPrefixCachingBlockPool(RequestBlockHashes):
     """The shared pool of vLLM's HybridKVCacheCoordinator with prefix caching on (module docstring). Groups
     0 .. F-1 are full attention, F .. F+S-1 sliding window, as vLLM orders them for gpt-oss.
 
@@ -248,18 +248,6 @@ class HybridPrefixCachingBlockPool:
         return n
 
     # ---- hits ----
-    def _hashes_upto(self, spec: RequestSpec, num_blocks: int) -> list[int]:
-        hashes = self._hashes.get(spec.request_id)
-        if hashes is None:
-            hashes = self._hashes[spec.request_id] = []
-        if len(hashes) < num_blocks:
-            chain_hashes(spec, self.block_size, num_blocks, hashes)
-        return hashes
-
-    def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
-        if num_blocks is None:
-            num_blocks = spec.num_prompt_tokens // self.block_size
-        return self._hashes_upto(spec, num_blocks)[:num_blocks]
 
     def _get(self, h: int, group_ids) -> list[_Block] | None:
         """vLLM BlockPool.get_cached_block: the first cached block of hash `h` in every group, or None."""

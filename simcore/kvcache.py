@@ -164,7 +164,29 @@ def chain_hashes(spec: RequestSpec, block_size: int, num_blocks: int | None = No
     return hashes
 
 
-class PrefixCachingBlockPool(BlockPool):
+class RequestBlockHashes:
+    """A pool's memo of each request's chained block hashes (`self._hashes`: request id -> hashes, over
+    `self.block_size`-token blocks); one rule for the single-group and the hybrid prefix caches."""
+    _hashes: dict[int, list[int]]
+    block_size: int
+
+    def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks)."""
+        if num_blocks is None:
+            num_blocks = spec.num_prompt_tokens // self.block_size
+        return self._hashes_upto(spec, num_blocks)[:num_blocks]
+
+    def _hashes_upto(self, spec: RequestSpec, num_blocks: int) -> list[int]:
+        """The request's memoised hash list, extended to at least `num_blocks` blocks (maybe longer)."""
+        hashes = self._hashes.get(spec.request_id)
+        if hashes is None:
+            hashes = self._hashes[spec.request_id] = []
+        if len(hashes) < num_blocks:
+            chain_hashes(spec, self.block_size, num_blocks, hashes)
+        return hashes
+
+
+class PrefixCachingBlockPool(BlockPool, RequestBlockHashes):
     """vLLM V1's BlockPool with automatic prefix caching (vllm/v1/core/block_pool.py, kv_cache_manager.py).
 
     Full blocks are cached under a hash chained over the parent block's hash and the block's identity
@@ -207,22 +229,6 @@ class PrefixCachingBlockPool(BlockPool):
         # EAGLE/MTP drafting: a hit gives back its last block, recomputed for the hidden states the drafter
         # reads (vLLM's drop_eagle_block, single_type_kv_cache_manager.py); simcore.speculative sets it
         self.drop_last_hit_block = False
-
-    # ---- identities ----
-    def block_hashes(self, spec: RequestSpec, num_blocks: int | None = None) -> list[int]:
-        """Chained hashes of the first `num_blocks` full blocks of `spec` (default: its full prompt blocks)."""
-        if num_blocks is None:
-            num_blocks = spec.num_prompt_tokens // self.block_size
-        return self._hashes_upto(spec, num_blocks)[:num_blocks]
-
-    def _hashes_upto(self, spec: RequestSpec, num_blocks: int) -> list[int]:
-        """The request's memoised hash list, extended to at least `num_blocks` blocks (maybe longer)."""
-        hashes = self._hashes.get(spec.request_id)
-        if hashes is None:
-            hashes = self._hashes[spec.request_id] = []
-        if len(hashes) < num_blocks:
-            chain_hashes(spec, self.block_size, num_blocks, hashes)
-        return hashes
 
     def num_cached_tokens_for(self, hashes: list[int], num_tokens: int) -> int:
         """Cached prefix of a request that is not in this pool (a router's question); no side effects."""
