@@ -12,6 +12,7 @@ from simcore.hybridprefix import HybridPrefixCachingBlockPool
 from simcore.kvcache import HostSwapSpace, PrefixCachingBlockPool
 from simcore.kvoffload import host_loads
 from simcore.rules import without_admitted
+from simcore import speculative
 from simcore.request import Request, Status
 
 
@@ -42,6 +43,23 @@ class DecisionApplier:
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)
         self.host_loads = host_loads(limits, self.prefix_cache)   # KV offload (simcore/kvoffload.py)
+
+    def _set_up_speculation(self, limits, policy) -> None:
+        """Speculative decoding's per-replica state, for both engines (simcore/speculative.py): each request's
+        accepted-length draws, the counters, whether rejected drafts give their KV back, and the view's draft
+        counts (fixed for the run, so computed once, not per step)."""
+        self.speculation = spec = limits.speculative
+        self.spec_view_args = {}
+        if spec is None:
+            return
+        self.draws = speculative.AcceptanceDraws(spec)
+        self._num_pad_drafts = spec.num_speculative_tokens
+        self.spec_counters = spec.counters or speculative.SpecCounters()
+        # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
+        self._rewind_drafts = spec.frees_rejected_kv and not getattr(policy, "guaranteed_no_evict", False)
+        self.spec_view_args = {"num_lookahead_tokens": spec.num_lookahead_tokens,
+                               "num_speculative_tokens": spec.num_speculative_tokens,
+                               "num_draft_slots": spec.num_draft_slots}
 
     def _remove_ended(self, req: Request) -> None:
         """Take `req`, ended by the gateway between steps, out of the replica: a running request frees its KV

@@ -62,15 +62,7 @@ class Engine(DecisionApplier):
         if limits.gateway is not None and limits.gateway.has_deadlines:
             self.deadlines, self.deadline_wake = Deadlines(limits.gateway), None
             env.process(watch(self))
-        # Speculative decoding (simcore/speculative.py): each request's accepted-length draws, and counts.
-        self.speculation = limits.speculative
-        if self.speculation is not None:
-            self.draws = speculative.AcceptanceDraws(self.speculation)
-            self._num_pad_drafts = self.speculation.num_speculative_tokens
-            self.spec_counters = self.speculation.counters or speculative.SpecCounters()
-            # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
-            self._rewind_drafts = (self.speculation.frees_rejected_kv
-                                   and not getattr(policy, "guaranteed_no_evict", False))
+        self._set_up_speculation(limits, policy)   # speculative decoding (simcore/speculative.py)
         self.process = env.process(self._loop())
 
     # ---- arrivals ----
@@ -141,9 +133,7 @@ class Engine(DecisionApplier):
         return EngineView(self.env.now, self.waiting, self.running, self.pool.num_free_blocks,
                           self.pool.num_blocks, self.limits.block_size, self.limits.max_model_len,
                           self.draining, self.policy_state, self.prefix_cache, hybrid_kv=self.hybrid_kv,
-                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
-                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
-                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
+                          **self.spec_view_args)
 
     def _loop(self):
         env = self.env

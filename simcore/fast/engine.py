@@ -75,15 +75,9 @@ class FastEngine(DecisionApplier):
             self.shortcut = None
         # Speculative decoding (simcore/speculative.py): every step explicit (a lazy decoder takes one token
         # a step; a verification takes a drawn number), each priced and applied as the SimPy engine does.
-        self.speculation = limits.speculative
+        self._set_up_speculation(limits, policy)
         if self.speculation is not None:
             self.shortcut = None
-            self.draws = speculative.AcceptanceDraws(self.speculation)
-            self._num_pad_drafts = self.speculation.num_speculative_tokens
-            self.spec_counters = self.speculation.counters or speculative.SpecCounters()
-            # SGLang, TensorRT-LLM: rejected drafts' KV given back (not under a reservation to completion)
-            self._rewind_drafts = (self.speculation.frees_rejected_kv
-                                   and not getattr(policy, "guaranteed_no_evict", False))
         self.holds_slots = bool(getattr(policy, "holds_slots_until_drained", False))
         self.block_size, self.max_model_len = limits.block_size, limits.max_model_len
         self.num_blocks = self.pool.num_blocks
@@ -271,9 +265,7 @@ class FastEngine(DecisionApplier):
         return EngineView(now, self.waiting, self.running, self.num_blocks - self.pool.num_used_blocks,
                           self.num_blocks, self.block_size, self.max_model_len, self.draining, self.policy_state,
                           self.prefix_cache, hybrid_kv=self.hybrid_kv,
-                          num_lookahead_tokens=self.speculation.num_lookahead_tokens if self.speculation else 0,
-                          num_speculative_tokens=self.speculation.num_speculative_tokens if self.speculation else 0,
-                          num_draft_slots=self.speculation.num_draft_slots if self.speculation else 0)
+                          **self.spec_view_args)
 
     def decide(self, now: float) -> Batch | DecodeShortcut:
         """The policy's decision now: its `schedule_decodes` shortcut when it offers one and every running
