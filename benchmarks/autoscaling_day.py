@@ -15,22 +15,18 @@ On a shared machine wall time depends on what else runs; the CPU times do much l
 """
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from benchmarks.child_run import ROOT, run_sweep
 from commandline.argtypes import positive_float, positive_int
 from commandline.exits import run_main
 from commandline.parser import Parser
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 EXAMPLE = "autoscaling_day_70b.yaml"
 ANSWER = ("num_requests", "num_finished", "replicas_peak", "replicas_mean", "gpu_hours", "cost", "slo_attainment",
@@ -52,22 +48,7 @@ def sweep(hours: float, mean_rps: float | None = None, example: str = EXAMPLE) -
 def run_once(hours: float, mean_rps: float | None = None, example: str = EXAMPLE) -> dict:
     """One `experiments.run` of the day in a child process: its times, peak memory and results row."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "day.yaml"
-        path.write_text(yaml.safe_dump(sweep(hours, mean_rps, example)))
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(path), "--out", str(Path(tmp) / "out"),
-                                 "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except KeyboardInterrupt:   # stopped before its temporary folder is removed under it
-            proc.kill()
-            proc.wait()
-            raise
-        wall_s = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status):
-            raise SystemExit(f"experiments.run failed: {proc.stderr.read().decode()[-2000:]}")
-        proc.stderr.close()
+        wall_s, usage = run_sweep(sweep(hours, mean_rps, example), Path(tmp), "day.yaml")
         row = pd.read_csv(Path(tmp) / "out" / "results.csv").iloc[0]
     fleet = [int(step.split(":")[1]) for step in str(row["replica_timeline"]).split()]
     return {"wall_s": wall_s, "user_s": usage.ru_utime, "sys_s": usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.child_run import run_sweep
 from commandline.argtypes import positive_int
 from commandline.exits import run_main
 from commandline.parser import Parser
@@ -90,23 +91,8 @@ def in_child(*args: str) -> dict:
 def end_to_end(policy: str, num_requests: int) -> dict:
     """`python -m experiments.run` on the point as a whole child process: wall, CPU (its own rusage), peak."""
     with tempfile.TemporaryDirectory() as tmp:
-        sweep = Path(tmp) / "point.yaml"
-        sweep.write_text(yaml.safe_dump({"name": "speed", "seeds": [0], **config(policy, num_requests)}))
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", str(sweep), "--out", str(Path(tmp) / "out"),
-                                 "--jobs", "1", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except KeyboardInterrupt:   # the child is stopped before its temporary folder is removed under it
-            proc.kill()
-            proc.wait()
-            raise
-        wall_s = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode:
-            raise SystemExit(f"experiments.run failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
-        proc.stderr.close()
+        wall_s, usage = run_sweep({"name": "speed", "seeds": [0], **config(policy, num_requests)}, Path(tmp),
+                                  "point.yaml")
         files = sorted(p.name for p in (Path(tmp) / "out" / "points").glob("*/*"))
         size_mb = sum(p.stat().st_size for p in (Path(tmp) / "out" / "points").glob("*/*")) / 1e6
     return {"wall_s": wall_s, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024,
