@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from benchmarks.child_run import ROOT, run_sweep
+from commandline.timed_run import ROOT, run_sweep
 from commandline.argtypes import positive_float, positive_int
 from commandline.exits import run_main
 from commandline.parser import Parser

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.child_run import run_sweep
+from commandline.timed_run import run_sweep
 from commandline.argtypes import positive_int
 from commandline.exits import run_main
 from commandline.parser import Parser

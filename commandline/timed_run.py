@@ -1,6 +1,6 @@
 """A sweep run as a user runs it, `python -m experiments.run SWEEP --jobs 1 --quiet`, in a child process, timed
 from outside: its wall time and its own rusage (user and system CPU, peak resident memory, as /usr/bin/time
-reports them). Shared by the benchmarks that time whole runs (speed, autoscaling_day)."""
+reports them). Shared by the benchmarks that time whole runs (benchmarks.speed, benchmarks.autoscaling_day)."""
 from __future__ import annotations
 
 import os
