@@ -32,8 +32,9 @@ def sglang_decode_room(view: EngineView) -> int:
     return 1 + k + view.num_lookahead_tokens if k else 1
 
 
-def trtllm_step_tokens(req: Request) -> int:
-    """A TensorRT-LLM generation request's tokens this step: its next token and its drafts."""
+def verification_tokens(req: Request) -> int:
+    """A decoding request's tokens in a step that verifies its drafts (TensorRT-LLM's generation request, a
+    TGI decode in a forward with drafts): its next token and its k drafts."""
     return 1 + req.num_spec_tokens
 
 
@@ -50,11 +51,6 @@ def trtllm_reservation_slack(view: EngineView) -> int:
     return view.num_lookahead_tokens + view.num_speculative_tokens
 
 
-def tgi_reservation_speculate(view: EngineView) -> int:
-    """The `+ speculate` in TGI's reservation (`input_length + max_new_tokens + speculate - 1`): k, or 0."""
-    return view.num_speculative_tokens
-
-
 def tgi_batch_has_drafts(view: EngineView) -> bool:
     """Whether TGI's running batch carries drafts into its next forward: the server sets `speculative_ids`
     after a forward only `if not prefill or (prefill and finished_prefilling)`, so not while any request is
@@ -63,8 +59,3 @@ def tgi_batch_has_drafts(view: EngineView) -> bool:
     if not view.num_speculative_tokens:
         return False
     return not any(r.num_uncomputed_tokens > 1 or r.num_generated_tokens == 0 for r in view.running)
-
-
-def tgi_step_tokens(req: Request) -> int:
-    """A TGI decode's tokens in a forward with drafts: its next token and its k n-gram drafts."""
-    return 1 + req.num_spec_tokens

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
-from policies.speculation_counting import tgi_batch_has_drafts, tgi_reservation_speculate, tgi_step_tokens
+from policies.speculation_counting import tgi_batch_has_drafts, verification_tokens
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.kvcache import cdiv
@@ -109,7 +109,7 @@ class Tgi:
                     return Batch(tuple(new), policy_state=TgiState(1, True))
         if tgi_batch_has_drafts(view):   # speculative decoding: every decode verifies its drafts
             reqs = {r.request_id: r for r in view.running}
-            current = [Scheduled(s.request_id, tgi_step_tokens(reqs[s.request_id])) for s in current]
+            current = [Scheduled(s.request_id, verification_tokens(reqs[s.request_id])) for s in current]
         return Batch(tuple(current), policy_state=TgiState(self._counted(state.waiting_tokens), False))
 
     def _counted(self, waiting_tokens: int) -> int:
@@ -180,7 +180,8 @@ class Tgi:
         batch: list[Scheduled] = []
         num_prefill = 0
         for req in waiting:
-            reserved = self.reserved_tokens(req.spec, view.max_model_len, tgi_reservation_speculate(view))
+            # TGI's reservation adds `speculate` (k) when speculating
+            reserved = self.reserved_tokens(req.spec, view.max_model_len, view.num_speculative_tokens)
             need = cdiv(reserved, view.block_size)
             self._check_fits(view, req, reserved)
             if need > free:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.defaults import GpuLike, check_at_least
-from policies.speculation_counting import trtllm_held_tokens, trtllm_reservation_slack, trtllm_step_tokens
+from policies.speculation_counting import trtllm_held_tokens, trtllm_reservation_slack, verification_tokens
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.engine import SimulationError
 from simcore.request import Request, RequestSpec, Status
@@ -188,7 +188,7 @@ class TrtLlm:
             if req.status is not Status.RUNNING:
                 need = view.blocks_to_hold(req, self._reservation(view, req))
             else:
-                need = view.blocks_to_hold(req, trtllm_held_tokens(view, req, trtllm_step_tokens(req))) \
+                need = view.blocks_to_hold(req, trtllm_held_tokens(view, req, verification_tokens(req))) \
                     if not req.is_prefilling else 0
             if len(fit) < self.max_batch_size and need <= avail:
                 fit.append(req)
@@ -214,7 +214,7 @@ class TrtLlm:
             if context and self.enable_chunked_context:
                 to_chunk.append(req)
             else:
-                need = req.num_uncomputed_tokens if context else trtllm_step_tokens(req)
+                need = req.num_uncomputed_tokens if context else verification_tokens(req)
                 if context and need > self.max_num_tokens:
                     raise SimulationError(
                         f"trtllm: request {req.request_id} needs a {need}-token context > max_num_tokens "
