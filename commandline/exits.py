@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Callable
 
+from commandline.interrupts import raise_if_interrupted, remember_interrupts
 from commandline.outputs import OutputError
 
 BAD_INPUT_RC = 2
@@ -26,7 +27,10 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """`main(argv)`'s exit status, with `user_errors` (and OutputError) as one line and exit 2, an OSError
     as one line naming its file, and Ctrl-C as exit 130 saying `kept` (what finished and stays on disk)."""
     try:
-        return main(argv)
+        with remember_interrupts():
+            rc = main(argv)
+            raise_if_interrupted()
+        return rc
     except (OutputError, *user_errors) as e:
         return refuse(e)
     except BrokenPipeError:   # the reader stopped early (`| head`): it got what it wanted, nothing failed

@@ -34,6 +34,7 @@ def imports_frozen():
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 with imports_frozen():
+    from commandline.interrupts import raise_if_interrupted, remember_interrupts
     from commandline.progress import PROGRESS_MODES
     from costmodels.basis import rests_on
     from commandline.argtypes import positive_int
@@ -89,6 +90,39 @@ def point_bases(results) -> dict:
     return dict(zip(results["point"], results["cost_model_basis"]))
 
 
+def _run(args, progress: str) -> str:
+    """The command's work: the sweep (or search and plan) run and reported; the text to print."""
+    sweep = load_sweep_file(args.sweep)
+    out = Path(args.out) if args.out else Path("results") / str(sweep.get("name") or Path(args.sweep).stem)
+    validate(sweep)  # every point resolved (any bad key named) before the output folder is touched
+    check_out_dir(out)
+    if "search" in sweep:
+        with imports_frozen():
+            from experiments.search_and_plan import run_and_report
+        text = run_and_report(sweep, out, args.jobs, progress, args.dask, not args.no_plots, args.tables)
+    else:
+        if "capacity" in sweep:
+            raise ConfigError("capacity: needs a search block (search.over: workload.arrival.rate_per_s) "
+                              "to find each replica's SLO-limited capacity")
+        result = run_sweep(sweep, out, jobs=args.jobs, progress=progress, dask_address=args.dask,
+                           table_format=args.tables)
+        skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
+        text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
+                + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
+        if not args.no_plots:
+            with imports_frozen():
+                from experiments.report_sweep import sweep_report
+            sweep_report(sweep, out, result.results)
+            text += f"; plots and summary.md in {out}"
+        text += f"\nrests on the {rests_on(point_bases(result.results))}"
+        notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
+        if notes:
+            text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "
+                     "value:\n" + "\n".join(notes))
+    raise_if_interrupted()   # a Ctrl-C that landed where Python could only print it (commandline/interrupts.py)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="python -m experiments.run", description=__doc__)
     ap.add_argument("sweep", help="sweep YAML file")
@@ -106,33 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     progress = "none" if args.quiet else args.progress
     try:
-        sweep = load_sweep_file(args.sweep)
-        out = Path(args.out) if args.out else Path("results") / str(sweep.get("name") or Path(args.sweep).stem)
-        validate(sweep)  # every point resolved (any bad key named) before the output folder is touched
-        check_out_dir(out)
-        if "search" in sweep:
-            with imports_frozen():
-                from experiments.search_and_plan import run_and_report
-            text = run_and_report(sweep, out, args.jobs, progress, args.dask, not args.no_plots, args.tables)
-        else:
-            if "capacity" in sweep:
-                raise ConfigError("capacity: needs a search block (search.over: workload.arrival.rate_per_s) "
-                                  "to find each replica's SLO-limited capacity")
-            result = run_sweep(sweep, out, jobs=args.jobs, progress=progress, dask_address=args.dask,
-                               table_format=args.tables)
-            skipped = f" ({result.num_skipped} finished earlier, skipped)" if result.num_skipped else ""
-            text = (summary_table(result.results, list((sweep.get("grid") or {}).keys()))
-                    + f"\n\n{len(result.results)} points{skipped}; results in {out}/results.csv")
-            if not args.no_plots:
-                with imports_frozen():
-                    from experiments.report_sweep import sweep_report
-                sweep_report(sweep, out, result.results)
-                text += f"; plots and summary.md in {out}"
-            text += f"\nrests on the {rests_on(point_bases(result.results))}"
-            notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
-            if notes:
-                text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "
-                         "value:\n" + "\n".join(notes))
+        with remember_interrupts():
+            text = _run(args, progress)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

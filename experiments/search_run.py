@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from commandline.interrupts import raise_if_interrupted
 from commandline.files import content_hash, write_json_atomic
 from experiments.executors import open_executor
 from experiments.config import ConfigError, Point, expand, set_dotted
@@ -158,6 +159,7 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
         pending: dict = {}
         try:
             while todo or pending:
+                raise_if_interrupted()   # commandline/interrupts.py
                 while todo:
                     gi, value, seed = todo.popleft()
                     raw = load_config(by_index[gi].raw, spec, value)

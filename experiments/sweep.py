@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from commandline.interrupts import raise_if_interrupted
 from commandline.files import content_hash, write_csv_atomic, write_json_atomic
 from experiments.executors import open_executor
 from experiments.offload_report import with_offload_columns
@@ -138,6 +139,7 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
             result.points[point.point_id] = sim
         if bar is not None:
             bar.update(1)
+        raise_if_interrupted()   # one swallowed inside the save (commandline/interrupts.py) stops here
 
     try:
         if todo:
@@ -152,6 +154,7 @@ def run_sweep(sweep: dict, out_dir: str | Path | None = None, jobs: int | None =
                     else:
                         pending.add(f)
                 while pending:
+                    raise_if_interrupted()
                     if bar is not None:
                         running = min(slots, len(pending))
                         bar.set_postfix_str(f"{running} running, {len(pending) - running} queued")

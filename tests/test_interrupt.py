@@ -92,3 +92,23 @@ def test_sigkill_then_rerun_loses_nothing(tmp_path):
     after = _saved(out)
     for pid, row in before.items():  # what was saved before the kill is reused as it was
         assert after[pid] == row
+
+
+class _TakesCtrlC:
+    """An object whose finalizer is running when Ctrl-C arrives: Python can only print that interrupt."""
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_ctrl_c_that_a_finalizer_swallowed_is_raised_again_at_the_next_check(monkeypatch):
+    from commandline.interrupts import raise_if_interrupted, remember_interrupts
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+    carried_on = False
+    with pytest.raises(KeyboardInterrupt):
+        with remember_interrupts():
+            _TakesCtrlC()          # made and dropped: its __del__ takes the signal
+            carried_on = True      # ... and the program carries on, as it would mid-sweep
+            raise_if_interrupted()
+    assert swallowed == [KeyboardInterrupt] and carried_on
+    raise_if_interrupted()         # outside the block the interrupt is spent: nothing is raised
