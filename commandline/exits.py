@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable
 
-from commandline.interrupts import raise_if_interrupted, remember_interrupts
+from commandline.interrupts import remember_interrupts
 from commandline.outputs import OutputError
 
 BAD_INPUT_RC = 2
@@ -27,10 +27,8 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """`main(argv)`'s exit status, with `user_errors` (and OutputError) as one line and exit 2, an OSError
     as one line naming its file, and Ctrl-C as exit 130 saying `kept` (what finished and stays on disk)."""
     try:
-        with remember_interrupts():
-            rc = main(argv)
-            raise_if_interrupted()
-        return rc
+        with remember_interrupts():   # the sweep and search loops raise a swallowed Ctrl-C again
+            return main(argv)
     except (OutputError, *user_errors) as e:
         return refuse(e)
     except BrokenPipeError:   # the reader stopped early (`| head`): it got what it wanted, nothing failed
