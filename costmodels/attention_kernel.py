@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from costmodels.catalog import GPU
 
-# Catalog GPUs on which vLLM runs FlashAttention 2 (compute capability 8.x and 12.x): Ampere A100/A10G,
-# Ada L4/L40/L40S/RTX 4090, Blackwell RTX PRO 6000 (SM120).
-FA2_GPUS = frozenset({"a100-40gb", "a100-80gb", "a10g", "l4", "l40", "l40s", "rtx-4090", "rtx-pro-6000",
-                      "rtx-pro-6000-server"})
-
-
 def mixed_batch_rereads_kv(gpu: GPU) -> bool:
     """True when a step mixing prefill chunks with decodes reads each decode's KV once per query head
-    (FlashAttention 2's varlen kernel without its grouped-query fold). A GPU described by the user from a
-    catalog `base` (named `<base>-custom` unless it names itself) counts as its base's kind."""
-    return gpu.name.removesuffix("-custom") in FA2_GPUS
+    (FlashAttention 2's varlen kernel without its grouped-query fold): vLLM's choice of FA version by compute
+    capability (`get_flash_attn_version`): FA3 on 9.x (Hopper), FA4 on 10.x (datacenter Blackwell, where the
+    default backend is FlashInfer, which runs decodes apart), FA2 on the others from 8.0 (Ampere, Ada,
+    consumer and workstation Blackwell 12.x). A GPU without a compute capability (AMD, or one described
+    without it) has no such excess."""
+    cc = gpu.compute_capability
+    if not cc:
+        return False
+    major = int(cc.split(".")[0])
+    return major >= 8 and major not in (9, 10)

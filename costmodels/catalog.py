@@ -27,6 +27,8 @@ class GPU:
     l2_bytes: float | None = None         # last-level on-chip cache (the [aic] tables' decode attention uses it)
     host_memory_bytes: float | None = None  # host (CPU) memory per GPU in its reference server (KV offload's
                                             # ceiling); None: not known, not checked
+    compute_capability: str | None = None   # NVIDIA's "major.minor" (which kernels an engine picks:
+                                            # costmodels/attention_kernel.py); None: not NVIDIA, or not known
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8 or fp4), falling back to
@@ -47,29 +49,41 @@ class GPU:
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in [
-        GPU("a100-40gb", 312e12, 1555e9, 42.3e9, 300e9, 25e9, l2_bytes=40e6),            # est. memory
-        GPU("a100-80gb", 312e12, 2039e9, 85.0e9, 300e9, 25e9, l2_bytes=40e6),
-        GPU("h100-sxm", 989e12, 3350e9, 85.0e9, 450e9, 50e9, 1979e12, l2_bytes=50e6),
-        GPU("h100-pcie", 756e12, 2000e9, 85.0e9, 300e9, 50e9, 1513e12, l2_bytes=50e6),   # NVLink bridge pairs
-        GPU("h100-nvl", 835e12, 3900e9, 100.0e9, 300e9, 50e9, 1671e12, l2_bytes=50e6),   # 94 GB, est. memory
-        GPU("h20", 148e12, 4000e9, 102.0e9, 450e9, 50e9, 296e12, l2_bytes=60e6),         # 96 GB, est. memory
-        GPU("h200-sxm", 989e12, 4800e9, 150.0e9, 450e9, 50e9, 1979e12, l2_bytes=50e6),   # 141 GB, est. memory
-        GPU("b200-sxm", 2250e12, 8000e9, 180e9, 900e9, 50e9, 4500e12, 9000e12, l2_bytes=126e6),  # HGX B200, NVLink 5
+        GPU("a100-40gb", 312e12, 1555e9, 42.3e9, 300e9, 25e9,
+            compute_capability="8.0", l2_bytes=40e6),   # est. memory
+        GPU("a100-80gb", 312e12, 2039e9, 85.0e9, 300e9, 25e9, compute_capability="8.0", l2_bytes=40e6),
+        GPU("h100-sxm", 989e12, 3350e9, 85.0e9, 450e9, 50e9, 1979e12, compute_capability="9.0", l2_bytes=50e6),
+        GPU("h100-pcie", 756e12, 2000e9, 85.0e9, 300e9, 50e9, 1513e12,
+            compute_capability="9.0", l2_bytes=50e6),   # NVLink bridge pairs
+        GPU("h100-nvl", 835e12, 3900e9, 100.0e9, 300e9, 50e9, 1671e12,
+            compute_capability="9.0", l2_bytes=50e6),   # 94 GB, est. memory
+        GPU("h20", 148e12, 4000e9, 102.0e9, 450e9, 50e9, 296e12,
+            compute_capability="9.0", l2_bytes=60e6),   # 96 GB, est. memory
+        GPU("h200-sxm", 989e12, 4800e9, 150.0e9, 450e9, 50e9, 1979e12,
+            compute_capability="9.0", l2_bytes=50e6),   # 141 GB, est. memory
+        GPU("b200-sxm", 2250e12, 8000e9, 180e9, 900e9, 50e9, 4500e12, 9000e12,
+            compute_capability="10.0", l2_bytes=126e6),   # HGX B200, NVLink 5
         # one Blackwell GPU of a GB200 superchip: NVLink 5 to the other GPUs, NVLink-C2C to its Grace CPU
-        GPU("gb200", 2500e12, 8000e9, 186e9, 900e9, 450e9, 5000e12, 10000e12, l2_bytes=126e6),
-        GPU("l4", 121e12, 300e9, 23.7e9, 32e9, 25e9, 242e12, interconnect_kind="pcie", l2_bytes=48e6),
-        GPU("l40", 181e12, 864e9, 47.7e9, 32e9, 25e9, 362e12, interconnect_kind="pcie", l2_bytes=96e6),
-        GPU("l40s", 362e12, 864e9, 47.7e9, 32e9, 25e9, 733e12, interconnect_kind="pcie", l2_bytes=96e6),
-        GPU("a10g", 70e12, 600e9, 23.7e9, 32e9, 25e9, interconnect_kind="pcie", l2_bytes=6e6),  # est. memory
+        GPU("gb200", 2500e12, 8000e9, 186e9, 900e9, 450e9, 5000e12, 10000e12,
+            compute_capability="10.0", l2_bytes=126e6),
+        GPU("l4", 121e12, 300e9, 23.7e9, 32e9, 25e9, 242e12, interconnect_kind="pcie",
+            compute_capability="8.9", l2_bytes=48e6),
+        GPU("l40", 181e12, 864e9, 47.7e9, 32e9, 25e9, 362e12, interconnect_kind="pcie",
+            compute_capability="8.9", l2_bytes=96e6),
+        GPU("l40s", 362e12, 864e9, 47.7e9, 32e9, 25e9, 733e12, interconnect_kind="pcie",
+            compute_capability="8.9", l2_bytes=96e6),
+        GPU("a10g", 70e12, 600e9, 23.7e9, 32e9, 25e9, interconnect_kind="pcie",
+            compute_capability="8.6", l2_bytes=6e6),   # est. memory
         # GeForce Ada: BF16 with FP32 accumulate runs at half the FP16-accumulate rate; NVIDIA's driver gives
         # GeForce cards no GPU peer-to-peer access, so TP collectives go through host memory
         GPU("rtx-4090", 165.2e12, 1008e9, 25_250_627_584, 32e9, 25e9, 330.3e12, interconnect_kind="pcie_host",
-            l2_bytes=72e6),
+            compute_capability="8.9", l2_bytes=72e6),
+        # Blackwell, 96 GB GDDR7, est. memory; FLOP/s: half the sparse datasheet figures
         GPU("rtx-pro-6000", 500e12, 1792e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
-            l2_bytes=128e6),   # Blackwell, 96 GB GDDR7, est. memory; FLOP/s: half the sparse datasheet figures
+            compute_capability="12.0", l2_bytes=128e6),
         # the Server Edition (passively cooled, 600 W): the same GB202 with 1,597 GB/s of GDDR7
         GPU("rtx-pro-6000-server", 500e12, 1597e9, 102.0e9, 64e9, 50e9, 1000e12, 2000e12, interconnect_kind="pcie",
-            l2_bytes=128e6),
+            compute_capability="12.0", l2_bytes=128e6),
         GPU("mi300x", 1307.4e12, 5300e9, 205.8e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",
             l2_bytes=256e6),   # 192 GB HBM3, est. memory; l2: the 256 MB Infinity Cache
         GPU("mi325x", 1307.4e12, 6000e9, 274.4e9, 448e9, 50e9, 2614.9e12, interconnect_kind="infinity_fabric",

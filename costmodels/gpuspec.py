@@ -12,6 +12,7 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       host_link_bytes_per_s: 25e9      # GPU <-> host copies
       l2_bytes: 72e6                   # last-level cache (optional)
       host_memory_bytes: 256e9         # host memory per GPU (optional; the ceiling of engine.kv_offload)
+      compute_capability: "8.9"        # NVIDIA's major.minor (optional; which attention kernels vLLM picks)
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from costmodels.catalog import GPU, INTERCONNECT_KINDS, CatalogError, get_gpu
 FIGURES = ("memory_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "host_link_bytes_per_s")
 PRECISIONS = {"bf16": "bf16_flops_per_s", "fp16": "bf16_flops_per_s", "fp8": "fp8_flops_per_s",
               "fp4": "fp4_flops_per_s"}
-KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes", *FIGURES,
-        *PRECISIONS.values()}
+KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes",
+        "compute_capability", *FIGURES, *PRECISIONS.values()}
 
 
 def _positive(key: str, v) -> float:
@@ -118,4 +119,20 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
         values["l2_bytes"] = _positive(f"{key}.l2_bytes", spec["l2_bytes"])
     if spec.get("host_memory_bytes") is not None:
         values["host_memory_bytes"] = _positive(f"{key}.host_memory_bytes", spec["host_memory_bytes"])
+    if "compute_capability" in spec:
+        values["compute_capability"] = _compute_capability(f"{key}.compute_capability", spec["compute_capability"])
     return GPU(**values)
+
+
+def _compute_capability(key: str, v) -> str | None:
+    """NVIDIA's "major.minor" (8.9, "8.9", "sm_89" read as 8.9); null for a GPU that has none (AMD)."""
+    if v is None:
+        return None
+    text = str(v).strip().lower().removeprefix("sm_").removeprefix("sm")
+    if "." not in text and text.isdigit():
+        # sm_89 -> 8.9, sm_120 -> 12.0; a bare major (9) -> 9.0
+        text = f"{text[:-1]}.{text[-1]}" if isinstance(v, str) and len(text) >= 2 else f"{text}.0"
+    major, _, minor = text.partition(".")
+    if isinstance(v, bool) or not (major.isdigit() and minor.isdigit() and 1 <= int(major) <= 20):
+        raise CatalogError(f"{key}: expected NVIDIA's major.minor such as 8.9 or 9.0 (null for AMD), got {v!r}")
+    return f"{int(major)}.{int(minor)}"

@@ -27,6 +27,22 @@ def test_fa2_gpus_are_the_ones_vllm_runs_flash_attention_2_on():
     for name in ("h100-sxm", "h200-sxm", "h20", "b200-sxm", "gb200", "mi300x"):   # FA3, FA4, ROCm
         assert not mixed_batch_rereads_kv(get_gpu(name)), name
     assert mixed_batch_rereads_kv(gpu_from_mapping({"base": "rtx-4090", "memory_bytes": 24e9}))   # rtx-4090-custom
+    # the kernel follows the compute capability, not the name: a renamed card keeps its base's, and a GPU
+    # described from scratch says its own (none given: no excess, as on AMD)
+    assert mixed_batch_rereads_kv(gpu_from_mapping({"base": "l40s", "name": "my-ada-card"}))
+    scratch = {"memory_bytes": 24e9, "hbm_bytes_per_s": 1e12, "interconnect_bytes_per_s": 32e9,
+               "host_link_bytes_per_s": 25e9, "dense_flops_per_s": {"bf16": 100e12}}
+    assert not mixed_batch_rereads_kv(gpu_from_mapping(scratch))
+    for cc, fa2 in ((8.0, True), ("8.6", True), ("sm_89", True), ("12.0", True), (9, False), ("10.0", False)):
+        assert mixed_batch_rereads_kv(gpu_from_mapping({**scratch, "compute_capability": cc})) is fa2, cc
+    assert not mixed_batch_rereads_kv(gpu_from_mapping({"base": "a100-80gb", "compute_capability": None}))
+
+
+@pytest.mark.parametrize("bad", ["eight", "8.x", True, -1, "0.5"])
+def test_a_compute_capability_that_is_not_major_minor_is_one_line_naming_the_key(bad):
+    from costmodels.catalog import CatalogError
+    with pytest.raises(CatalogError, match=r"^hardware\.compute_capability: expected NVIDIA's major\.minor"):
+        gpu_from_mapping({"base": "l40s", "compute_capability": bad})
 
 
 def test_rereads_from_l2_when_a_kv_heads_slice_fits():
