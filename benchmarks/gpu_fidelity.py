@@ -375,6 +375,12 @@ def _lss_metrics(req: pd.DataFrame) -> dict:
     return out
 
 
+# The per-file summary's columns: the headline errors only
+BY_FILE = ("stage_file", "gpu", "cost_model")
+BY_FILE_COLUMNS = BY_FILE + ("stages", "wrong_class") + tuple(
+    f"{k} {s}|err|" for k in ("per_token_ms", "ttft_mean_ms", "e2e_mean_ms") for s in ("median", "p90"))
+
+
 def replayed(stages: pd.DataFrame) -> pd.DataFrame:
     """The rows that were simulated (not skipped)."""
     if "skipped" not in stages.columns:
@@ -405,7 +411,8 @@ def _percent(s: pd.DataFrame) -> pd.DataFrame:
     for c in t.columns:
         if "err" in c:
             t[c] = t[c].map(lambda v: "" if pd.isna(v) else f"{v:+.1%}" if "median err" in c else f"{v:.1%}")
-    return t
+    # a bare | in a header cell would split it in two and break the Markdown table
+    return t.rename(columns=lambda c: c.replace("|", "\\|"))
 
 
 def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
@@ -422,7 +429,7 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
         if len(done):
             lines += [md_table(_percent(summary(stages))), "",
                       "By stage file and GPU:", "",
-                      md_table(_percent(summary(stages, ("stage_file", "gpu", "cost_model")))), ""]
+                      md_table(_percent(summary(stages, BY_FILE)[list(BY_FILE_COLUMNS)])), ""]
         skipped = stages[~stages.index.isin(done.index)].drop_duplicates(["stage_file", "run", "stage", "skipped"])
         if len(skipped):
             lines += ["Stages not replayed:", ""]
