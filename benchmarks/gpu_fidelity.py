@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 from commandline.argtypes import positive_float  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
-from fidelity.vllm_stages import (StageFileError, read_stage_file, row_settings, stage_files,  # noqa: E402
-                                  stage_profile)
+from fidelity.vllm_stages import (StageFileError, read_stage_file, row_problem, row_settings,  # noqa: E402
+                                  stage_files, stage_profile)
 
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
@@ -232,6 +232,11 @@ def stage_rows(r: pd.Series, models: list[str], work: Path, max_stage_s: float) 
     from experiments.configcheck import ConfigError
     from experiments.simulate import simulate
     from simcore.errors import SimulationError
+    problem = row_problem(r)
+    if problem:   # nothing of the row can be computed: its settings and why
+        say(f"{r['experiment']} {r['stage']}: skipped: {problem}")
+        return [{"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"], "cost_model": name,
+                 "stage_file": r.get("stage_file", ""), "skipped": problem} for name in models]
     settings, profile = row_settings(r), stage_profile(r)
     real_m = {"ttft_mean_ms": r["ttft_mean_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
               "per_token_ms": r["per_token_ms_counted"], "e2e_mean_ms": r["e2e_mean_ms"],
@@ -420,7 +425,7 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
     lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
     if len(stages):
         done = replayed(stages)
-        versions = ", ".join(dict.fromkeys(stages["vllm_version"].astype(str)))
+        versions = ", ".join(dict.fromkeys(stages["vllm_version"].dropna().astype(str))) or "?"
         gpus = ", ".join(dict.fromkeys(done["gpu"].astype(str))) or "none replayed"
         lines += [f"## vLLM {versions} load stages ({gpus})", "",
                   "Errors are simulated / real - 1; summaries over the sustained real stages (the saturated ones "

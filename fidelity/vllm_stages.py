@@ -22,6 +22,7 @@ from costmodels.catalog import GPU_ALIASES, GPUS, CatalogError, get_gpu
 REQUIRED = ("experiment", "model", "profile", "tensor_parallel_size", "stage", "requested_rate_per_s", "sent",
             "failed", "prompt_tokens_mean", "output_tokens_counted_mean", "ttft_mean_ms", "ttft_p99_ms",
             "e2e_mean_ms", "e2e_p99_ms", "per_token_ms_counted", "output_tok_per_s")
+NUMERIC = tuple(c for c in REQUIRED if c not in ("experiment", "model", "profile", "stage"))
 # Optional per-row settings: each key's accepted column names, vLLM's own first
 COLUMNS = {
     "gpu": ("gpu", "hardware", "accelerator", "gpu_type", "gpu_name", "device"),
@@ -89,6 +90,24 @@ def read_stage_file(path: Path) -> pd.DataFrame:
         raise StageFileError(f"{path}: missing column {missing[0]!r} (a stage file has {', '.join(REQUIRED)})")
     table.insert(0, "stage_file", path.name)
     return table
+
+
+def row_problem(row: pd.Series) -> str:
+    """Why a row's own figures cannot be replayed ('' when they can): a needed figure empty or not a number,
+    a tensor-parallel size or rate that is not positive."""
+    for col in NUMERIC:
+        try:
+            v = float(row[col])
+        except (TypeError, ValueError):
+            return f"{col} {row[col]!r} is not a number"
+        if math.isnan(v):
+            return f"{col} is empty"
+    tp = float(row["tensor_parallel_size"])
+    if tp < 1 or not tp.is_integer():
+        return f"tensor_parallel_size {row['tensor_parallel_size']!r} is not a positive integer"
+    if float(row["requested_rate_per_s"]) <= 0 or float(row["sent"]) < 1:
+        return "requested_rate_per_s and sent must be positive"
+    return ""
 
 
 def gpu_key(text: str) -> str:

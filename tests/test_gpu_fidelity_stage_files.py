@@ -59,7 +59,8 @@ def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
             {**STAGE, "experiment": "l40s-row"},                               # the GPU from the file's name
             {**STAGE, "experiment": "tpu-row", "gpu": "TPU-v5e"},
             {**STAGE, "experiment": "unknown-model-row", "model": "acme/Nonexistent-7B"},
-            {**STAGE, "experiment": "too-big-row", "model": "meta-llama/Llama-2-70b-hf"}]   # 138 GB on 48 GB
+            {**STAGE, "experiment": "too-big-row", "model": "meta-llama/Llama-2-70b-hf"},   # 138 GB on 48 GB
+            {**STAGE, "experiment": "no-tp-row", "tensor_parallel_size": None}]
     path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     out = tmp_path / "out"
@@ -75,7 +76,8 @@ def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
     assert "'TPU-v5e' is not in the catalog" in s.loc["tpu-row", "skipped"]
     assert "acme/Nonexistent-7B" in s.loc["unknown-model-row", "skipped"]
     assert "no memory left for the KV cache" in s.loc["too-big-row", "skipped"]
-    assert s.loc[["tpu-row", "unknown-model-row", "too-big-row"], "sim_per_token_ms"].isna().all()
+    assert s.loc["no-tp-row", "skipped"] == "tensor_parallel_size is empty"
+    assert s.loc[["tpu-row", "unknown-model-row", "too-big-row", "no-tp-row"], "sim_per_token_ms"].isna().all()
     report = (out / "report.md").read_text()
     assert f"| {path.name} | a100-80gb | roofline |" in report and f"| {path.name} | l40s | roofline |" in report
     assert "tpu-row stage_0: skipped: GPU 'TPU-v5e'" in report
