@@ -227,6 +227,8 @@ def file_stages(tables: list[pd.DataFrame], models: list[str], work: Path, max_s
 
 
 def stage_rows(r: pd.Series, models: list[str], work: Path, max_stage_s: float) -> list[dict]:
+    """One stage file row's stages.csv rows, one per cost model: real and simulated figures with the settings
+    used, or the real figures and `skipped` with the reason the row cannot be replayed."""
     from costmodels.catalog import CatalogError
     from experiments.config import resolve_point
     from experiments.configcheck import ConfigError
@@ -470,7 +472,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="roofline,default",
                     help="cost models, comma-separated: roofline (datasheet prior), default (what a plain run picks)")
     ap.add_argument("--max-stage-s", type=positive_float, default=600.0,
-                    help="simulate at most this many seconds of each H100 stage's arrivals (default 600)")
+                    help="simulate at most this many seconds of each stage's arrivals (default 600)")
     ap.add_argument("--sets", default="h100,llmservingsim",
                     help="which sets: h100 (the stage files; also 'stages'), llmservingsim")
     ap.add_argument("--stages", action="append", default=[], metavar="FILE",
