@@ -1,14 +1,17 @@
 """The default GPU cost model held to real vLLM runs on real GPUs (the public runs in ../shared/real-runs/).
 
     python -m benchmarks.gpu_fidelity --out results/gpu-fidelity [--models roofline,default] [--shared PATH]
-                                      [--max-stage-s 600]
+                                      [--max-stage-s 600] [--stages FILE[,FILE]] [--sets h100,llmservingsim]
 
-1. `vllm-0.15.1-h100-stages.csv` (vLLM 0.15.1, H100 SXM, one row per constant-rate load stage): each
-   stage is rebuilt from its README and the client's configuration (constant-rate arrivals for the
-   stage's duration; the client's pool of 100 prompts, 10 system prompts times 10 questions, sent in
-   turn over and over, so vLLM's prefix cache serves all but the first of each; `ignore_eos` output
-   lengths, chunked prefill with a 2,048-token budget, 128 sequences, prefix caching, fp16,
-   max_model_len 4,096) and simulated on its own;
+1. every `vllm-*-stages.csv` in real-runs/ (sorted), and the files --stages names (one row per
+   constant-rate load stage; `vllm-0.15.1-h100-stages.csv`: vLLM 0.15.1, H100 SXM): each stage is rebuilt
+   from its README and the client's configuration (constant-rate arrivals for the stage's duration; the
+   client's pool of 100 prompts, 10 system prompts times 10 questions, sent in turn over and over, so
+   vLLM's prefix cache serves all but the first of each; `ignore_eos` output lengths, chunked prefill,
+   prefix caching) with the engine settings of its row, else of its file's name, else of the H100 file's
+   README (fidelity/vllm_stages.py: GPU, token budget, sequences, dtype, quantization, KV offload,
+   max_model_len) and simulated on its own. A row that cannot be replayed (a GPU or model the simulator
+   does not know, a model that does not fit) is kept with the reason under `skipped`;
 2. `llmservingsim/<GPU>_<model>/` (vLLM 0.19.0 on an RTX 4090 and an RTX PRO 6000): the real requests
    replayed as sent (fidelity.llmservingsim reads them), on the GPU the run names, with the engine
    arguments its vllm_meta.json records; beside them the peer simulator's errors
@@ -35,6 +38,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -49,6 +53,8 @@ sys.path.insert(0, str(ROOT))
 from commandline.argtypes import positive_float  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
+from fidelity.vllm_stages import (StageFileError, read_stage_file, row_problem, row_settings,  # noqa: E402
+                                  stage_files, stage_profile)
 
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
@@ -84,10 +90,8 @@ HF_CONFIGS["Qwen/Qwen3-30B-A3B-Instruct-2507"] = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b",
                  "meta-llama/Llama-3.1-8B": "llama-3.1-8b"}
-
-# The load profiles (the stages file's README): system prompt tokens, requested output tokens, stage seconds
-PROFILES = {"general": (100, 248, 600), "codegen": (100, 247, 600), "roleplay": (150, 251, 1200),
-            "reasoning": (100, 1448, 1200)}
+# An FP8 checkpoint's id: its base model's id with this suffix (Qwen/Qwen3-32B-FP8, ...-Instruct-FP8)
+FP8_SUFFIX = re.compile(r"[-_]fp8(?=$|[-_])", re.IGNORECASE)
 # The client's prompt pool. Each run's inference-perf config (results/config.yaml beside the stage files in
 # the source repository) has `shared_prefix: {num_groups: 10, num_prompts_per_group: 10}`, and
 # inference-perf's SharedPrefixDataGenerator makes that many prompts once (10 system prompts, 10 questions
@@ -115,36 +119,75 @@ def say(msg: str) -> None:
 
 
 def model_ref(hf_id: str, work: Path) -> str:
-    """A model name the sweep file takes: the catalog's, else a config.json written under `work`."""
-    if hf_id in CATALOG_NAMES:
-        return CATALOG_NAMES[hf_id]
-    if hf_id not in HF_CONFIGS:   # a catalog name or a Hugging Face id costmodels resolves itself
-        return hf_id
-    path = work / "models" / f"{hf_id.replace('/', '--')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(HF_CONFIGS[hf_id], indent=1))
-    return str(path)
+    """A model name the sweep file takes: the catalog's, else a config.json written under `work`, else the
+    id itself where costmodels resolves it (costmodels/model_names.py); for an FP8 checkpoint's id that
+    resolves none of these ways, the same for its base model's id (stage_point then asks for FP8 weights).
+    An id nothing resolves is returned as given: the point's resolution then says why."""
+    from costmodels.catalog import CatalogError, get_model
+    for name in dict.fromkeys((hf_id, FP8_SUFFIX.sub("", hf_id))):
+        if name in CATALOG_NAMES:
+            return CATALOG_NAMES[name]
+        if name in HF_CONFIGS:
+            path = work / "models" / f"{name.replace('/', '--')}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(HF_CONFIGS[name], indent=1))
+            return str(path)
+        try:
+            get_model(name)
+            return name
+        except (CatalogError, OSError, ValueError):
+            continue
+    return hf_id
 
 
-def stage_point(row: pd.Series, work: Path, max_stage_s: float) -> dict:
-    """The sweep-style point of one H100 stage."""
-    system, requested_output, duration = PROFILES[row["profile"]]
-    # Llama-2-7B's counted outputs are unreliable (README): with ignore_eos the requested length was made
-    output = requested_output if row["model"] == "meta-llama/Llama-2-7b-hf" else round(row["output_tokens_counted_mean"])
+def fp8_weights(hf_id: str, model: str) -> bool:
+    """Whether an FP8 checkpoint's id resolved to a model whose config does not say FP8 itself (its base
+    model's), so that the point must ask for FP8 weights as `quantization: fp8`."""
+    if not FP8_SUFFIX.search(hf_id):
+        return False
+    from costmodels.catalog import CatalogError, get_model
+    try:
+        return get_model(model).quantization is None
+    except (CatalogError, OSError, ValueError):
+        return False
+
+
+def stage_point(row: pd.Series, work: Path, max_stage_s: float, settings: dict | None = None,
+                profile: dict | None = None) -> dict:
+    """The sweep-style point of one stage, with the engine settings of its row (fidelity.vllm_stages)."""
+    settings = settings or row_settings(row)
+    profile = profile or stage_profile(row)
+    output = stage_output(row, profile)
     rate = float(row["requested_rate_per_s"])
-    n = int(round(rate * min(duration, max_stage_s)))
-    return {"model": model_ref(row["model"], work), "hardware": "h100-sxm",
-            "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": "fp16",
-            "engine": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                       "max_model_len": 4096, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9,
-                       # the runs' 8 GiB of KV CPU offloading (vLLM's OffloadingConnector; README beside them)
-                       "kv_offload": {"cpu_gb": 8}},
-            "workload": {"num_requests": n, "arrival": {"process": "constant", "rate_per_s": rate},
-                         # each prompt is one of the pool's: all but its last token is the repeated part
-                         "prompt_tokens": {"dist": "fixed", "value": 1},
-                         "output_tokens": {"dist": "fixed", "value": int(output)},
-                         "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS * PROMPTS_PER_SYSTEM_PROMPT,
-                                           "prefix_tokens": max(1, round(row["prompt_tokens_mean"]) - 1)}}}
+    n = int(round(rate * min(profile["duration_s"], max_stage_s)))
+    model = model_ref(row["model"], work)
+    engine = {"policy": "chunked_prefill", "max_num_seqs": settings["max_num_seqs"],
+              "max_num_batched_tokens": settings["max_num_batched_tokens"],
+              "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
+              "gpu_memory_utilization": settings["gpu_memory_utilization"]}
+    if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
+        engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
+    point = {"model": model, "hardware": settings["gpu"],
+             "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": settings["dtype"],
+             "engine": engine,
+             "workload": {"num_requests": n, "arrival": {"process": "constant", "rate_per_s": rate},
+                          # each prompt is one of the pool's: all but its last token is the repeated part
+                          "prompt_tokens": {"dist": "fixed", "value": 1},
+                          "output_tokens": {"dist": "fixed", "value": int(output)},
+                          "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS * PROMPTS_PER_SYSTEM_PROMPT,
+                                            "prefix_tokens": max(1, round(row["prompt_tokens_mean"]) - 1)}}}
+    quantization = settings["quantization"] or ("fp8" if fp8_weights(row["model"], model) else None)
+    if quantization:
+        point["quantization"] = quantization
+    return point
+
+
+def stage_output(row: pd.Series, profile: dict) -> int:
+    """Output tokens per request: the counted mean, except Llama-2-7B's, whose counts are unreliable (the H100
+    file's README): with ignore_eos the profile's requested length was made, where the profile is known."""
+    if row["model"] == "meta-llama/Llama-2-7b-hf" and profile["requested_output"] is not None:
+        return int(profile["requested_output"])
+    return int(round(row["output_tokens_counted_mean"]))
 
 
 def sim_metrics(requests: pd.DataFrame, duration_s: float | None = None) -> dict:
@@ -165,45 +208,94 @@ def saturated(ttft_p99_ms: float, failed_fraction: float = 0.0) -> bool:
     return ttft_p99_ms / 1e3 > SATURATED_TTFT_P99_S or failed_fraction > 0.01
 
 
-def h100_stages(shared: Path, models: list[str], work: Path, max_stage_s: float) -> pd.DataFrame:
-    from experiments.config import resolve_point
-    from experiments.simulate import simulate
-    real = pd.read_csv(shared / STAGES_CSV)
+# stages.csv's columns besides the metrics: what each row replayed and with which engine settings
+SETTING_COLUMNS = ("stage_file", "gpu", "tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "dtype",
+                   "weights", "gpu_memory_utilization", "kv_offload_gb", "max_model_len", "vllm_version",
+                   "profile", "skipped")
+STAGE_COLUMNS = (["run", "stage", "rate", "cost_model", "cost_model_kind", "num_requests", "sim_wall_s",
+                  "real_class", "sim_class"] + [f"{side}_{k}" for k in METRICS for side in ("real", "sim", "err")]
+                 + list(SETTING_COLUMNS))
+
+
+def file_stages(tables: list[pd.DataFrame], models: list[str], work: Path, max_stage_s: float) -> pd.DataFrame:
+    """Every row of every stage file, simulated once per cost model (or skipped, saying why)."""
     rows = []
-    for _, r in real.iterrows():
-        point = stage_point(r, work, max_stage_s)
-        cfg = resolve_point(point)
-        real_m = {"ttft_mean_ms": r["ttft_mean_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
-                  "per_token_ms": r["per_token_ms_counted"], "e2e_mean_ms": r["e2e_mean_ms"],
-                  "e2e_p99_ms": r["e2e_p99_ms"], "throughput_tok_s": r["output_tok_per_s"]}
-        if r["model"] == "meta-llama/Llama-2-7b-hf":   # counted outputs unreliable: per token from the requested
-            out = point["workload"]["output_tokens"]["value"]
-            real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
-            real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
-        real_sat = saturated(r["ttft_p99_ms"], r["failed"] / max(r["sent"], 1))
-        for name in models:
+    for table in tables:
+        for _, r in table.iterrows():
+            rows += stage_rows(r, models, work, max_stage_s)
+    return pd.DataFrame(rows, columns=STAGE_COLUMNS)
+
+
+def stage_rows(r: pd.Series, models: list[str], work: Path, max_stage_s: float) -> list[dict]:
+    """One stage file row's stages.csv rows, one per cost model: real and simulated figures with the settings
+    used, or the real figures and `skipped` with the reason the row cannot be replayed."""
+    from costmodels.catalog import CatalogError
+    from experiments.config import resolve_point
+    from experiments.configcheck import ConfigError
+    from experiments.simulate import simulate
+    from simcore.errors import SimulationError
+    problem = row_problem(r)
+    if problem:   # nothing of the row can be computed: its settings and why
+        say(f"{r['experiment']} {r['stage']}: skipped: {problem}")
+        return [{"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"], "cost_model": name,
+                 "stage_file": r.get("stage_file", ""), "skipped": problem} for name in models]
+    settings, profile = row_settings(r), stage_profile(r)
+    real_m = {"ttft_mean_ms": r["ttft_mean_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
+              "per_token_ms": r["per_token_ms_counted"], "e2e_mean_ms": r["e2e_mean_ms"],
+              "e2e_p99_ms": r["e2e_p99_ms"], "throughput_tok_s": r["output_tok_per_s"]}
+    out = stage_output(r, profile)
+    if r["model"] == "meta-llama/Llama-2-7b-hf" and profile["requested_output"] is not None:
+        # counted outputs unreliable: per token and throughput from the requested length
+        real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
+        real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
+    real_sat = saturated(r["ttft_p99_ms"], r["failed"] / max(r["sent"], 1))
+    base = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"],
+            "real_class": "saturated" if real_sat else "sustained"}
+    for k in METRICS:
+        base[f"real_{k}"] = float(real_m[k])
+    described = {**{k: settings[k] for k in SETTING_COLUMNS if k in settings}, "stage_file": r.get("stage_file", ""),
+                 "tensor_parallel_size": int(r["tensor_parallel_size"]), "profile": profile["source"],
+                 "weights": "", "skipped": settings["skipped"]}
+    cfg = point = None
+    if not described["skipped"]:
+        try:
+            point = stage_point(r, work, max_stage_s, settings, profile)
+            cfg = resolve_point(point)
+            described["weights"] = cfg.deployment.weight_format(cfg.model)
+        except (ConfigError, CatalogError, ValueError) as e:
+            described["skipped"] = str(e).splitlines()[0]
+    rows = []
+    for name in models:
+        row = {**base, "cost_model": name}
+        why = described["skipped"]
+        if not why:
             t0 = time.perf_counter()
-            res = simulate(_with_profile(cfg, name), 0)
-            dur = point["workload"]["num_requests"] / point["workload"]["arrival"]["rate_per_s"]
-            m = sim_metrics(res.requests, None)
-            # throughput over the stage's sending window, like the client's (output tokens finished / span)
-            m["throughput_tok_s"] = float(res.requests.loc[res.requests["status"] == "finished", "output_tokens"].sum()
-                                          / max(dur, res.requests["finish_s"].max() - res.requests["arrival_s"].min()))
-            row = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"],
-                   "cost_model": name, "cost_model_kind": res.resolved.get("cost_model", {}).get("kind", "?")
-                   if isinstance(res.resolved.get("cost_model"), dict) else "?",
-                   "num_requests": point["workload"]["num_requests"], "sim_wall_s": round(time.perf_counter() - t0, 1),
-                   "real_class": "saturated" if real_sat else "sustained",
-                   "sim_class": "saturated" if saturated(m["ttft_p99_ms"]) else "sustained"}
-            for k in METRICS:
-                row[f"real_{k}"], row[f"sim_{k}"] = float(real_m[k]), m[k]
-                row[f"err_{k}"] = m[k] / float(real_m[k]) - 1 if real_m[k] else math.nan
-            rows.append(row)
-            say(f"{r['experiment']} {r['stage']} {name}: per-token {m['per_token_ms']:.2f} ms "
-                f"(real {real_m['per_token_ms']:.2f}), TTFT mean {m['ttft_mean_ms']:.0f} ms "
-                f"(real {real_m['ttft_mean_ms']:.0f}), {row['sim_class']} (real {row['real_class']}), "
-                f"{row['sim_wall_s']} s")
-    return pd.DataFrame(rows)
+            try:
+                res = simulate(_with_profile(cfg, name), 0)
+            except (SimulationError, ConfigError, CatalogError, ValueError) as e:
+                why = str(e).splitlines()[0]
+        if why:
+            rows.append({**row, **described, "skipped": why})
+            say(f"{r['experiment']} {r['stage']} {name}: skipped: {why}")
+            continue
+        dur = point["workload"]["num_requests"] / point["workload"]["arrival"]["rate_per_s"]
+        m = sim_metrics(res.requests, None)
+        # throughput over the stage's sending window, like the client's (output tokens finished / span)
+        m["throughput_tok_s"] = float(res.requests.loc[res.requests["status"] == "finished", "output_tokens"].sum()
+                                      / max(dur, res.requests["finish_s"].max() - res.requests["arrival_s"].min()))
+        row.update({"cost_model_kind": res.resolved.get("cost_model", {}).get("kind", "?")
+                    if isinstance(res.resolved.get("cost_model"), dict) else "?",
+                    "num_requests": point["workload"]["num_requests"], "sim_wall_s": round(time.perf_counter() - t0, 1),
+                    "sim_class": "saturated" if saturated(m["ttft_p99_ms"]) else "sustained"})
+        for k in METRICS:
+            row[f"sim_{k}"] = m[k]
+            row[f"err_{k}"] = m[k] / float(real_m[k]) - 1 if real_m[k] else math.nan
+        rows.append({**row, **described})
+        say(f"{r['experiment']} {r['stage']} {name} on {settings['gpu']}: per-token {m['per_token_ms']:.2f} ms "
+            f"(real {real_m['per_token_ms']:.2f}), TTFT mean {m['ttft_mean_ms']:.0f} ms "
+            f"(real {real_m['ttft_mean_ms']:.0f}), {row['sim_class']} (real {row['real_class']}), "
+            f"{row['sim_wall_s']} s")
+    return rows
 
 
 def _with_profile(cfg, name: str):
@@ -290,13 +382,28 @@ def _lss_metrics(req: pd.DataFrame) -> dict:
     return out
 
 
-def summary(stages: pd.DataFrame) -> pd.DataFrame:
-    """Median and p90 |error| per cost model and metric over the sustained real stages, and the count of
-    stages on the wrong side of the knee (over every stage)."""
+# The per-file summary's columns: the headline errors only
+BY_FILE = ("stage_file", "gpu", "cost_model")
+BY_FILE_COLUMNS = BY_FILE + ("stages", "wrong_class") + tuple(
+    f"{k} {s}|err|" for k in ("per_token_ms", "ttft_mean_ms", "e2e_mean_ms") for s in ("median", "p90"))
+
+
+def replayed(stages: pd.DataFrame) -> pd.DataFrame:
+    """The rows that were simulated (not skipped)."""
+    if "skipped" not in stages.columns:
+        return stages
+    return stages[stages["skipped"].fillna("").astype(str) == ""]
+
+
+def summary(stages: pd.DataFrame, by: tuple[str, ...] = ("cost_model",)) -> pd.DataFrame:
+    """Median and p90 |error| per group (cost model; or stage file, GPU and cost model) and metric over the
+    sustained real stages, and the count of stages on the wrong side of the knee (over every stage); skipped
+    rows are left out."""
     rows = []
-    for name, g in stages.groupby("cost_model", sort=False):
+    for key, g in replayed(stages).groupby(list(by), sort=False):
         ok = g[g["real_class"] == "sustained"]
-        row = {"cost_model": name, "stages": len(g), "wrong_class": int((g["real_class"] != g["sim_class"]).sum())}
+        row = {**dict(zip(by, key if isinstance(key, tuple) else (key,))), "stages": len(g),
+               "wrong_class": int((g["real_class"] != g["sim_class"]).sum())}
         for k in METRICS:
             e = ok[f"err_{k}"].abs().dropna()
             row[f"{k} median|err|"] = float(e.median()) if len(e) else math.nan
@@ -311,23 +418,36 @@ def _percent(s: pd.DataFrame) -> pd.DataFrame:
     for c in t.columns:
         if "err" in c:
             t[c] = t[c].map(lambda v: "" if pd.isna(v) else f"{v:+.1%}" if "median err" in c else f"{v:.1%}")
-    return t
+    # a bare | in a header cell would split it in two and break the Markdown table
+    return t.rename(columns=lambda c: c.replace("|", "\\|"))
 
 
 def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
     from experiments.report import md_table
     lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
     if len(stages):
-        s = summary(stages)
-        lines += ["## vLLM 0.15.1, H100 SXM stages", "",
+        done = replayed(stages)
+        versions = ", ".join(dict.fromkeys(stages["vllm_version"].dropna().astype(str))) or "?"
+        gpus = ", ".join(dict.fromkeys(done["gpu"].astype(str))) or "none replayed"
+        lines += [f"## vLLM {versions} load stages ({gpus})", "",
                   "Errors are simulated / real - 1; summaries over the sustained real stages (the saturated ones "
                   "show where the knee is, not a latency to match). TTFT includes the serving front end "
-                  "(costmodels/frontend.py), as a client measures it.", "",
-                  md_table(_percent(s)), ""]
-        cols = ["run", "stage", "rate", "cost_model", "real_class", "sim_class"]
+                  "(costmodels/frontend.py), as a client measures it.", ""]
+        if len(done):
+            lines += [md_table(_percent(summary(stages))), "",
+                      "By stage file and GPU:", "",
+                      md_table(_percent(summary(stages, BY_FILE)[list(BY_FILE_COLUMNS)])), ""]
+        skipped = stages[~stages.index.isin(done.index)].drop_duplicates(["stage_file", "run", "stage", "skipped"])
+        if len(skipped):
+            lines += ["Stages not replayed:", ""]
+            lines += [f"- {s.stage_file} {s.run} {s.stage}: skipped: {s.skipped}" for s in skipped.itertuples()]
+            lines += [""]
+        cols = ["run", "stage"] + (["gpu"] if done["stage_file"].nunique() > 1 else []) + [
+            "rate", "cost_model", "real_class", "sim_class"]
         for k in METRICS:
             cols += [f"real_{k}", f"sim_{k}"]
-        lines += [md_table(stages[cols].round(1)), ""]
+        if len(done):
+            lines += [md_table(done[cols].round(1)), ""]
     if len(runs):
         cols = ["run", "cost_model"]
         keys = [c[5:] for c in runs.columns if c.startswith("real_")]
@@ -352,32 +472,44 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="roofline,default",
                     help="cost models, comma-separated: roofline (datasheet prior), default (what a plain run picks)")
     ap.add_argument("--max-stage-s", type=positive_float, default=600.0,
-                    help="simulate at most this many seconds of each H100 stage's arrivals (default 600)")
-    ap.add_argument("--sets", default="h100,llmservingsim", help="which sets: h100, llmservingsim")
+                    help="simulate at most this many seconds of each stage's arrivals (default 600)")
+    ap.add_argument("--sets", default="h100,llmservingsim",
+                    help="which sets: h100 (the stage files; also 'stages'), llmservingsim")
+    ap.add_argument("--stages", action="append", default=[], metavar="FILE",
+                    help="a stage file to replay besides real-runs/vllm-*-stages.csv (repeatable or comma-separated)")
     a = ap.parse_args(argv)
     models = [m for m in a.models.split(",") if m]
     bad = [m for m in models if m not in ("roofline", "default")]
     if bad or not models:
         ap.error(f"argument --models: unknown cost model {(bad or [''])[0]!r}; expected roofline and/or default")
-    sets = [x for x in a.sets.split(",") if x]
+    sets = [{"stages": "h100"}.get(x, x) for x in a.sets.split(",") if x]
     if not sets or any(x not in ("h100", "llmservingsim") for x in sets):
         ap.error(f"argument --sets: expected h100 and/or llmservingsim, got {a.sets!r}")
+    named = [f for arg in a.stages for f in arg.split(",") if f]
     try:
         out_dir(a.out)   # before minutes of replay
     except OutputError as e:
         ap.error(str(e))
     shared = find_shared(a.shared)
-    if shared is None or not (shared / "real-runs").is_dir():
+    if shared is not None and not (shared / "real-runs").is_dir():
+        shared = None
+    if shared is None and not named:
         print("gpu_fidelity: no ../shared/real-runs beside the checkout (or --shared): nothing to replay, skipped")
         return 0
+    tables = []
+    if "h100" in sets:
+        try:   # every file read before minutes of replay: a bad one is one line
+            tables = [read_stage_file(f) for f in stage_files(shared / "real-runs" if shared else None, named)]
+        except StageFileError as e:
+            ap.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = runs = pd.DataFrame()
     with tempfile.TemporaryDirectory() as work:   # the models' config.json files, for the sweep points
-        if "h100" in sets and (shared / STAGES_CSV).exists():
-            stages = h100_stages(shared, models, Path(work), a.max_stage_s)
+        if tables:
+            stages = file_stages(tables, models, Path(work), a.max_stage_s)
             stages.to_csv(out / "stages.csv", index=False)
-        if "llmservingsim" in sets and (shared / LSS_DIR).is_dir():
+        if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
             runs = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
             from benchmarks import gpu_cross_fit   # fit on one run, apply to the others: cross_fit.md

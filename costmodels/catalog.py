@@ -96,10 +96,12 @@ GPUS: dict[str, GPU] = {
 _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sxm": 256 * GIB,
                         "h200-sxm": 256 * GIB, "b200-sxm": 256 * GIB, "gb200": 240e9}
 GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name)) for name, g in GPUS.items()}
-# Other spellings people use for the same parts
+# Other spellings people use for the same parts, and the names nvidia-smi reports (lower case, spaces as
+# hyphens): "NVIDIA H100 80GB HBM3" is the SXM5 part, "NVIDIA A100-SXM4-80GB" the 80 GB SXM4 one
 GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",
                "rtx4090": "rtx-4090", "rtx-pro-6000-blackwell": "rtx-pro-6000",
-               "h100-pcie-80gb": "h100-pcie"}
+               "h100-pcie-80gb": "h100-pcie", "h100-80gb-hbm3": "h100-sxm", "h100-sxm5-80gb": "h100-sxm",
+               "h100-sxm-80gb": "h100-sxm", "a100-sxm4-80gb": "a100-80gb", "a100-sxm4-40gb": "a100-40gb"}
 INTERCONNECT_KINDS = ("nvlink", "pcie", "pcie_host", "infinity_fabric")
 
 

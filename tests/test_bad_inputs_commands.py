@@ -166,6 +166,8 @@ CASES = [
     ("gpu-fidelity-unknown-set", "benchmarks.gpu_fidelity", ["--sets", "a100", "--out", OUT], "--sets"),
     ("gpu-fidelity-stage-s-zero", "benchmarks.gpu_fidelity", ["--max-stage-s", "0", "--out", OUT], "--max-stage-s"),
     ("gpu-fidelity-out-loop", "benchmarks.gpu_fidelity", ["--out", "{tmp}/loop"], "loop"),
+    ("gpu-fidelity-missing-stages", "benchmarks.gpu_fidelity", ["--stages", "{tmp}/nothing.csv", "--out", OUT],
+     "nothing.csv"),
     ("gpu-cross-fit-out-loop", "benchmarks.gpu_cross_fit", ["--out", "{tmp}/loop"], "loop"),
     ("gpu-cross-fit-bogus", "benchmarks.gpu_cross_fit", ["--bogus"], "--bogus"),
     ("fit-engine-unknown-fit", "fidelity.fit_engine", ["{tmp}/nothing", "--out", OUT, "--fit", "magic"], "--fit"),

@@ -1,0 +1,105 @@
+"""benchmarks.gpu_fidelity on stage files other than the H100 one: each row is replayed on the GPU and with the
+engine settings its columns (else its file's name, else the H100 README) give, and a row that cannot be
+replayed is kept with the reason, never simulated on another GPU."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from benchmarks import gpu_fidelity
+from costmodels.catalog import get_model
+from fidelity.vllm_stages import catalog_gpu, gpu_in_file_name, row_settings, stage_profile
+from tests.test_gpu_fidelity_benchmark import STAGE
+
+H100_FILE = next((c / gpu_fidelity.STAGES_CSV for c in gpu_fidelity.SHARED_CANDIDATES
+                  if (c / gpu_fidelity.STAGES_CSV).exists()), None)
+
+
+@pytest.mark.parametrize("written, name", [
+    ("A100-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("L40S", "l40s"), ("H100 SXM", "h100-sxm"),
+    ("H100-80GB-HBM3", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("H200", "h200-sxm")])
+def test_gpu_names_as_people_write_them(written, name):
+    assert catalog_gpu(written) == (name, "")
+
+
+def test_an_a100_without_its_memory_or_an_unknown_gpu_is_a_reason_not_a_guess():
+    gpu, why = catalog_gpu("A100")
+    assert gpu is None and "40 GB or 80 GB" in why
+    gpu, why = catalog_gpu("TPU-v5e")
+    assert gpu is None and "'TPU-v5e' is not in the catalog" in why
+
+
+def test_the_gpu_and_version_in_a_file_name():
+    assert gpu_in_file_name("vllm-0.15.1-h100-stages.csv") == "h100"
+    assert gpu_in_file_name("vllm-0.15.1-a100-80gb-stages.csv") == "a100-80gb"
+    assert gpu_in_file_name("vllm-0.15.1-l40s-stages.csv") == "l40s"
+    assert gpu_in_file_name("vllm-0.15.1-more-stages.csv") is None
+    assert row_settings(pd.Series({**STAGE, "stage_file": "vllm-0.16.0-l40s-stages.csv"}))["vllm_version"] == "0.16.0"
+
+
+def test_a_profile_the_row_disagrees_with_or_does_not_name_is_rebuilt_from_the_row(tmp_path):
+    assert stage_profile(pd.Series(STAGE))["source"] == "general"
+    short = stage_profile(pd.Series({**STAGE, "sent": 600, "requested_rate_per_s": 2.0}))   # 300 s, not 600
+    assert short["duration_s"] == 300 and short["requested_output"] is None and "disagree" in short["source"]
+    chat = stage_profile(pd.Series({**STAGE, "profile": "chat"}))
+    assert chat["duration_s"] == 600 and "'chat' unknown" in chat["source"]
+    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "profile": "chat"}), tmp_path, 600.0)
+    assert point["workload"]["output_tokens"]["value"] == 210   # the counted mean: no requested length known
+
+
+def test_an_fp8_checkpoint_is_simulated_with_fp8_weights(tmp_path):
+    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "model": "meta-llama/Llama-2-7b-FP8"}), tmp_path, 600.0)
+    # its base model's id, which costmodels resolves to the catalog's llama-2-7b, with FP8 weights
+    assert get_model(point["model"]).name == "llama-2-7b" and point["quantization"] == "fp8"
+    assert "quantization" not in gpu_fidelity.stage_point(pd.Series(STAGE), tmp_path, 600.0)
+
+
+def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
+    rows = [{**STAGE, "experiment": "a100-row", "gpu": "A100-80GB", "max_num_batched_tokens": 1024},
+            {**STAGE, "experiment": "l40s-row"},                               # the GPU from the file's name
+            {**STAGE, "experiment": "tpu-row", "gpu": "TPU-v5e"},
+            {**STAGE, "experiment": "unknown-model-row", "model": "acme/Nonexistent-7B"},
+            {**STAGE, "experiment": "too-big-row", "model": "meta-llama/Llama-2-70b-hf"},   # 138 GB on 48 GB
+            {**STAGE, "experiment": "no-tp-row", "tensor_parallel_size": None}]
+    path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    out = tmp_path / "out"
+    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
+                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
+    s = pd.read_csv(out / "stages.csv").set_index("run")
+    assert s.loc["a100-row", "gpu"] == "a100-80gb" and s.loc["a100-row", "max_num_batched_tokens"] == 1024
+    assert s.loc["l40s-row", "gpu"] == "l40s" and s.loc["l40s-row", "max_num_batched_tokens"] == 2048
+    assert (s.loc[["a100-row", "l40s-row"], "stage_file"] == path.name).all()
+    assert s.loc[["a100-row", "l40s-row"], "skipped"].isna().all()
+    assert (s.loc[["a100-row", "l40s-row"], "sim_per_token_ms"] > 0).all()
+    assert s.loc["a100-row", "sim_per_token_ms"] != s.loc["l40s-row", "sim_per_token_ms"]
+    assert "'TPU-v5e' is not in the catalog" in s.loc["tpu-row", "skipped"]
+    assert "acme/Nonexistent-7B" in s.loc["unknown-model-row", "skipped"]
+    assert "no memory left for the KV cache" in s.loc["too-big-row", "skipped"]
+    assert s.loc["no-tp-row", "skipped"] == "tensor_parallel_size is empty"
+    assert s.loc[["tpu-row", "unknown-model-row", "too-big-row", "no-tp-row"], "sim_per_token_ms"].isna().all()
+    report = (out / "report.md").read_text()
+    assert f"| {path.name} | a100-80gb | roofline |" in report and f"| {path.name} | l40s | roofline |" in report
+    assert "tpu-row stage_0: skipped: GPU 'TPU-v5e'" in report
+
+
+def test_a_stage_file_without_a_needed_column_is_one_line(tmp_path, capsys):
+    path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
+    pd.DataFrame([{k: v for k, v in STAGE.items() if k != "sent"}]).to_csv(path, index=False)
+    for arg in (str(path), str(tmp_path / "missing.csv")):
+        with pytest.raises(SystemExit) as e:
+            gpu_fidelity.main(["--stages", arg, "--out", str(tmp_path / "out"), "--shared", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and ("'sent'" in err or "missing.csv" in err)
+
+
+@pytest.mark.skipif(H100_FILE is None, reason="no ../shared/real-runs")
+def test_the_h100_file_replays_as_its_readme_says(tmp_path):
+    table = pd.read_csv(H100_FILE).assign(stage_file=H100_FILE.name)
+    engine = {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048, "max_model_len": 4096,
+              "enable_prefix_caching": True, "gpu_memory_utilization": 0.9, "kv_offload": {"cpu_gb": 8}}
+    for _, r in table.iterrows():
+        assert stage_profile(r)["source"] == r["profile"]
+        point = gpu_fidelity.stage_point(r, tmp_path, 600.0)
+        assert (point["hardware"], point["dtype"], point["engine"]) == ("h100-sxm", "fp16", engine)
+        assert "quantization" not in point
