@@ -49,6 +49,11 @@ HF_CONFIGS = {
         "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "Qwen/Qwen3-8B": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
     "Qwen/Qwen3-32B": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
         "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
@@ -65,26 +70,28 @@ SERVE_DEFAULTS = {"a100-80gb": (256, 2048), "a100-40gb": (256, 2048), "h100-sxm"
 # Qwen3's chat template around a single user turn (`<|im_start|>user\n` ... `<|im_end|>\n<|im_start|>assistant\n`):
 # the server prefills these beside the dataset's prompt, which `vllm bench serve` does not count.
 QWEN3_CHAT_TOKENS = 8
-# ShareGPT_V3 through `vllm bench serve` (prompts of at most 1,024 tokens): lognormal lengths of spread 1.0
-# (an assumption; the runs give only totals), medians set so that the means match the runs' own totals
-# (217,393 prompt and about 201,600 generated tokens over 1,000 requests with Qwen3's tokenizer).
-SHAREGPT_PROMPT = {"dist": "lognormal", "median": 158, "sigma": 1.0, "max": 1024}
-SHAREGPT_OUTPUT = {"dist": "lognormal", "median": 143, "sigma": 1.0, "max": 1024}
+# ShareGPT_V3 through `vllm bench serve` (prompts of at most 1,024 tokens) as lognormal lengths of spread 1.0
+# (an assumption: the runs give only token totals), cut at 1,024 by redrawing; a point's `lognormal:M` gives
+# the median M that makes the mean (after the cut) the run's own total / requests: 158 and 143 for 217.4 prompt
+# and 201.6 generated tokens a request (the 1,000-prompt runs), 174 and 162 for 232.6 and 220.6 (the first 100).
+SHAREGPT_SIGMA, SHAREGPT_MAX = 1.0, 1024
 
 COLUMNS = ("id", "gpu", "vllm", "model", "tp", "max_model_len", "load", "num_requests", "prompt", "output",
            "real_duration_s", "real_ttft_mean_ms", "real_ttft_p99_ms", "real_tpot_mean_ms", "real_output_tokens",
            "source", "assumed")
-_G14, _G32 = "ShareGPT lengths: SHAREGPT_* above", "engine limits: vLLM's defaults on this GPU (SERVE_DEFAULTS)"
+_G14 = "ShareGPT lengths: lognormal (SHAREGPT_SIGMA above)"
+_G32 = "engine limits: vLLM's defaults on this GPU (SERVE_DEFAULTS)"
 _GS = ("A100 size not stated: the 80 GB (Qwen3-32B's 65 GB of weights need it); TP 1 (no -tp given); "
        "prefix caching and chunked prefill on (V1 defaults); 8 chat-template tokens added to each prompt; ")
 _HS = "TP 1 (no -tp given); prefix caching and chunked prefill on (V1 defaults); 8 chat-template tokens added; "
-# The points: one published result each. prompt/output: "fixed:N" (the run's total / requests) or "sharegpt".
+# The points: one published result each. prompt/output: "fixed:N" (the run's total / requests) or
+# "lognormal:M" (ShareGPT: median M, SHAREGPT_SIGMA, at most SHAREGPT_MAX).
 # load: "burst" (every request at t = 0: `--request-rate inf`, no concurrency cap) or "closed:N"
 # (`--max-concurrency N`). NaN: the source does not give the figure.
 POINTS = [
     # gpustack performance lab, vLLM v0.11.0, `vllm serve Qwen/Qwen3-14B`, `vllm bench serve --backend openai-chat`
-    ("a100-q14-sharegpt", "a100-80gb", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "sharegpt", "sharegpt",
-     106.82, 41875.09, 83576.82, 114.34, 201605, f"{GPUSTACK}/qwen3-14b/a100.md", _GS + _G14),
+    ("a100-q14-sharegpt", "a100-80gb", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "lognormal:158",
+     "lognormal:143", 106.82, 41875.09, 83576.82, 114.34, 201605, f"{GPUSTACK}/qwen3-14b/a100.md", _GS + _G14),
     ("a100-q14-32k", "a100-80gb", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 100, "fixed:32000", "fixed:100",
      724.56, 359648.08, 714338.15, 445.58, 9891, f"{GPUSTACK}/qwen3-14b/a100.md", _GS + _G32),
     ("a100-q14-4k", "a100-80gb", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 500, "fixed:3996", "fixed:200",
@@ -94,8 +101,8 @@ POINTS = [
     ("a100-q14-128", "a100-80gb", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "fixed:128", "fixed:4",
      26.79, 19451.46, 26523.59, 233.35, 4000, f"{GPUSTACK}/qwen3-14b/a100.md", _GS + _G32),
     # the same lab's Qwen3-32B on the A100 (`--max-model-len 32768` for the ShareGPT run only)
-    ("a100-q32-sharegpt", "a100-80gb", "0.11.0", "Qwen/Qwen3-32B", 1, 32768, "burst", 1000, "sharegpt", "sharegpt",
-     241.94, 105557.78, 209863.50, 149.67, 201396, f"{GPUSTACK}/qwen3-32b/a100.md", _GS + _G14),
+    ("a100-q32-sharegpt", "a100-80gb", "0.11.0", "Qwen/Qwen3-32B", 1, 32768, "burst", 1000, "lognormal:158",
+     "lognormal:143", 241.94, 105557.78, 209863.50, 149.67, 201396, f"{GPUSTACK}/qwen3-32b/a100.md", _GS + _G14),
     ("a100-q32-32k", "a100-80gb", "0.11.0", "Qwen/Qwen3-32B", 1, 40960, "burst", 100, "fixed:32000", "fixed:100",
      1783.59, 890711.38, 1760024.36, 67.87, 7699, f"{GPUSTACK}/qwen3-32b/a100.md", _GS + _G32),
     ("a100-q32-4k", "a100-80gb", "0.11.0", "Qwen/Qwen3-32B", 1, 40960, "burst", 500, "fixed:3996", "fixed:200",
@@ -105,8 +112,8 @@ POINTS = [
     ("a100-q32-128", "a100-80gb", "0.11.0", "Qwen/Qwen3-32B", 1, 40960, "burst", 1000, "fixed:128", "fixed:4",
      49.57, 31177.64, 48960.57, 528.57, 4000, f"{GPUSTACK}/qwen3-32b/a100.md", _GS + _G32),
     # the same lab, same commands, one H100 SXM: tells a source's setup from the GPU
-    ("h100-q14-sharegpt", "h100-sxm", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "sharegpt", "sharegpt",
-     63.53, 22141.21, 31156.86, 226.03, 201648, f"{GPUSTACK}/qwen3-14b/h100.md", _HS + _G14),
+    ("h100-q14-sharegpt", "h100-sxm", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "lognormal:158",
+     "lognormal:143", 63.53, 22141.21, 31156.86, 226.03, 201648, f"{GPUSTACK}/qwen3-14b/h100.md", _HS + _G14),
     ("h100-q14-32k", "h100-sxm", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 100, "fixed:32000", "fixed:100",
      386.80, 191024.43, 380407.97, 277.44, 9855, f"{GPUSTACK}/qwen3-14b/h100.md", _HS + _G32),
     ("h100-q14-4k", "h100-sxm", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 500, "fixed:3996", "fixed:200",
@@ -115,6 +122,16 @@ POINTS = [
      98.91, 50716.13, 94614.51, 206.51, 50000, f"{GPUSTACK}/qwen3-14b/h100.md", _HS + _G32),
     ("h100-q14-128", "h100-sxm", "0.11.0", "Qwen/Qwen3-14B", 1, 40960, "burst", 1000, "fixed:128", "fixed:4",
      22.72, 18282.75, 22564.77, 525.31, 4000, f"{GPUSTACK}/qwen3-14b/h100.md", _HS + _G32),
+    # the same lab's latency page, one H100 SXM, `vllm serve Qwen/Qwen3-8B`, the first 100 ShareGPT prompts with
+    # `--max-concurrency 1, 2, 4, 8` (`qwen3-8b/h100-latency.md`, "Other Benchmark Cases", baseline): light load
+    ("h100-q8-c1", "h100-sxm", "0.11.0", "Qwen/Qwen3-8B", 1, 40960, "closed:1", 100, "lognormal:174",
+     "lognormal:162", 166.04, 59.01, 73.49, 7.28, 22061, f"{GPUSTACK}/qwen3-8b/h100-latency.md", _HS + _G14),
+    ("h100-q8-c2", "h100-sxm", "0.11.0", "Qwen/Qwen3-8B", 1, 40960, "closed:2", 100, "lognormal:174",
+     "lognormal:162", 85.78, 63.78, 93.70, 7.37, 22061, f"{GPUSTACK}/qwen3-8b/h100-latency.md", _HS + _G14),
+    ("h100-q8-c4", "h100-sxm", "0.11.0", "Qwen/Qwen3-8B", 1, 40960, "closed:4", 100, "lognormal:174",
+     "lognormal:162", 44.40, 64.00, 98.59, 7.38, 22061, f"{GPUSTACK}/qwen3-8b/h100-latency.md", _HS + _G14),
+    ("h100-q8-c8", "h100-sxm", "0.11.0", "Qwen/Qwen3-8B", 1, 40960, "closed:8", 100, "lognormal:174",
+     "lognormal:162", 24.05, 74.57, 204.11, 7.71, 22061, f"{GPUSTACK}/qwen3-8b/h100-latency.md", _HS + _G14),
     # one client at a time, Llama-3.1-8B-Instruct BF16 on an A100 40 GB (Lambda), `vllm serve` defaults,
     # `--dataset-name random --random-input-len 1024 --random-output-len 128 --ignore-eos --max-concurrency 1
     # --num-prompts 20`: the page gives "about 75 tokens/sec" of decode for one request, so TPOT ~ 1000/75 ms
@@ -123,7 +140,9 @@ POINTS = [
      "TPOT from the page's rounded 'about 75 tokens/sec' (no result block given); completions endpoint (no chat "
      "template); prefix caching on (V1 default) but random prompts share nothing; " + _G32),
 ]
-METRICS = ("duration_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms")
+# output_tok_s: generated tokens / duration (the real side from the transcribed totals); it, not the duration,
+# compares where the replay's sampled lengths total more or fewer tokens than the run's
+METRICS = ("output_tok_s", "duration_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms")
 MODELS = ("roofline", "default")
 NO_FA2_MIX = "roofline-no-fa2-mix"
 
@@ -137,15 +156,12 @@ def say(msg: str) -> None:
 
 
 def _lengths(spec: str, which: str, chat_tokens: int) -> dict:
-    if spec == "sharegpt":
-        d = dict(SHAREGPT_PROMPT if which == "prompt" else SHAREGPT_OUTPUT)
-        if chat_tokens:   # the template's tokens ride on every prompt: shift the whole distribution
-            d = {"dist": "lognormal", "median": d["median"] + chat_tokens, "sigma": d["sigma"],
-                 "max": d["max"] + chat_tokens}
-        return d
     kind, _, n = spec.partition(":")
-    if kind != "fixed" or not n.isdigit():
-        raise ValueError(f"{which} length {spec!r}: expected fixed:N or sharegpt")
+    if kind not in ("fixed", "lognormal") or not n.isdigit():
+        raise ValueError(f"{which} length {spec!r}: expected fixed:N or lognormal:MEDIAN")
+    if kind == "lognormal":   # the template's tokens ride on every prompt: the whole distribution shifts
+        return {"dist": "lognormal", "median": int(n) + chat_tokens, "sigma": SHAREGPT_SIGMA,
+                "max": SHAREGPT_MAX + chat_tokens}
     return {"dist": "fixed", "value": int(n) + chat_tokens}
 
 
@@ -184,7 +200,8 @@ def bench_metrics(requests: pd.DataFrame) -> dict:
     ttft = (fin["first_token_s"] - fin["arrival_s"]) * 1e3
     many = fin[fin["output_tokens"] > 1]
     tpot = (many["finish_s"] - many["first_token_s"]) * 1e3 / (many["output_tokens"] - 1)
-    return {"duration_s": float(fin["finish_s"].max() - requests["arrival_s"].min()),
+    duration = float(fin["finish_s"].max() - requests["arrival_s"].min())
+    return {"duration_s": duration, "output_tok_s": float(fin["output_tokens"].sum()) / duration,
             "ttft_mean_ms": float(ttft.mean()), "ttft_p99_ms": float(np.percentile(ttft, 99)),
             "tpot_mean_ms": float(tpot.mean()), "output_tokens": int(fin["output_tokens"].sum()),
             "prompt_tokens": int(fin["prompt_tokens"].sum()) if "prompt_tokens" in fin else -1,
@@ -214,17 +231,19 @@ def replay(row: pd.Series, name: str, hardware, profile: str | None, work: Path)
            "sim_requests": m["requests"], "sim_output_tokens": m["output_tokens"],
            "real_output_tokens": int(row["real_output_tokens"])}
     for k in METRICS:
-        real = float(row[f"real_{k}"])
+        real = (float(row["real_output_tokens"]) / float(row["real_duration_s"]) if k == "output_tok_s"
+                else float(row[f"real_{k}"]))
         out[f"real_{k}"], out[f"sim_{k}"] = real, m[k]
         out[f"err_{k}"] = m[k] / real - 1 if real and not math.isnan(real) else math.nan
     return out
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Median |error| and median error per GPU, cost model and metric."""
+    """Median |error| and median error per GPU, load (burst, or a closed loop of a few clients) and cost model."""
     out = []
-    for (gpu, name), g in rows.groupby(["gpu", "cost_model"], sort=False):
-        r = {"gpu": gpu, "cost_model": name, "points": len(g)}
+    load = rows["load"].str.partition(":")[0]
+    for (gpu, kind, name), g in rows.groupby([rows["gpu"], load, rows["cost_model"]], sort=False):
+        r = {"gpu": gpu, "load": kind, "cost_model": name, "points": len(g)}
         for k in METRICS:
             e = g[f"err_{k}"].dropna()
             r[f"{k} median|err|"] = f"{e.abs().median():.1%}" if len(e) else ""
@@ -284,8 +303,8 @@ def main(argv=None) -> int:
                 say(f"{row['id']} {name}: duration {r['sim_duration_s']:.1f} s (real {r['real_duration_s']:.1f}), "
                     f"TTFT mean {r['sim_ttft_mean_ms']:,.0f} ms (real {r['real_ttft_mean_ms']:,.0f}), TPOT mean "
                     f"{r['sim_tpot_mean_ms']:.1f} ms (real {r['real_tpot_mean_ms']:.1f}), {r['sim_wall_s']} s")
-    df = pd.DataFrame(rows).merge(
-        table()[["id", "vllm", "tp", "max_model_len", "num_requests", "prompt", "output", "source", "assumed"]], on="id")
+    setup = ["id", "vllm", "tp", "max_model_len", "num_requests", "prompt", "output", "source", "assumed"]
+    df = pd.DataFrame(rows).merge(table()[setup], on="id")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         df.to_csv(out / "points.csv", index=False)
