@@ -10,8 +10,8 @@ TTFT mean/p99 and TPOT mean. The `assumed` column says what the source leaves un
 Each point is replayed through `experiments.simulate` with each cost model: `roofline` (the datasheet
 prior), `default` (what a plain run picks: the [aic] tables when installed and they cover the GPU, else the
 prior) and, on GPUs where vLLM runs FlashAttention 2, `roofline-no-fa2-mix`: the prior with the GPU
-described under another name (`hardware: {base: a100-80gb, name: ...}`), which leaves out only the
-mixed prefill+decode re-read term (costmodels/attention_kernel.py counts a GPU as FA2 by catalog name).
+described without a compute capability (`hardware: {base: a100-80gb, compute_capability: null}`), which
+leaves out only the mixed prefill+decode re-read term (costmodels/attention_kernel.py).
 It prints real vs simulated per metric and the errors (simulated / real - 1); `--out DIR` writes
 points.csv (one row per point and cost model) and report.md.
 
@@ -210,10 +210,12 @@ def bench_metrics(requests: pd.DataFrame) -> dict:
 
 def variants(row: pd.Series, models: list[str]) -> list[tuple[str, object, str | None]]:
     """(name, hardware, profile) per cost model to run on this point."""
-    from costmodels.attention_kernel import FA2_GPUS
+    from costmodels.attention_kernel import mixed_batch_rereads_kv
+    from costmodels.catalog import get_gpu
     out = [(m, None, "roofline" if m == "roofline" else None) for m in models]
-    if "roofline" in models and row["gpu"] in FA2_GPUS:
-        out.append((NO_FA2_MIX, {"base": row["gpu"], "name": f"{row['gpu']}-no-fa2-mix"}, "roofline"))
+    if "roofline" in models and mixed_batch_rereads_kv(get_gpu(row["gpu"])):
+        out.append((NO_FA2_MIX, {"base": row["gpu"], "name": f"{row['gpu']}-no-fa2-mix",
+                                 "compute_capability": None}, "roofline"))
     return out
 
 
