@@ -37,7 +37,7 @@ DEFAULT_GPUS = frozenset(GPU_DIRS) - {"rtx-pro-6000-server"}
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-FORMAT = "batchsim-aic-grids/4"
+FORMAT = "batchsim-aic-grids/5"
 # Collectives: latency + bytes / bandwidth fitted per table (the small-message rows are launch/latency noise).
 COMM_BASELINE = {"flops": [], "bytes": [(2.0, (1,))], "peak_flops_per_s": 1.0, "fit": "latency_bandwidth"}
 
@@ -163,8 +163,6 @@ def build_grids(model: ModelShape, gpu: GPU, d: Deployment, framework: str = "vl
     if model.is_mla and (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim) \
             == (512, 64, 128, 128):   # the tables time DeepSeek-V3's MLA block; other MLA shapes keep the prior
         _mla_modules(out, root, g, gpu, model, d, fmt, kv, framework, version, note)
-    if d.ep > 1:
-        _alltoall(out, root, g, d, note)
     if model.is_moe:
         _moe(out, root, g, gpu, model, d, fmt, framework, version, note)
     if d.tp > 1:
@@ -244,19 +242,6 @@ def _mla_baseline(kind: str, gpu: GPU, m: ModelShape, heads: int, fmt: str, kv: 
         moved = [((kl + r) * (1.0 if kv == "fp8" else 2.0), (1, 1)), (4.0 * h, (1, 0))]
     return {"flops": flops, "bytes": weights + moved, "bytes_per_s": gpu.hbm_bytes_per_s,
             "peak_flops_per_s": gpu.peak_flops_per_s("fp8" if fmt.startswith("fp8") else "bf16")}
-
-
-def _alltoall(out, root, g, d, note) -> None:
-    """NCCL all-to-all at the EP size, for the MoE dispatch and combine (bf16 elements per rank)."""
-    try:
-        nccl_dir = table_dir(root, g, "comm", "nccl", None, "nccl_perf.parquet")
-    except CatalogError:
-        return
-    t = _read(nccl_dir / "nccl_perf.parquet")
-    rows = t[(t["op_name"] == "alltoall") & (t["num_gpus"] == d.ep) & (t["nccl_dtype"] == "half")]
-    if len(rows):
-        out["families"]["alltoall"] = family(rows, ("elements",), ("message_size",), (1.0,), COMM_BASELINE)
-        note("alltoall", nccl_dir / "nccl_perf.parquet", len(rows))
 
 
 def cache_dir() -> Path:
@@ -362,13 +347,6 @@ class AicCostModel(RooflineCostModel):
         d = self.deployment   # the busiest rank's share: the imbalance knob scales its tokens
         tokens = num_tokens * d.data_parallel_size if d.ep > 1 else num_tokens
         return grid(tokens * d.expert_load_imbalance)
-
-    def _alltoall_s(self, num_tokens):
-        grid = self._g.get("alltoall")
-        if grid is None:
-            return super()._alltoall_s(num_tokens)
-        m, d = self.model, self.deployment   # dispatch and combine of this rank's tokens x top-k hidden states
-        return 2 * grid(float(num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size))
 
     def _allreduce_s(self, num_tokens):
         grid = self._g.get("allreduce")

@@ -82,7 +82,6 @@ class Efficiencies:
     allreduce_link: float = 0.60
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
     allreduce_latency_s: float = 6.6e-6  # per all-reduce (see allreduce_link)
-    alltoall_latency_s: float = 3.0e-5   # per EP dispatch or combine (DeepEP low-latency kernels, one node)
     # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
     per_step_s: float = 4.0e-4
     per_request_s: float = 6.0e-6        # per sequence in the batch
@@ -157,6 +156,7 @@ class RooflineCostModel:
         nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
         self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvlink)
         self.p2p_link = allreduce_link(gpu.interconnect_kind, 2, nvlink)   # one GPU to one other
+        self.ep_link = allreduce_link(gpu.interconnect_kind, max(2, d.data_parallel_size), nvlink)
         # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
         kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
         self._kv_heads = kv_heads
@@ -279,11 +279,24 @@ class RooflineCostModel:
                       e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
     def _alltoall_s(self, num_tokens: int) -> float:
-        """EP dispatch and combine: each token's hidden state to and from its top-k experts' ranks."""
-        m, e, d = self.model, self.eff, self.deployment
-        sent = num_tokens * d.data_parallel_size / d.ep * m.experts_per_token * m.hidden_size * self.dt * (d.ep - 1) / d.ep
-        link_bytes_per_s = self.gpu.interconnect_bytes_per_s * self.p2p_link.efficiency
-        return 2 * (sent / link_bytes_per_s + e.alltoall_latency_s)
+        """EP dispatch and combine of one MoE layer as vLLM runs them by default: an all-gather of every DP
+        rank's tokens (hidden state, top-k ids and weights) before the experts, so each rank runs its experts
+        over all of them, and a reduce-scatter of the experts' partial outputs after (all2all backend
+        `allgather_reducescatter`, vLLM's default since 0.11 and its only portable one: vllm/config/parallel.py,
+        vllm/distributed/device_communicators/all2all.py `AgRsAll2AllManager`). Each is one ring over the DP
+        group, (dp - 1) x this rank's bytes across each GPU's link, priced at that link's collective figures
+        (costmodels/collectives.py: a ring all-reduce is exactly a reduce-scatter then an all-gather). The DP
+        ranks are taken alike, as everywhere in this model. With DP 1 (EP over the TP ranks only) nothing is
+        exchanged: every TP rank holds the tokens, and the TP all-reduce sums the experts' outputs."""
+        m, d = self.model, self.deployment
+        ranks = d.data_parallel_size
+        if ranks < 2:
+            return 0.0
+        hidden = m.hidden_size * self.dt
+        gathered = num_tokens * (ranks - 1) * (hidden + m.experts_per_token * 8)   # + int32 ids, fp32 weights
+        scattered = num_tokens * (ranks - 1) * hidden
+        return (gathered + scattered) / (self.gpu.interconnect_bytes_per_s * self.ep_link.efficiency) \
+            + 2 * self.ep_link.latency_s
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:

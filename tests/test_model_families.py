@@ -95,6 +95,26 @@ def test_roofline_moe_reads_more_experts_as_the_batch_grows(tmp_path):
     assert skew.step_time_s(prefill=[(4096, 0)]) > ep.step_time_s(prefill=[(4096, 0)])
 
 
+def test_ep_exchange_is_vllms_all_gather_and_reduce_scatter_over_the_dp_ranks(tmp_path):
+    # vLLM's default EP all2all (allgather_reducescatter): every DP rank's tokens gathered, the experts'
+    # outputs reduce-scattered, each one ring over the DP ranks. Tiny MoE (hidden 256, top-2, bf16), 3 MoE
+    # layers, DP 2 on two RTX PRO 6000 Server with P2P (64e9 B/s x 0.59, 14.2 us a collective: collectives.py):
+    # 100 tokens gather 100 x (512 + 2 x 8) = 52,800 B and scatter 100 x 512 = 51,200 B:
+    # 104,000 / 37.76e9 = 2.754 us, + 2 x 14.2 us per layer, x 3 MoE layers.
+    m = get_model(write(tmp_path, TINY_MOE))
+    gpu = get_gpu("rtx-pro-6000-server")
+    cm = RooflineCostModel(m, gpu, deployment=Deployment(data_parallel_size=2, enable_expert_parallel=True))
+    per_layer = 104_000 / (64e9 * 0.59) + 2 * 14.2e-6
+    assert cm.step_terms_s(prefill=[(100, 0)])["alltoall"] == pytest.approx(3 * per_layer, rel=1e-12)
+    # the top-k does not multiply what crosses the link (the gather carries each token once), and EP over
+    # the TP ranks alone exchanges nothing: every TP rank holds the tokens, the TP all-reduce sums the outputs
+    tp_ep = RooflineCostModel(m, gpu, deployment=Deployment(tensor_parallel_size=2, enable_expert_parallel=True))
+    assert tp_ep.step_terms_s(prefill=[(100, 0)])["alltoall"] == 0.0
+    four = RooflineCostModel(m, gpu, deployment=Deployment(data_parallel_size=4, enable_expert_parallel=True))
+    per_layer4 = 3 * 104_000 / (64e9 * 0.415) + 2 * 29.8e-6   # (4 - 1) x the bytes, the TP 4 PCIe figures
+    assert four.step_terms_s(prefill=[(100, 0)])["alltoall"] == pytest.approx(3 * per_layer4, rel=1e-12)
+
+
 def test_roofline_bitwise_paths_hold_for_every_family(tmp_path):
     for cfg in (TINY_MOE, TINY_MLA, {**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}):
         cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100)
