@@ -24,6 +24,7 @@ from experiments.autoscaling_config import parse_autoscaling
 from experiments.gateway_config import parse_gateway
 from experiments.speculative_config import check_speculative
 from experiments.offload_config import check_offload
+from simcore.dp_lockstep import dp_group_size
 from simcore.gateway import GatewayLimits
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
                                   parse_disaggregation, parse_slo)
@@ -160,8 +161,14 @@ def resolve_point(raw: dict) -> PointConfig:
     if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
         raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")
     check_speculative(settings.speculative, policy, settings, disagg is not None, deployment.pipeline_parallel_size)
+    cluster = parse_cluster(raw.get("cluster"))
+    group = dp_group_size(model.is_moe, deployment.data_parallel_size)
+    if cluster is not None and autoscaling is None and group > 1 and cluster.num_replicas % group:
+        raise ConfigError(f"cluster.num_replicas: {cluster.num_replicas} is not a whole number of DP groups of "
+                          f"data_parallel_size {group}: the DP ranks of an MoE model step together "
+                          "(simcore/dp_lockstep.py)")
     return PointConfig(model, gpu, deployment.tensor_parallel_size, deployment.dtype, profile, policy, settings,
-                       workload, parse_cluster(raw.get("cluster")), disagg, parse_slo(raw.get("slo")), deployment,
+                       workload, cluster, disagg, parse_slo(raw.get("slo")), deployment,
                        gateway, autoscaling)
 
 

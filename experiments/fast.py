@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from simcore.dp_lockstep import dp_group_size
 from simcore.engine import EngineLimits, SimulationError
 from experiments import disaggregation
 from experiments.autoscaling_run import scaling_limits, scaling_router
@@ -32,9 +33,20 @@ def fast_path_reason(cfg, specs) -> str | None:
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
+    if lockstep_group_size(cfg) > 1 and num_replicas(cfg) > 1 and getattr(cfg, "autoscaling", None) is None:
+        return "the DP ranks of an MoE model stepping together (simcore/dp_lockstep.py)"
     # Every engine setting (experiments/engine_config.py's EngineSettings) is modelled by both engines; a new
     # one that the fast engine cannot model exactly belongs here, as a reason.
     return None
+
+
+def lockstep_group_size(cfg) -> int:
+    """Replicas of the point that step together (simcore/dp_lockstep.py): an MoE model's DP ranks."""
+    d = getattr(cfg, "deployment", None)
+    model = getattr(cfg, "model", None)
+    if d is None or model is None or getattr(cfg, "disaggregation", None) is not None:
+        return 1
+    return dp_group_size(model.is_moe, d.data_parallel_size)
 
 
 def use_fast_path(cfg, specs) -> bool:

@@ -18,13 +18,14 @@ from costmodels.frontend import NONE as NO_FRONTEND, FrontendLatency, frontend_o
 from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
 from experiments.config import PointConfig, resolve_point
-from experiments.fast import empty_iterations, run_fast, use_fast_path
+from experiments.fast import empty_iterations, lockstep_group_size, run_fast, use_fast_path
 from experiments.speculative_config import speculation_for
 from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, write_run_tables
 from simcore.async_scheduling import async_scheduling_of
+from simcore.dp_lockstep import lockstep_groups
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits, SimulationError
@@ -193,6 +194,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
             if cfg.autoscaling is not None:   # every replica it may start, idle until it does
                 num_replicas = cfg.autoscaling["max_replicas"]
             engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
+            if cfg.autoscaling is None and num_replicas > 1:   # an MoE model's DP ranks step together
+                lockstep_groups(env, engines, lockstep_group_size(cfg))
         if cfg.autoscaling is not None:   # simcore/autoscaler.py
             scaler = autoscaled_cluster(cfg, engines, len(gen.specs))
             submit = scaler.submit

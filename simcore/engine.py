@@ -55,6 +55,7 @@ class Engine(DecisionApplier):
         self._wake: simpy.Event | None = None
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
         self.in_step = False
+        self.lockstep = None   # the DP group whose ranks step together (simcore/dp_lockstep.py), if any
         # async scheduling: arrivals during a step join the queue after the next decision (simcore/async_scheduling.py)
         self.late = ArrivalsInStep() if limits.async_scheduling else None
         self.deadlines = None   # admission control (simcore/gateway.py): queue and client deadlines
@@ -199,7 +200,11 @@ class Engine(DecisionApplier):
             else:  # real hardware: measured wall time of this very batch (see __init__)
                 duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
             self.in_step = True
-            yield env.timeout(duration_s)
+            if self.lockstep is None:
+                yield env.timeout(duration_s)
+            else:   # the DP ranks of an MoE model: the step ends with the group's slowest (simcore/dp_lockstep.py)
+                start_s, end_s = yield from self.lockstep.step(duration_s)
+                duration_s = end_s - start_s
             self.in_step = False
             self._complete(batch, start_s, duration_s, shape)
             if self.limits.check_invariants:

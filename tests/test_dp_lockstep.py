@@ -1,0 +1,77 @@
+"""The DP ranks of an MoE model step together (simcore/dp_lockstep.py): a step ends with the group's
+slowest, a rank ready mid-round starts with the next round, and a DP cluster of an MoE model runs that way
+(on the SimPy engines; the fast path says why it does not)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import simpy
+
+from experiments.config import ConfigError, resolve_point
+from experiments.fast import fast_path_reason
+from experiments.simulate import simulate
+from simcore.dp_lockstep import LockstepGroup, dp_group_size
+
+TINY_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512,
+            "vocab_size": 1024, "max_position_embeddings": 4096, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def test_steps_that_start_together_end_with_the_slowest_and_a_late_rank_waits_for_the_next_round():
+    env = simpy.Environment()
+    group = LockstepGroup(env)
+    seen = {}
+
+    def rank(name, ready_s, steps):
+        yield env.timeout(ready_s)
+        for i, d in enumerate(steps):
+            seen[(name, i)] = yield from group.step(d)
+
+    env.process(rank("a", 0.0, [1.0, 1.0]))
+    env.process(rank("b", 0.0, [3.0]))
+    env.process(rank("c", 0.5, [0.25]))   # ready while the first round (0 -> 3) is in flight
+    env.run()
+    assert seen[("a", 0)] == (0.0, 3.0) and seen[("b", 0)] == (0.0, 3.0)   # a's 1 s step waits for b's 3 s
+    assert seen[("a", 1)] == (3.0, 4.0) and seen[("c", 0)] == (3.0, 4.0)   # c joins a's second round
+
+
+def test_only_an_moe_model_with_dp_ranks_steps_together():
+    assert dp_group_size(True, 4) == 4
+    assert dp_group_size(False, 4) == 1 and dp_group_size(True, 1) == 1
+
+
+def _point(tmp_path, **over):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(TINY_MOE))
+    point = {"model": str(f), "hardware": "h100-sxm", "data_parallel_size": 2, "enable_expert_parallel": True,
+             "cluster": {"num_replicas": 2, "router": "round_robin"},
+             "engine": {"policy": "chunked_prefill", "max_model_len": 4096},
+             "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate_per_s": 50},
+                          "prompt_tokens": {"dist": "lognormal", "median": 600, "sigma": 0.8, "max": 3000},
+                          "output_tokens": {"dist": "lognormal", "median": 40, "sigma": 0.5, "max": 200}}}
+    point.update(over)
+    return resolve_point(point)
+
+
+def test_a_dp_cluster_of_an_moe_model_steps_in_rounds(tmp_path):
+    cfg = _point(tmp_path)
+    assert "step" in fast_path_reason(cfg, ())   # the SimPy engines run it
+    it = simulate(cfg, 0).iterations
+    ends = it.assign(end_s=it["start_s"] + it["duration_s"])
+    by_replica = [set(zip(g["start_s"].round(12), g["end_s"].round(12))) for _, g in ends.groupby("replica_id")]
+    both = by_replica[0] & by_replica[1]
+    # every step that both ranks ran at the same start is one round: same start, same end
+    starts = [{s for s, _ in r} for r in by_replica]
+    assert len(both) == len(starts[0] & starts[1]) > 10
+    # and each rank's steps never overlap the other's rounds partially: a step of one rank that starts while
+    # the other's is in flight does not exist
+    for mine, theirs in ((by_replica[0], by_replica[1]), (by_replica[1], by_replica[0])):
+        for s, e in mine:
+            assert not any(s2 < s < e2 for s2, e2 in theirs), (s, e)
+
+
+def test_a_cluster_that_is_not_whole_dp_groups_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^cluster\.num_replicas: 3 is not a whole number of DP groups"):
+        _point(tmp_path, cluster={"num_replicas": 3, "router": "round_robin"})
