@@ -44,11 +44,12 @@ def trtllm_held_tokens(view: EngineView, req: Request, num_new_tokens: int) -> i
     return req.num_computed_tokens + num_new_tokens + view.num_lookahead_tokens
 
 
-def trtllm_reservation_slack(view: EngineView) -> int:
+def trtllm_reservation_slack(drafts) -> int:
     """KV tokens past prompt + max output that GUARANTEED_NO_EVICT reserves for a speculating request: the
     extra slots and the drafts of its last verification, which may run past its last token (TensorRT-LLM's
-    count to completion, `getRemainingBlocksToCompletion`, leaves them out; here the pool must hold them)."""
-    return view.num_lookahead_tokens + view.num_speculative_tokens
+    count to completion, `getRemainingBlocksToCompletion`, leaves them out; here the pool must hold them).
+    `drafts`: the engine's view or the run's Speculation (both carry the two counts)."""
+    return drafts.num_lookahead_tokens + drafts.num_speculative_tokens
 
 
 def tgi_batch_has_drafts(view: EngineView) -> bool:

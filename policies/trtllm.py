@@ -82,6 +82,12 @@ class TrtLlm:
             return max_total_tokens(spec, max_model_len)
         return spec.num_prompt_tokens + spec.num_output_tokens
 
+    def speculation_reserve_tokens(self, speculation) -> int:
+        """KV tokens a speculating request reserves past `kv_tokens_needed` (GUARANTEED_NO_EVICT: the drafter's
+        slots and the last verification's drafts, policies/speculation_counting.py); more than the pool
+        holds is refused on arrival instead of waiting forever."""
+        return trtllm_reservation_slack(speculation) if self.guaranteed_no_evict else 0
+
     def schedule(self, view: EngineView) -> Batch:
         if self.guaranteed_no_evict:
             fitting, paused = self._guaranteed_no_evict(view), []

@@ -127,7 +127,7 @@ class Engine(DecisionApplier):
 
     def _reject_reason(self, spec: RequestSpec) -> str | None:
         return reject_reason(spec, self.policy, self.limits.max_model_len, self.pool.num_blocks, self.limits.block_size,
-                             self.limits.kv_groups)
+                             self.limits.kv_groups, self.speculation)
 
     # ---- the loop ----
     def view(self) -> EngineView:

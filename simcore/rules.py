@@ -9,16 +9,18 @@ from simcore.request import Request, RequestSpec, Status
 
 
 def reject_reason(spec: RequestSpec, policy, max_model_len: int, num_blocks: int, block_size: int,
-                  kv_groups=None) -> str | None:
+                  kv_groups=None, speculation=None) -> str | None:
     """Why an engine refuses `spec` on arrival, or None. vLLM rejects prompt >= max_model_len, and
     prompt + max_tokens > max_model_len at the API server; a request whose peak KV (as the policy
-    reserves it; over every group of vLLM's hybrid manager, `kv_groups`) never fits the pool would wait
-    forever."""
+    reserves it, drafts included when it speculates; over every group of vLLM's hybrid manager,
+    `kv_groups`) never fits the pool would wait forever."""
     if spec.num_prompt_tokens + max(1, spec.num_output_tokens) > max_model_len:
         return "exceeds_max_model_len"
     if spec.num_output_tokens < 1 or spec.num_prompt_tokens < 1:
         return "empty_prompt_or_output"
     tokens = policy.kv_tokens_needed(spec, max_model_len)
+    if speculation is not None and hasattr(policy, "speculation_reserve_tokens"):
+        tokens += policy.speculation_reserve_tokens(speculation)
     if (cdiv(tokens, block_size) if kv_groups is None else kv_groups.blocks_per_request(tokens)) > num_blocks:
         return "exceeds_kv_capacity"
     return None

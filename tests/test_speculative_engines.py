@@ -224,3 +224,18 @@ def test_sglang_speculating_at_128_users_runs_48_at_most():
     vllm, sglang = (simulate(p.config, seed=0) for p in expand(sweep))
     assert sglang.iterations.num_running.max() == 48 < vllm.iterations.num_running.max()
     assert sglang.summary["ttft_p50_ms"] > 10 * vllm.summary["ttft_p50_ms"]
+
+
+def test_trtllm_guaranteed_no_evict_refuses_a_request_whose_reservation_with_drafts_never_fits():
+    # 4 blocks of 16 = 64 tokens. EAGLE-3 with 3 drafts on TensorRT-LLM's one-model path reserves prompt +
+    # max output + 2 extra slots + 3 drafts: 30 + 30 + 5 = 65 tokens, 5 blocks, for the first request (its
+    # 60 alone would fit); it is refused on arrival, and the second (10 + 10 + 5) runs instead of waiting
+    # behind it forever.
+    spec = Speculation("eagle3", 3, default_acceptance("eagle3", 3), 0, None, engine="trtllm")
+    specs = [RequestSpec(0, 0.0, 30, 30, max_new_tokens=30), RequestSpec(1, 0.001, 10, 10, max_new_tokens=10)]
+    plain, fast = run_both(TrtLlm(max_batch_size=4, max_num_tokens=256), specs, ConstantCost(0.01, 1e-4),
+                           num_gpu_blocks=4, speculative=spec)
+    assert_identical(plain, fast, 4)
+    requests = plain[0].set_index("request_id")
+    assert requests.loc[0, "status"] == "rejected" and requests.loc[0, "reject_reason"] == "exceeds_kv_capacity"
+    assert requests.loc[1, "status"] == "finished"

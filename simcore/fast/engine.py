@@ -150,7 +150,7 @@ class FastEngine(DecisionApplier):
         if self.events is not None:
             self.log.event(now, req, "arrived")
         reason = reject_reason(spec, self.policy, self.max_model_len, self.num_blocks, self.block_size,
-                               self.limits.kv_groups)
+                               self.limits.kv_groups, self.speculation)
         gateway = self.gateway
         if reason is None and gateway is not None:
             reason = gateway.refusal(len(self.waiting), len(self.waiting) + len(self.running))
