@@ -33,7 +33,7 @@ def fast_path_reason(cfg, specs) -> str | None:
         return f"policy {getattr(cfg.policy, 'name', cfg.policy)!r} is not a scheduler"
     if getattr(cfg, "deployment", None) is not None and cfg.deployment.pipeline_parallel_size > 1:
         return "pipeline parallelism (pipeline_parallel_size > 1: batches in flight, simcore/pipeline.py)"
-    if lockstep_group_size(cfg) > 1 and num_replicas(cfg) > 1 and getattr(cfg, "autoscaling", None) is None:
+    if lockstep_group_size(cfg) > 1 and num_replicas(cfg) > 1:
         return "the DP ranks of an MoE model stepping together (simcore/dp_lockstep.py)"
     # Every engine setting (experiments/engine_config.py's EngineSettings) is modelled by both engines; a new
     # one that the fast engine cannot model exactly belongs here, as a reason.
@@ -41,10 +41,12 @@ def fast_path_reason(cfg, specs) -> str | None:
 
 
 def lockstep_group_size(cfg) -> int:
-    """Replicas of the point that step together (simcore/dp_lockstep.py): an MoE model's DP ranks."""
+    """Replicas of the point that step together (simcore/dp_lockstep.py): an MoE model's DP ranks in a
+    fixed cluster (not modelled with autoscaling or disaggregation: 1, every replica on its own)."""
     d = getattr(cfg, "deployment", None)
     model = getattr(cfg, "model", None)
-    if d is None or model is None or getattr(cfg, "disaggregation", None) is not None:
+    if d is None or model is None or getattr(cfg, "disaggregation", None) is not None \
+            or getattr(cfg, "autoscaling", None) is not None:
         return 1
     return dp_group_size(model.is_moe, d.data_parallel_size)
 

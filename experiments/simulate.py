@@ -194,8 +194,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
             if cfg.autoscaling is not None:   # every replica it may start, idle until it does
                 num_replicas = cfg.autoscaling["max_replicas"]
             engines = [Engine(env, cfg.policy, cost_model, limits, log, replica_id=i) for i in range(num_replicas)]
-            if cfg.autoscaling is None and num_replicas > 1:   # an MoE model's DP ranks step together
-                lockstep_groups(env, engines, lockstep_group_size(cfg))
+            lockstep_groups(env, engines, lockstep_group_size(cfg))   # an MoE model's DP ranks step together
         if cfg.autoscaling is not None:   # simcore/autoscaler.py
             scaler = autoscaled_cluster(cfg, engines, len(gen.specs))
             submit = scaler.submit

@@ -84,8 +84,9 @@ class TrtLlm:
 
     def speculation_reserve_tokens(self, speculation) -> int:
         """KV tokens a speculating request reserves past `kv_tokens_needed` (GUARANTEED_NO_EVICT: the drafter's
-        slots and the last verification's drafts, policies/speculation_counting.py); more than the pool
-        holds is refused on arrival instead of waiting forever."""
+        slots and the last verification's drafts, policies/speculation_counting.py); `speculation`: the run's
+        Speculation or the engine's view (both carry the counts). The admission's reservation and the
+        refusal on arrival (simcore/rules.py) both take it from here."""
         return trtllm_reservation_slack(speculation) if self.guaranteed_no_evict else 0
 
     def schedule(self, view: EngineView) -> Batch:
@@ -160,7 +161,7 @@ class TrtLlm:
     def _reservation(self, view: EngineView, req: Request) -> int:
         if self.guaranteed_no_evict:
             return max_total_tokens(req.spec, view.max_model_len) + (
-                trtllm_reservation_slack(view) if view.num_speculative_tokens else 0)
+                self.speculation_reserve_tokens(view) if view.num_speculative_tokens else 0)
         return req.num_tokens + view.num_lookahead_tokens  # the whole context is allocated at its first chunk
 
     def _guaranteed_no_evict(self, view: EngineView) -> list[Request]:

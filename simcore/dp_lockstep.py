@@ -60,8 +60,9 @@ def dp_group_size(is_moe: bool, data_parallel_size: int) -> int:
 
 
 def lockstep_groups(env: simpy.Environment, engines, group_size: int) -> None:
-    """Join consecutive replicas into DP groups of `group_size` (the cluster holds whole groups)."""
-    if group_size < 2:
+    """Join consecutive replicas into DP groups of `group_size` (the cluster holds whole groups). A lone
+    replica stands for one rank of the group, the others taken alike: it steps on its own."""
+    if group_size < 2 or len(engines) < 2:
         return
     for g in range(0, len(engines), group_size):
         group = LockstepGroup(env)

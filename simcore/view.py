@@ -160,3 +160,7 @@ class Policy(Protocol):
     def kv_tokens_needed(self, spec: RequestSpec, max_model_len: int) -> int:
         """KV tokens this request needs at its peak when alone; it is rejected if that never fits."""
         ...
+
+    # Optional (a policy whose admission reserves room for drafts past `kv_tokens_needed`: TensorRT-LLM):
+    # def speculation_reserve_tokens(self, speculation) -> int
+    # Added to `kv_tokens_needed` by the refusal on arrival (simcore/rules.py) when the run speculates.

@@ -45,3 +45,20 @@ def policy_key(policy) -> int:
 
 def policy_id(policy) -> str:
     return f"{policy.name}-{policy_key(policy) % 1000}"
+
+
+def random_hybrid_case(seed: int, features: tuple[str, ...]):
+    """A random scheduler-equivalence case for vLLM's hybrid KV manager (fidelity/vllm_scheduler.py): 1-2
+    full-attention and 1-3 sliding-window groups, a window of 5-64 tokens, and a pool of blocks that holds
+    the largest request once and up to as many again."""
+    import dataclasses
+
+    import numpy as np
+
+    from fidelity.vllm_scheduler import random_case
+    case = random_case(seed, features, num_requests=16)
+    case = dataclasses.replace(case, num_full_groups=1 + seed % 2, num_sliding_groups=1 + seed % 3,
+                               sliding_window=(5, 17, 32, 64)[seed])
+    need = max(case.kv_groups().blocks_per_request(s.num_prompt_tokens + s.num_output_tokens)
+               for s in case.requests)
+    return dataclasses.replace(case, num_gpu_blocks=need + 1 + int(np.random.default_rng(seed).integers(0, need)))

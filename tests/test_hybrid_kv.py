@@ -1,10 +1,8 @@
 """vLLM's hybrid KV cache manager (simcore/hybridkv.py): groups as vLLM forms them, blocks freed as they
 leave a sliding window, admission and preemption following, both engines alike, equal to vLLM's own
 scheduler step by step, and the settings and configs it refuses."""
-import dataclasses
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -20,6 +18,7 @@ from simcore.hybridkv import KVCacheGroups, kv_cache_groups
 from simcore.metrics import iterations_frame
 from simcore.request import RequestSpec
 from simcore.wiring import run_replica
+from tests.helpers import random_hybrid_case
 from tests.test_fastpath import assert_identical, run_both
 from tests.test_properties import random_specs
 
@@ -196,15 +195,10 @@ def vllm():
 @pytest.mark.parametrize("features", [("tight_kv", "long_prompts"), ("tight_kv", "priority", "threshold")],
                          ids="+".join)
 def test_random_workloads_make_the_same_decisions_as_vllms_hybrid_manager(vllm, features):
-    from fidelity.vllm_scheduler import compare, random_case, run_ours, run_vllm
+    from fidelity.vllm_scheduler import compare, run_ours, run_vllm
     preemptions = 0
     for seed in range(4):
-        case = random_case(seed, features, num_requests=16)
-        case = dataclasses.replace(case, num_full_groups=1 + seed % 2, num_sliding_groups=1 + seed % 3,
-                                   sliding_window=(5, 17, 32, 64)[seed])
-        need = max(case.kv_groups().blocks_per_request(s.num_prompt_tokens + s.num_output_tokens)
-                   for s in case.requests)
-        case = dataclasses.replace(case, num_gpu_blocks=need + 1 + int(np.random.default_rng(seed).integers(0, need)))
+        case = random_hybrid_case(seed, features)
         theirs = run_vllm(case)
         d = compare(run_ours(case), theirs)
         assert d is None, f"{case.knobs()}: {d}"

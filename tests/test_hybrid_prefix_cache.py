@@ -3,9 +3,7 @@ needs the window's blocks before its end, only the blocks before a resumable bou
 junction of a shared prefix is kept for the next request; both engines alike, equal to vLLM's own
 scheduler step by step, and the combinations it refuses."""
 import dataclasses
-import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -21,6 +19,7 @@ from simcore.metrics import iterations_frame
 from simcore.request import Request, RequestSpec
 from simcore.speculative import Speculation
 from simcore.wiring import run_replica
+from tests.helpers import random_hybrid_case
 from tests.test_fastpath import assert_identical, run_both, with_shared_prefixes
 from tests.test_hybrid_kv import tiny_point
 from tests.test_properties import random_specs
@@ -138,15 +137,10 @@ def test_the_timeline_is_vllms(vllm):
 @pytest.mark.parametrize("features", [("prefix_caching", "tight_kv", "long_prompts"),
                                       ("prefix_caching", "tight_kv", "threshold")], ids="+".join)
 def test_random_workloads_with_shared_prefixes_make_vllms_decisions(vllm, features):
-    from fidelity.vllm_scheduler import compare, random_case, run_ours, run_vllm
+    from fidelity.vllm_scheduler import compare, run_ours, run_vllm
     preemptions = hits = 0
     for seed in range(4):
-        case = random_case(seed, features, num_requests=16)
-        case = dataclasses.replace(case, num_full_groups=1 + seed % 2, num_sliding_groups=1 + seed % 3,
-                                   sliding_window=(5, 17, 32, 64)[seed])
-        need = max(case.kv_groups().blocks_per_request(s.num_prompt_tokens + s.num_output_tokens)
-                   for s in case.requests)
-        case = dataclasses.replace(case, num_gpu_blocks=need + 1 + int(np.random.default_rng(seed).integers(0, need)))
+        case = random_hybrid_case(seed, features)
         theirs = run_vllm(case)
         d = compare(run_ours(case), theirs)
         assert d is None, f"{case.knobs()}: {d}"
