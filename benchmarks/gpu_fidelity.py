@@ -339,11 +339,13 @@ def host_staged_point(run, model: str) -> dict | None:
     pcie_host`, costmodels/collectives.py), for a multi-GPU run on a GPU the catalog gives P2P over PCIe:
     LLMServingSim's calibration of its two RTX PRO 6000 Server measured that path (a 16 GB/s all-reduce)
     until its host's ACS and IOMMU were turned off, and the run does not say which its host had. None for
-    single-GPU runs and other interconnects."""
+    single-GPU runs and other interconnects; a DP run counts (its EP all-gathers and reduce-scatters cross
+    the same link)."""
     from costmodels.gpuspec import parse_gpu
     from fidelity.llmservingsim import gpu_of, replay_point
     point = replay_point(run, model)
-    if point["tensor_parallel_size"] < 2 or parse_gpu(point["hardware"]).interconnect_kind != "pcie":
+    gpus = point["tensor_parallel_size"] * point.get("data_parallel_size", 1)   # DP + EP exchanges over it too
+    if gpus < 2 or parse_gpu(point["hardware"]).interconnect_kind != "pcie":
         return None
     gpu = gpu_of(run)
     hw = {**(gpu if isinstance(gpu, dict) else {"base": gpu, "name": gpu}), "interconnect_kind": "pcie_host"}

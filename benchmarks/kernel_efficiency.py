@@ -7,7 +7,8 @@ decode-shaped bf16 GEMMs (m <= 64, weights >= 4 MB) and paged decode attention (
 KV >= 4 MB) in NVIDIA aiconfigurator's vLLM tables (the `aiconfigurator-core` package, when installed);
 the same two families in vLLM 0.19's own per-layer timings on an RTX 4090 and an RTX PRO 6000 Server
 Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-reduce (vLLM's custom
-all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff).
+all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff);
+vLLM's fused MoE kernel where compute-bound, as a fraction of the dense peak.
 Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
 adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
@@ -64,6 +65,8 @@ def tables(root: Path) -> None:
             keep = b >= 4e6
             print(line(f"{name} decode attention (aiconfigurator vllm {attn[-1].split('/')[-2]}, {keep.sum()} rows)",
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
+    for text in moe_compute_lines(Path(root)):
+        print(text)
     comm = Path(root) / "h100_sxm" / "comm"
     for label, path, backend in (("vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
                                  ("NCCL 2.27 all-reduce", "nccl/2.27.3/nccl_perf.parquet", None)):
@@ -77,6 +80,75 @@ def tables(root: Path) -> None:
                 ring = s.message_size.to_numpy() * 2.0 * 2 * (tp - 1) / tp
                 print(line(f"h100-sxm {label} TP{tp} (link)", fit(ring, s.latency.to_numpy() * 1e-3,
                                                                   GPUS["h100-sxm"].interconnect_bytes_per_s)))
+
+
+MOE_TABLE_GPUS = {**TABLE_GPUS, "l40s": "l40s"}
+
+
+def moe_compute_lines(root: Path) -> list[str]:
+    """vLLM's Triton fused-MoE kernel when compute-bound (Efficiencies.moe_compute): per GPU, the newest
+    vLLM table whose bf16 rows ran it, the median over rows whose FLOPs take over 3x their bytes at the
+    datasheet figures (tp x ep <= 8, intermediate width per rank >= 128) of FLOPs / (latency x peak), every
+    routing the table measured; then the median over the GPUs."""
+    lines, medians = [], []
+    for g, name in MOE_TABLE_GPUS.items():
+        gpu = GPUS[name]
+        for path in sorted(glob.glob(f"{root}/{g}/moe/vllm/*/moe_perf.parquet"), reverse=True):
+            t = pd.read_parquet(path)
+            t = t[(t.moe_dtype == "bfloat16") & (t.moe_tp_size * t.moe_ep_size <= 8)
+                  & (t.inter_size / t.moe_tp_size >= 128)
+                  & (t.kernel_source.str.contains("triton") | (t.kernel_source == "vllm_fused_moe"))]
+            if t.empty:
+                continue
+            h, i, k, e, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
+                                                                    "moe_tp_size", "moe_ep_size", "num_tokens"))
+            width, routed = i / tp, n * k / ep
+            active = e / ep * (1 - (1 - 1 / e) ** (n * k))
+            compute = 2 * routed * 3 * h * width / gpu.bf16_flops_per_s
+            memory = (active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2) / gpu.hbm_bytes_per_s
+            bound = compute > 3 * memory
+            if not bound.any():
+                continue
+            eff = float(np.median(compute[bound] / (t.latency.to_numpy()[bound] * 1e-3)))
+            medians.append(eff)
+            lines.append(f"{name} fused MoE, compute-bound (aiconfigurator vllm {path.split('/')[-2]}, "
+                         f"{int(bound.sum())} rows, routing {', '.join(sorted(set(t.distribution[bound])))}): "
+                         f"{eff:.2f} of peak")
+            break
+    if medians:
+        lines.append(f"fused MoE compute-bound, median of the {len(medians)} GPUs: {np.median(medians):.2f} "
+                     "(Efficiencies.moe_compute)")
+    return lines + moe_prior_lines(root)
+
+
+def moe_prior_lines(root: Path) -> list[str]:
+    """The prior's routed-experts term (costmodels/roofline.py `_routed_experts_s`, one rank, the ridge
+    between compute and memory) against each GPU's newest vLLM bf16 MoE table, whatever kernel it ran, with
+    the compute side at the dense GEMM's efficiency and at moe_compute: median error by tokens."""
+    from costmodels.roofline import Efficiencies
+    e, lines = Efficiencies(), []
+    for g, name in {**MOE_TABLE_GPUS, "gb200": "gb200", "rtx_pro_6000_server": "rtx-pro-6000-server"}.items():
+        paths = sorted(glob.glob(f"{root}/{g}/moe/vllm/*/moe_perf.parquet"))
+        if not paths:
+            continue
+        gpu, t = GPUS[name], pd.read_parquet(paths[-1])
+        t = t[(t.moe_dtype == "bfloat16") & (t.moe_tp_size * t.moe_ep_size <= 8) & (t.inter_size / t.moe_tp_size >= 128)
+              & (t.num_tokens >= 16)]
+        h, i, k, x, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
+                                                                "moe_tp_size", "moe_ep_size", "num_tokens"))
+        width, routed = i / tp, n * k / ep
+        active = x / ep * (1 - (1 - 1 / x) ** (n * k))
+        flops = 2 * routed * 3 * h * width
+        memory = (active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2) / (gpu.hbm_bytes_per_s * e.gemm_memory)
+        y, p = t.latency.to_numpy() * 1e-3, e.gemm_ridge_exponent
+        parts = []
+        for label, eff in (("dense 0.80", e.gemm_compute), (f"moe_compute {e.moe_compute:.2f}", e.moe_compute)):
+            prior = ((flops / (gpu.bf16_flops_per_s * eff)) ** p + memory ** p) ** (1 / p) + 2 * e.kernel_launch_s
+            err = [np.median(y[sel] / prior[sel]) - 1 for sel in (n <= 256, (n > 256) & (n < 2048), n >= 2048)]
+            parts.append(f"{label}: {err[0]:+.0%} / {err[1]:+.0%} / {err[2]:+.0%}")
+        lines.append(f"{name} MoE table (vllm {paths[-1].split('/')[-2]}, {len(t)} rows) over the prior at 16-256 / "
+                     f"257-2,047 / 2,048+ tokens, {'; '.join(parts)}")
+    return lines
 
 
 def mixed_excess(att: pd.DataFrame) -> pd.DataFrame:

@@ -51,9 +51,15 @@ def basis_line(described: dict) -> str:
         if described.get("measured_on") and described.get("gpu") and described["measured_on"] != described["gpu"]:
             line += f", measured on {described['measured_on']}, simulating {described['gpu']}"
         return line
-    if kind == "aic":
-        error = _aic_error(described.get("held_out_error") or {})
-        return f"NVIDIA kernel tables: {described.get('source', '?')}; {error}"
+    if kind == "aic":   # a family the table guard dropped is priced by the prior: its table's error is moot
+        guard = described.get("table_guard")
+        guard = guard if isinstance(guard, dict) else {}
+        error = _aic_error({k: v for k, v in (described.get("held_out_error") or {}).items() if k not in guard})
+        line = f"NVIDIA kernel tables: {described.get('source', '?')}; {error}"
+        if guard:
+            line += ("; the roofline prior instead for " + ", ".join(f"{k} ({why})" for k, why in guard.items())
+                     + ", far off the tables' physical bounds")
+        return line
     if kind == "roofline":
         represents = described.get("represents")
         return (f"roofline prior of batchsim {batchsim_version()} (datasheet peaks x efficiencies, not measured"

@@ -37,6 +37,15 @@ class Efficiencies:
     # (0.83 of 989; vLLM 0.24 table, m >= 2,048: median 0.81, H200 0.79); the LLMServingSim profiler's
     # vLLM 0.19 gate_up at 2,048 tokens: 0.83 of an RTX PRO 6000's 500 TFLOP/s.
     gemm_compute: float = 0.80
+    # vLLM's fused MoE experts (Triton `fused_moe`: its default unquantized MoE kernel through 0.22 on every
+    # NVIDIA GPU, and on pre-Blackwell GPUs after) reach far less of the peak than a dense GEMM when compute-
+    # bound: they sort the routed tokens by expert, pad each expert's share to the block size and run one
+    # narrow GEMM per expert (intermediate widths 512-2,048). aiconfigurator's vLLM bf16 MoE tables, rows
+    # whose FLOPs take over 3x their bytes at datasheet figures (tp x ep <= 8), every routing measured: median
+    # 0.51 of peak on H100, 0.57 H200, 0.46 L40S (vLLM 0.24), 0.33 B200 (0.22), 0.25 A100 (0.14); the median
+    # of the five (`python -m benchmarks.kernel_efficiency`). Decode-sized MoE is bound by the experts'
+    # weights, where the same tables sit within about 10% of the memory side.
+    moe_compute: float = 0.46
     # Near the ridge a GEMM's memory and compute time overlap imperfectly (tile loads against MMA, the
     # pipeline's fill and drain), so it takes longer than the larger of the two: time = (compute^p +
     # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time between 0.5 and 2 run
@@ -275,7 +284,7 @@ class RooflineCostModel:
         active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
         flops = 2.0 * routed * 3 * h * width
         bytes_ = active * 3 * h * width * self.wb + routed * (2 * h + 3 * width) * self.dt
-        return _ridge(flops / (self.peak_flops * e.gemm_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
+        return _ridge(flops / (self.peak_flops * e.moe_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
                       e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
     def _alltoall_s(self, num_tokens: int) -> float:

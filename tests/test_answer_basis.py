@@ -144,3 +144,15 @@ def test_a_plain_sweep_reports_the_prefill_share_of_gpu_time():
     steps = pd.DataFrame({"duration_s": [0.03, 0.01, 0.01, 0.0], "prefill_tokens": [512, 0, 0, 16]})
     assert prefill_time_share(steps) == pytest.approx(0.6)
     assert math.isnan(prefill_time_share(steps.iloc[:0]))
+
+
+def test_a_table_family_the_guard_dropped_is_named_as_priced_by_the_prior():
+    from costmodels.basis import basis_line
+    line = basis_line({"kind": "aic", "source": "tables",
+                       "held_out_error": {"gemm_bf16": {"median_pct": 3.0}, "moe": {"median_pct": 4.1}},
+                       "table_guard": {"moe": "7.1x the roofline at (8192,)"}})
+    assert "gemm_bf16 3.0%" in line and "moe 4.1%" not in line
+    assert "the roofline prior instead for moe (7.1x the roofline at (8192,))" in line
+    clean = basis_line({"kind": "aic", "source": "tables", "held_out_error": {"moe": {"median_pct": 4.1}},
+                        "table_guard": "every table family within its bounds"})
+    assert "moe 4.1%" in clean and "instead" not in clean

@@ -59,3 +59,14 @@ def test_a_stage_replays_the_clients_pool_of_100_prompts(tmp_path):
     w = point["workload"]
     assert w["shared_prefix"] == {"num_groups": 100, "prefix_tokens": 575}
     assert w["prompt_tokens"] == {"dist": "fixed", "value": 1}
+
+
+def test_two_pcie_gpus_get_the_host_staged_variant_whether_tp_or_dp(tmp_path):
+    # the DP ranks' EP exchanges cross the same PCIe pair a TP all-reduce does; one GPU crosses nothing
+    from fidelity.llmservingsim import read_run
+    pro = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    dp2 = read_run(write_run(tmp_path / "RTXPRO6000_dp2", gpu=pro, memory=102e9, dp=2))
+    one = read_run(write_run(tmp_path / "RTXPRO6000_one", gpu=pro, memory=102e9))
+    point = gpu_fidelity.host_staged_point(dp2, "llama-3.1-8b")
+    assert point["hardware"]["interconnect_kind"] == "pcie_host" and point["data_parallel_size"] == 2
+    assert gpu_fidelity.host_staged_point(one, "llama-3.1-8b") is None
