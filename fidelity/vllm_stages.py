@@ -25,7 +25,7 @@ REQUIRED = ("experiment", "model", "profile", "tensor_parallel_size", "stage", "
 NUMERIC = tuple(c for c in REQUIRED if c not in ("experiment", "model", "profile", "stage"))
 # Optional per-row settings: each key's accepted column names, vLLM's own first
 COLUMNS = {
-    "gpu": ("gpu", "hardware", "accelerator", "gpu_type", "gpu_name", "device"),
+    "gpu": ("gpu", "hardware", "accelerator", "gpu_type", "gpu_name", "gpu_model", "accelerator_type", "device"),
     "max_num_batched_tokens": ("max_num_batched_tokens", "token_budget", "max_batched_tokens"),
     "max_num_seqs": ("max_num_seqs", "max_seqs", "max_batch_size"),
     "dtype": ("dtype", "torch_dtype"),
@@ -79,12 +79,23 @@ def stage_files(real_runs: Path | None, named: list[str]) -> list[Path]:
     return out
 
 
+def column_key(name) -> str:
+    """'GPU Type' -> 'gpu_type', 'max-num-batched-tokens' -> 'max_num_batched_tokens': how the columns are
+    matched, so that a header's case and separators do not hide a setting."""
+    return re.sub(r"[^0-9a-z]+", "_", str(name).strip().lower()).strip("_")
+
+
 def read_stage_file(path: Path) -> pd.DataFrame:
-    """The rows of one stage file, each with `stage_file` (the file's name)."""
+    """The rows of one stage file, each with `stage_file` (the file's name); column names as `column_key`."""
     try:
         table = pd.read_csv(path)
     except (OSError, ValueError) as e:
         raise StageFileError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    keys = [column_key(c) for c in table.columns]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:
+        raise StageFileError(f"{path}: two columns read as {twice!r} ({', '.join(c for c in table.columns if column_key(c) == twice)})")
+    table.columns = keys
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise StageFileError(f"{path}: missing column {missing[0]!r} (a stage file has {', '.join(REQUIRED)})")
@@ -155,8 +166,8 @@ def row_settings(row: pd.Series) -> dict:
     s = {}
     for key in COLUMNS:
         v = _cell(row, key)
-        if v is None and key == "gpu":
-            v = gpu_in_file_name(file_name)
+        if v is None and key == "gpu":   # the row's experiment name, then the file's, may name its GPU
+            v = gpu_in_file_name(str(row.get("experiment", ""))) or gpu_in_file_name(file_name)
         if v is None and key == "vllm_version":
             v = version_in_file_name(file_name)
         s[key] = DEFAULTS[key] if v is None else v

@@ -103,3 +103,18 @@ def test_the_h100_file_replays_as_its_readme_says(tmp_path):
         point = gpu_fidelity.stage_point(r, tmp_path, 600.0)
         assert (point["hardware"], point["dtype"], point["engine"]) == ("h100-sxm", "fp16", engine)
         assert "quantization" not in point
+
+
+def test_headers_match_whatever_their_case_and_the_experiment_may_name_the_gpu(tmp_path):
+    from fidelity.vllm_stages import StageFileError, read_stage_file
+    f = tmp_path / "vllm-0.15.1-more-stages.csv"
+    pd.DataFrame([{**STAGE, "GPU Type": "L40S", "Max-Num-Batched-Tokens": 1024},
+                  {**STAGE, "experiment": "llama-3.1-8b-a100-80gb-tp1-general", "GPU Type": None}]).to_csv(f, index=False)
+    rows = read_stage_file(f)
+    first, second = (row_settings(r) for _, r in rows.iterrows())
+    assert (first["gpu"], first["max_num_batched_tokens"]) == ("l40s", 1024)
+    assert second["gpu"] == "a100-80gb"   # no GPU cell: the experiment's name says it, before the file's name
+    assert row_settings(pd.Series(STAGE))["gpu"] == "h100-sxm"   # the H100 file's names hold no GPU
+    pd.DataFrame([{**STAGE, "gpu": "L40S", "GPU": "H100"}]).to_csv(f, index=False)
+    with pytest.raises(StageFileError, match="two columns read as 'gpu'"):
+        read_stage_file(f)
