@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import math
 import re
 import sys
@@ -61,35 +60,6 @@ SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
 LSS_DIR = "real-runs/llmservingsim"
 
-# The runs' models not in costmodels.catalog, from their Hugging Face config.json files (the shapes only;
-# docs/sources.md).
-HF_CONFIGS = {
-    "codellama/CodeLlama-34b-Instruct-hf": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-        "intermediate_size": 22016, "num_hidden_layers": 48, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "vocab_size": 32000, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "rope_theta": 1000000,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
-    "mistralai/Mixtral-8x7B-v0.1": {
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-5, "rope_theta": 1000000, "hidden_act": "silu", "tie_word_embeddings": False,
-        "sliding_window": None, "torch_dtype": "bfloat16"},
-}
-HF_CONFIGS["Qwen/Qwen3-32B"] = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
-    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-HF_CONFIGS["Qwen/Qwen3-30B-A3B-Instruct-2507"] = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
-    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
-    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 10000000, "hidden_act": "silu",
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-CATALOG_NAMES = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b",
-                 "meta-llama/Llama-3.1-8B": "llama-3.1-8b"}
 # An FP8 checkpoint's id: its base model's id with this suffix (Qwen/Qwen3-32B-FP8, ...-Instruct-FP8)
 FP8_SUFFIX = re.compile(r"[-_]fp8(?=$|[-_])", re.IGNORECASE)
 # The client's prompt pool. Each run's inference-perf config (results/config.yaml beside the stage files in
@@ -119,25 +89,41 @@ def say(msg: str) -> None:
 
 
 def model_ref(hf_id: str, work: Path) -> str:
-    """A model name the sweep file takes: the catalog's, else a config.json written under `work`, else the
-    id itself where costmodels resolves it (costmodels/model_names.py); for an FP8 checkpoint's id that
-    resolves none of these ways, the same for its base model's id (stage_point then asks for FP8 weights).
-    An id nothing resolves is returned as given: the point's resolution then says why."""
+    """A model name the sweep file takes: the id itself where costmodels resolves it (the catalog, its
+    aliases and the Hugging Face configs shipped: costmodels/model_names.py); for an FP8 checkpoint's id that
+    does not resolve, its base model's id (stage_point then asks for FP8 weights). An id nothing resolves is
+    returned as given: the point's resolution then says why. (`work`: kept for callers; nothing is written.)"""
     from costmodels.catalog import CatalogError, get_model
     for name in dict.fromkeys((hf_id, FP8_SUFFIX.sub("", hf_id))):
-        if name in CATALOG_NAMES:
-            return CATALOG_NAMES[name]
-        if name in HF_CONFIGS:
-            path = work / "models" / f"{name.replace('/', '--')}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(HF_CONFIGS[name], indent=1))
-            return str(path)
         try:
             get_model(name)
             return name
         except (CatalogError, OSError, ValueError):
             continue
     return hf_id
+
+
+# The first vLLM release whose KV connectors (the OffloadingConnector among them) keep the hybrid KV cache
+# manager on: 0.21.0 (release notes, "KV offloading + HMA"; PR #41847)
+HMA_WITH_CONNECTOR = (0, 21)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'0.15.1' -> (0, 15, 1); a version that does not read as numbers counts as the newest."""
+    try:
+        return tuple(int(p) for p in str(version).split(".")[:3])
+    except ValueError:
+        return (999,)
+
+
+def has_sliding_layers(model: str) -> bool:
+    """Whether the model has sliding-window layers (the hybrid KV cache manager's case); False if unresolved."""
+    from costmodels.catalog import CatalogError, get_model
+    try:
+        m = get_model(model)
+    except (CatalogError, OSError, ValueError):
+        return False
+    return bool(m.sliding_window and m.num_sliding_layers)
 
 
 def fp8_weights(hf_id: str, model: str) -> bool:
@@ -167,6 +153,10 @@ def stage_point(row: pd.Series, work: Path, max_stage_s: float, settings: dict |
               "gpu_memory_utilization": settings["gpu_memory_utilization"]}
     if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
         engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
+        if version_tuple(settings["vllm_version"]) < HMA_WITH_CONNECTOR and has_sliding_layers(model):
+            # before 0.21 any KV connector turned vLLM's hybrid KV cache manager off (vllm/config/vllm.py;
+            # PR #41847 made it follow the connector's SupportsHMA): sliding-window layers held whole
+            engine["disable_hybrid_kv_cache_manager"] = True
     point = {"model": model, "hardware": settings["gpu"],
              "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": settings["dtype"],
              "engine": engine,

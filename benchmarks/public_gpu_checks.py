@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import tempfile
@@ -41,26 +40,6 @@ from commandline.parser import Parser  # noqa: E402
 
 GPUSTACK = "https://github.com/gpustack/gpustack/blob/main/docs/performance-lab"
 MUSGRAVE = "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on"
-
-# Models not in costmodels.catalog, from their Hugging Face config.json files (the shapes only).
-HF_CONFIGS = {
-    "Qwen/Qwen3-14B": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 17408,
-        "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
-    "Qwen/Qwen3-8B": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
-    "Qwen/Qwen3-32B": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
-        "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
-}
-CATALOG_NAMES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b"}
 
 # `vllm serve`'s engine limits when not given (vllm/engine/arg_utils.py, `get_batch_defaults`, unchanged from
 # 0.9 to 0.32): an OpenAI server on a GPU of 70 GiB or more that is not an A100 gets 1,024 sequences and an
@@ -166,11 +145,9 @@ def _lengths(spec: str, which: str, chat_tokens: int) -> dict:
 
 
 def model_ref(hf_id: str, work: Path) -> str:
-    if hf_id in CATALOG_NAMES:
-        return CATALOG_NAMES[hf_id]
-    path = work / f"{hf_id.replace('/', '--')}.json"
-    path.write_text(json.dumps(HF_CONFIGS[hf_id], indent=1))
-    return str(path)
+    """The point's `model:`: the published run's Hugging Face id, which costmodels resolves (the catalog's
+    aliases and the configs it ships, costmodels/hf_configs/); `work` is kept for callers."""
+    return hf_id
 
 
 def point_config(row: pd.Series, work: Path, hardware=None) -> dict:

@@ -252,7 +252,7 @@ def get_model(name_or_path: str) -> ModelShape:
     if alias is not None:
         return MODELS[alias]
     hf_id = name_or_path if packaged_config(name_or_path) is not None else packaged_alias(name_or_path)
-    if hf_id is not None:   # "Qwen/Qwen3-30B-A3B": a config.json the [aic] extra ships
+    if hf_id is not None:   # "Qwen/Qwen3-30B-A3B": a config.json this package or the [aic] extra ships
         return model_from_hf_config(packaged_config(hf_id))
     raise CatalogError(unknown_model_message(name_or_path, list(MODELS)))
 

@@ -51,13 +51,13 @@ def _positive_int(v, key: str, path: Path) -> int:
 
 
 def packaged_config(hf_id: str) -> Path | None:
-    """The config.json aiconfigurator-core ships for a Hugging Face id ("org/name"), if installed."""
-    import importlib.util
-    spec = importlib.util.find_spec("aiconfigurator_core") if "/" in hf_id else None
-    if spec is None or not spec.submodule_search_locations:
+    """The config.json shipped for a Hugging Face id ("org/name"): this package's (costmodels/hf_configs/),
+    else aiconfigurator-core's when the [aic] extra is installed; None when neither has it."""
+    from costmodels.model_names import config_dirs
+    if "/" not in hf_id:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "model_configs" / f"{hf_id.replace('/', '--')}_config.json"
-    return path if path.exists() else None
+    name = f"{hf_id.replace('/', '--')}_config.json"
+    return next((d / name for d in config_dirs() if (d / name).is_file()), None)
 
 
 def model_from_hf_config(path: Path) -> ModelShape:

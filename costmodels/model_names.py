@@ -1,5 +1,6 @@
 """The names users type for a model, resolved to what the simulator knows: a catalog entry, or a Hugging
-Face config.json the [aic] extra ships.
+Face config.json this package ships (costmodels/hf_configs/: the shapes of widely served models) or the [aic]
+extra ships.
 
 People copy names from the Hub: `meta-llama/Llama-3.1-8B-Instruct`, `Meta-Llama-3-8B`, `Qwen2.5-7B-Instruct`.
 An instruction-tuned checkpoint has its base model's architecture, and Meta wrote "Meta-" in front of some
@@ -16,17 +17,14 @@ AIC_INSTALL = "pip install -e '.[aic]'"
 
 
 def name_key(name: str) -> str:
-    """'meta-llama/Meta-Llama-3.1-8B-Instruct' -> 'llama-3.1-8b'."""
+    """'meta-llama/Meta-Llama-3.1-8B-Instruct' -> 'llama-3.1-8b'; 'Mixtral-8x7B-Instruct-v0.1' ->
+    'mixtral-8x7b-v0.1' (the tuning's word may stand before a version)."""
     key = name.strip().lower().rsplit("/", 1)[-1]
     if key.startswith("meta-"):
         key = key[len("meta-"):]
-    stripped = True
-    while stripped:
-        stripped = False
-        for s in SUFFIXES:
-            if key.endswith(s):
-                key, stripped = key[: -len(s)], True
-    return key
+    words = key.split("-")
+    kept = [w for i, w in enumerate(words) if i == 0 or f"-{w}" not in SUFFIXES]
+    return "-".join(kept)
 
 
 def aic_configs_dir() -> Path | None:
@@ -38,13 +36,27 @@ def aic_configs_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
-def packaged_hf_ids() -> list[str]:
-    """The Hugging Face ids whose config.json the [aic] extra ships ([] without it)."""
-    d = aic_configs_dir()
-    if d is None:
-        return []
-    return sorted(p.name[: -len("_config.json")].replace("--", "/", 1) for p in d.glob("*_config.json")
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "hf_configs"
+
+
+def config_dirs() -> list[Path]:
+    """Where Hugging Face config.json files are looked up, in order: this package's, then the [aic] extra's."""
+    return [SHIPPED_CONFIGS] + [d for d in (aic_configs_dir(),) if d is not None]
+
+
+def _ids(folder: Path) -> list[str]:
+    return sorted(p.name[: -len("_config.json")].replace("--", "/", 1) for p in folder.glob("*_config.json")
                   if not p.name.endswith("_hf_quant_config.json"))   # a quantised checkpoint's second file
+
+
+def shipped_hf_ids() -> list[str]:
+    """The Hugging Face ids whose shapes this package ships (no extra needed)."""
+    return _ids(SHIPPED_CONFIGS)
+
+
+def packaged_hf_ids() -> list[str]:
+    """Every Hugging Face id a name resolves to without a path: this package's and the [aic] extra's."""
+    return sorted(set().union(*(_ids(d) for d in config_dirs())))
 
 
 def catalog_alias(name: str, catalog_names) -> str | None:
@@ -61,9 +73,9 @@ def packaged_alias(name: str) -> str | None:
 
 def unknown_model_message(name: str, catalog_names) -> str:
     """One line for a name nothing resolves: what is known, and what to install or run to see more."""
-    head = (f"unknown model {name!r}; catalog: {', '.join(catalog_names)}; or a config.json path (a folder "
-            f"holding one)")
+    head = (f"unknown model {name!r}; catalog: {', '.join(catalog_names)}; nor one of the {len(packaged_hf_ids())} "
+            f"Hugging Face ids shipped (python -m experiments.models --hf lists them); or a config.json path (a "
+            f"folder holding one)")
     if aic_configs_dir() is None:
-        return head + f"; Hugging Face ids need the [aic] extra ({AIC_INSTALL}), which ships their configs"
-    return head + (f"; nor one of the {len(packaged_hf_ids())} Hugging Face ids the [aic] extra ships "
-                   "(python -m experiments.models lists them)")
+        return head + f"; the [aic] extra ({AIC_INSTALL}) ships more configs"
+    return head

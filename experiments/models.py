@@ -1,8 +1,8 @@
 """`python -m experiments.models [--hf] [--json]`: the names a sweep file's `model:` and `hardware:` accept.
 
 Lists the catalog's models (shape, context length, weights), its GPUs (datasheet figures), the measured
-profiles shipped for (model, GPU, TP, dtype), and, with the [aic] extra installed, how many Hugging Face ids
-it can read (every one with --hf). A model name may also be an alias: the Instruct / Chat / base names of
+profiles shipped for (model, GPU, TP, dtype), and how many Hugging Face ids it can read by name: this
+package's configs of widely served models, and the [aic] extra's when installed (every one with --hf). A model name may also be an alias: the Instruct / Chat / base names of
 the same model, with or without "Meta-" (costmodels/model_names.py).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 
 from costmodels.catalog import GPUS, MODELS
-from costmodels.model_names import AIC_INSTALL, aic_configs_dir, packaged_hf_ids
+from costmodels.model_names import AIC_INSTALL, aic_configs_dir, packaged_hf_ids, shipped_hf_ids
 from costmodels.selection import shipped_profiles
 
 
@@ -29,7 +29,8 @@ def listing(show_hf: bool) -> dict:
              "hbm_tb_per_s": round(g.hbm_bytes_per_s / 1e12, 2)} for g in GPUS.values()]
     hf = packaged_hf_ids()
     return {"models": models, "gpus": gpus, "profiles": shipped_profiles(),
-            "aic_installed": aic_configs_dir() is not None, "hf_ids": hf if show_hf else [], "num_hf_ids": len(hf)}
+            "aic_installed": aic_configs_dir() is not None, "hf_ids": hf if show_hf else [], "num_hf_ids": len(hf),
+            "num_shipped_hf_ids": len(shipped_hf_ids())}
 
 
 def text(data: dict) -> str:
@@ -44,21 +45,21 @@ def text(data: dict) -> str:
     lines += ["", "Measured profiles shipped (chosen automatically for the same architecture, GPU, TP, dtype):"]
     lines += [f"  {p}" for p in data["profiles"]] or ["  none"]
     lines.append("")
-    if not data["aic_installed"]:
-        lines.append(f"Hugging Face ids: install the [aic] extra ({AIC_INSTALL}) to read the configs it ships; "
-                     "any config.json path works without it.")
-    elif data["hf_ids"]:
-        lines += [f"Hugging Face ids the [aic] extra ships ({data['num_hf_ids']}; aliases resolve here too):"]
+    more = "" if data["aic_installed"] else f"; the [aic] extra ({AIC_INSTALL}) ships more"
+    if data["hf_ids"]:
+        lines += [f"Hugging Face ids shipped ({data['num_hf_ids']}, {data['num_shipped_hf_ids']} with this package, "
+                  f"the rest with the [aic] extra{more}; aliases resolve here too):"]
         lines += [f"  {h}" for h in data["hf_ids"]]
     else:
-        lines.append(f"Hugging Face ids: {data['num_hf_ids']} shipped by the [aic] extra (--hf lists them).")
+        lines.append(f"Hugging Face ids: {data['num_hf_ids']} shipped ({data['num_shipped_hf_ids']} with this package, "
+                     f"the rest with the [aic] extra{more}; --hf lists them); any config.json path works too.")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m experiments.models", description=__doc__,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hf", action="store_true", help="list every Hugging Face id the [aic] extra ships")
+    ap.add_argument("--hf", action="store_true", help="list every Hugging Face id shipped (this package's and the [aic] extra's)")
     ap.add_argument("--json", action="store_true", help="print the listing as JSON")
     args = ap.parse_args(argv)
     data = listing(args.hf)

@@ -118,3 +118,15 @@ def test_headers_match_whatever_their_case_and_the_experiment_may_name_the_gpu(t
     pd.DataFrame([{**STAGE, "gpu": "L40S", "GPU": "H100"}]).to_csv(f, index=False)
     with pytest.raises(StageFileError, match="two columns read as 'gpu'"):
         read_stage_file(f)
+
+
+def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_21(tmp_path):
+    # vLLM before 0.21 turned its hybrid KV cache manager off whenever a KV connector was set (the runs' KV
+    # CPU offloading is one); 0.21 keeps it on for connectors that support it, as the OffloadingConnector does
+    row = pd.Series({**STAGE, "model": "openai/gpt-oss-20b", "gpu": "L40S"})
+    old = gpu_fidelity.stage_point(row, tmp_path, 600.0)
+    assert old["engine"]["kv_offload"] == {"cpu_gb": 8} and old["engine"]["disable_hybrid_kv_cache_manager"] is True
+    new = gpu_fidelity.stage_point(pd.Series({**row, "vllm_version": "0.21.0"}), tmp_path, 600.0)
+    assert "disable_hybrid_kv_cache_manager" not in new["engine"]
+    none = gpu_fidelity.stage_point(pd.Series({**row, "kv_offload_gb": 0}), tmp_path, 600.0)
+    assert "kv_offload" not in none["engine"] and "disable_hybrid_kv_cache_manager" not in none["engine"]

@@ -48,3 +48,29 @@ def test_models_command_lists_the_extras_hf_ids_when_installed(capsys):
     out = capsys.readouterr().out
     assert "meta-llama/Meta-Llama-3.1-70B" in out and "_hf_quant" not in out
     assert get_model("meta-llama/Llama-3.1-70B-Instruct").num_layers == 80   # an alias of a shipped id
+
+
+def test_widely_served_models_resolve_without_the_aic_extra(monkeypatch):
+    # the shapes shipped in costmodels/hf_configs/ need no extra: a plain install names them as the Hub does
+    import costmodels.model_names as names
+    monkeypatch.setattr(names, "aic_configs_dir", lambda: None)
+    assert get_model("meta-llama/Llama-3.1-70B-Instruct").num_layers == 80
+    assert get_model("mistralai/Mixtral-8x7B-Instruct-v0.1").num_experts == 8   # "-Instruct" before a version
+    fp8 = get_model("Qwen/Qwen3-30B-A3B-FP8")
+    assert fp8.num_experts == 128 and fp8.quantization is not None
+    assert get_model("Qwen/Qwen2.5-72B-Instruct").intermediate_size == 29568
+    assert name_key("mistralai/Mixtral-8x7B-Instruct-v0.1") == "mixtral-8x7b-v0.1"
+
+
+def test_every_shipped_config_parses_and_agrees_with_the_extras_copy():
+    import dataclasses
+    from costmodels.hfconfig import model_from_hf_config
+    from costmodels.model_names import SHIPPED_CONFIGS, aic_configs_dir
+    files = sorted(SHIPPED_CONFIGS.glob("*_config.json"))
+    assert len(files) >= 30
+    for f in files:
+        m = model_from_hf_config(f)
+        assert m.name == f.name[: -len("_config.json")].replace("--", "/", 1) and m.num_params > 1e8, f.name
+        theirs = aic_configs_dir() and aic_configs_dir() / f.name
+        if theirs and theirs.is_file():   # the shipped shapes are the [aic] extra's, trimmed to what is read
+            assert dataclasses.replace(model_from_hf_config(theirs), name=m.name) == m, f.name

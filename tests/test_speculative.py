@@ -135,7 +135,7 @@ def test_proposer_prices_k_passes():
     ({"method": "eagle", "num_speculative_tokens": 3, "acceptance": [0.5, 0.4]}, "engine.speculative.acceptance"),
     ({"method": "draft_model", "num_speculative_tokens": 3, "acceptance": 0.6}, "engine.speculative.draft_model"),
     ({"method": "draft_model", "num_speculative_tokens": 3}, "engine.speculative.draft_model"),
-    ({"method": "draft_model", "num_speculative_tokens": 3, "draft_model": "llama-3.2-1b"},
+    ({"method": "draft_model", "num_speculative_tokens": 3, "draft_model": "no-such-model-1b"},
      "engine.speculative.draft_model"),
     ({"method": "eagle3", "num_speculative_tokens": 3, "speculative_model": "x"}, "engine.speculative.speculative_model"),
 ])
