@@ -60,8 +60,9 @@ SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
 LSS_DIR = "real-runs/llmservingsim"
 
-# An FP8 checkpoint's id: its base model's id with this suffix (Qwen/Qwen3-32B-FP8, ...-Instruct-FP8)
-FP8_SUFFIX = re.compile(r"[-_]fp8(?=$|[-_])", re.IGNORECASE)
+# An FP8 checkpoint's id: its base model's id with this suffix (Qwen/Qwen3-32B-FP8, ...-Instruct-FP8,
+# RedHatAI/phi-4-FP8-dynamic)
+FP8_SUFFIX = re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE)
 # The client's prompt pool. Each run's inference-perf config (results/config.yaml beside the stage files in
 # the source repository) has `shared_prefix: {num_groups: 10, num_prompts_per_group: 10}`, and
 # inference-perf's SharedPrefixDataGenerator makes that many prompts once (10 system prompts, 10 questions

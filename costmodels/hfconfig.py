@@ -8,7 +8,11 @@ from pathlib import Path
 
 from costmodels.catalog import CatalogError, ModelShape
 
-DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MiMoForCausalLM"}
+# Llama-shaped decoders: Granite adds scalar multipliers, Phi-3/4 fuses qkv and gate_up (the same GEMM
+# shapes), SmolLM3 drops rotary on some layers, Mistral-3 is a Mistral decoder under text_config beside a
+# vision encoder (its weights, about 2% of Mistral-Small-3.1's, are not counted)
+DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MiMoForCausalLM",
+         "GraniteForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM", "Mistral3ForConditionalGeneration"}
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM",
        "Llama4ForConditionalGeneration", "Llama4ForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}

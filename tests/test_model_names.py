@@ -74,3 +74,16 @@ def test_every_shipped_config_parses_and_agrees_with_the_extras_copy():
         theirs = aic_configs_dir() and aic_configs_dir() / f.name
         if theirs and theirs.is_file():   # the shipped shapes are the [aic] extra's, trimmed to what is read
             assert dataclasses.replace(model_from_hf_config(theirs), name=m.name) == m, f.name
+
+
+def test_llama_shaped_families_and_fp8_dynamic_checkpoints_resolve(monkeypatch):
+    import costmodels.model_names as names
+    from benchmarks.gpu_fidelity import fp8_weights, model_ref
+    monkeypatch.setattr(names, "aic_configs_dir", lambda: None)
+    granite, phi4 = get_model("ibm-granite/granite-3.1-8b-instruct"), get_model("microsoft/phi-4")
+    assert (granite.num_layers, granite.intermediate_size, phi4.num_kv_heads) == (40, 12800, 10)
+    small = get_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")   # the decoder under text_config
+    assert (small.num_layers, small.hidden_size, small.vocab_size) == (40, 5120, 131072)
+    # RedHatAI's "-FP8-dynamic" checkpoints are their base model with FP8 weights
+    base = model_ref("RedHatAI/phi-4-FP8-dynamic", None)
+    assert get_model(base).name == "microsoft/phi-4" and fp8_weights("RedHatAI/phi-4-FP8-dynamic", base)
