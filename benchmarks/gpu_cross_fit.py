@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,14 +33,14 @@ from commandline.parser import Parser  # noqa: E402
 METRICS = ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")
 
 
-def _runs(shared: Path, work: Path) -> dict:
+def _runs(shared: Path) -> dict:
     from experiments.simulate import point_cost_model
     from fidelity.llmservingsim import read_run, replay_point
     from fidelity.realruns import replay_config
     out = {}
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
         run = read_run(d)
-        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
+        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"])))
         prior = point_cost_model(dataclasses.replace(cfg, profile="roofline"))
         dp = cfg.deployment.data_parallel_size if cfg.deployment is not None else 1
         out[d.name] = (run, cfg, prior, int(cfg.policy.max_num_batched_tokens), int(dp))
@@ -56,12 +55,12 @@ def relation(a: str, b: str) -> str:
         "same model, other GPU" if ma == mb else "other GPU and model"
 
 
-def cross_fit(shared: Path, work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def cross_fit(shared: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(fits, cross): one row per fit run with its parameters; one per (fit run, target run, method)."""
     from fidelity.realruns import replay
     from costmodels.scaled import ScaledCostModel
     from fidelity.request_fit import RequestFitError, fit_prior_scale, fit_step_terms
-    runs = _runs(shared, work)
+    runs = _runs(shared)
     real = {n: _lss_metrics(r[0].requests) for n, r in runs.items()}
     fits, rows = [], []
     for name, (run, cfg, prior, budget, dp) in runs.items():
@@ -143,8 +142,7 @@ def main(argv=None) -> int:
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as work:
-        fits, cross = cross_fit(shared, Path(work))
+    fits, cross = cross_fit(shared)
     fits.to_csv(out / "cross_fit_params.csv", index=False)
     cross.to_csv(out / "cross_fit.csv", index=False)
     print(report(fits, cross, out))

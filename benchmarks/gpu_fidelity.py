@@ -89,19 +89,22 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def model_ref(hf_id: str, work: Path) -> str:
+def model_ref(hf_id: str) -> str:
     """A model name the sweep file takes: the id itself where costmodels resolves it (the catalog, its
     aliases and the Hugging Face configs shipped: costmodels/model_names.py); for an FP8 checkpoint's id that
     does not resolve, its base model's id (stage_point then asks for FP8 weights). An id nothing resolves is
-    returned as given: the point's resolution then says why. (`work`: kept for callers; nothing is written.)"""
+    returned as given: the point's resolution then says why."""
+    return next((name for name in dict.fromkeys((hf_id, FP8_SUFFIX.sub("", hf_id))) if shape(name) is not None),
+                hf_id)
+
+
+def shape(model: str):
+    """The model's ModelShape, or None where costmodels does not resolve the name."""
     from costmodels.catalog import CatalogError, get_model
-    for name in dict.fromkeys((hf_id, FP8_SUFFIX.sub("", hf_id))):
-        try:
-            get_model(name)
-            return name
-        except (CatalogError, OSError, ValueError):
-            continue
-    return hf_id
+    try:
+        return get_model(model)
+    except (CatalogError, OSError, ValueError):
+        return None
 
 
 # The first vLLM release whose KV connectors (the OffloadingConnector among them) keep the hybrid KV cache
@@ -119,27 +122,18 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def has_sliding_layers(model: str) -> bool:
     """Whether the model has sliding-window layers (the hybrid KV cache manager's case); False if unresolved."""
-    from costmodels.catalog import CatalogError, get_model
-    try:
-        m = get_model(model)
-    except (CatalogError, OSError, ValueError):
-        return False
-    return bool(m.sliding_window and m.num_sliding_layers)
+    m = shape(model)
+    return m is not None and bool(m.sliding_window and m.num_sliding_layers)
 
 
 def fp8_weights(hf_id: str, model: str) -> bool:
     """Whether an FP8 checkpoint's id resolved to a model whose config does not say FP8 itself (its base
     model's), so that the point must ask for FP8 weights as `quantization: fp8`."""
-    if not FP8_SUFFIX.search(hf_id):
-        return False
-    from costmodels.catalog import CatalogError, get_model
-    try:
-        return get_model(model).quantization is None
-    except (CatalogError, OSError, ValueError):
-        return False
+    m = shape(model) if FP8_SUFFIX.search(hf_id) else None
+    return m is not None and m.quantization is None
 
 
-def stage_point(row: pd.Series, work: Path, max_stage_s: float, settings: dict | None = None,
+def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None,
                 profile: dict | None = None) -> dict:
     """The sweep-style point of one stage, with the engine settings of its row (fidelity.vllm_stages)."""
     settings = settings or row_settings(row)
@@ -147,7 +141,7 @@ def stage_point(row: pd.Series, work: Path, max_stage_s: float, settings: dict |
     output = stage_output(row, profile)
     rate = float(row["requested_rate_per_s"])
     n = int(round(rate * min(profile["duration_s"], max_stage_s)))
-    model = model_ref(row["model"], work)
+    model = model_ref(row["model"])
     engine = {"policy": "chunked_prefill", "max_num_seqs": settings["max_num_seqs"],
               "max_num_batched_tokens": settings["max_num_batched_tokens"],
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
@@ -208,16 +202,16 @@ STAGE_COLUMNS = (["run", "stage", "rate", "cost_model", "cost_model_kind", "num_
                  + list(SETTING_COLUMNS))
 
 
-def file_stages(tables: list[pd.DataFrame], models: list[str], work: Path, max_stage_s: float) -> pd.DataFrame:
+def file_stages(tables: list[pd.DataFrame], models: list[str], max_stage_s: float) -> pd.DataFrame:
     """Every row of every stage file, simulated once per cost model (or skipped, saying why)."""
     rows = []
     for table in tables:
         for _, r in table.iterrows():
-            rows += stage_rows(r, models, work, max_stage_s)
+            rows += stage_rows(r, models, max_stage_s)
     return pd.DataFrame(rows, columns=STAGE_COLUMNS)
 
 
-def stage_rows(r: pd.Series, models: list[str], work: Path, max_stage_s: float) -> list[dict]:
+def stage_rows(r: pd.Series, models: list[str], max_stage_s: float) -> list[dict]:
     """One stage file row's stages.csv rows, one per cost model: real and simulated figures with the settings
     used, or the real figures and `skipped` with the reason the row cannot be replayed."""
     from costmodels.catalog import CatalogError
@@ -250,7 +244,7 @@ def stage_rows(r: pd.Series, models: list[str], work: Path, max_stage_s: float) 
     cfg = point = None
     if not described["skipped"]:
         try:
-            point = stage_point(r, work, max_stage_s, settings, profile)
+            point = stage_point(r, max_stage_s, settings, profile)
             cfg = resolve_point(point)
             described["weights"] = cfg.deployment.weight_format(cfg.model)
         except (ConfigError, CatalogError, ValueError) as e:
@@ -303,9 +297,9 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
-        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"], work)))
+        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"])))
         profile = layer_profile(shared, d.name, work)
-        host = host_staged_point(run, model_ref(run.meta["model_id"], work))
+        host = host_staged_point(run, model_ref(run.meta["model_id"]))
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
@@ -498,15 +492,15 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = runs = pd.DataFrame()
-    with tempfile.TemporaryDirectory() as work:   # the models' config.json files, for the sweep points
+    with tempfile.TemporaryDirectory() as work:   # the layer profiles fitted for the LLMServingSim runs
         if tables:
-            stages = file_stages(tables, models, Path(work), a.max_stage_s)
+            stages = file_stages(tables, models, a.max_stage_s)
             stages.to_csv(out / "stages.csv", index=False)
         if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
             runs = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
             from benchmarks import gpu_cross_fit   # fit on one run, apply to the others: cross_fit.md
-            fits, cross = gpu_cross_fit.cross_fit(shared, Path(work))
+            fits, cross = gpu_cross_fit.cross_fit(shared)
             fits.to_csv(out / "cross_fit_params.csv", index=False)
             cross.to_csv(out / "cross_fit.csv", index=False)
             gpu_cross_fit.report(fits, cross, out)

@@ -86,31 +86,40 @@ def tables(root: Path) -> None:
                                                                   GPUS["h100-sxm"].interconnect_bytes_per_s)))
 
 
-MOE_TABLE_GPUS = {**TABLE_GPUS, "l40s": "l40s"}
+def moe_table_terms(t: pd.DataFrame, gpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(FLOPs, bytes, tokens) of each MoE table row as the prior counts them (costmodels/roofline.py
+    `_routed_experts_s`: gate, up and down over the routed tokens; the active experts' weights and the routed
+    activations in bf16), for the busiest rank of the row's tp x ep layout."""
+    h, i, k, e, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
+                                                            "moe_tp_size", "moe_ep_size", "num_tokens"))
+    width, routed = i / tp, n * k / ep
+    active = e / ep * (1 - (1 - 1 / e) ** (n * k))
+    return 2 * routed * 3 * h * width, active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2, n
+
+
+def moe_rows(path: str) -> pd.DataFrame:
+    """A vLLM MoE table's bf16 rows of layouts people serve (tp x ep <= 8, an intermediate width per rank of
+    128 or more)."""
+    t = pd.read_parquet(path)
+    return t[(t.moe_dtype == "bfloat16") & (t.moe_tp_size * t.moe_ep_size <= 8) & (t.inter_size / t.moe_tp_size >= 128)]
 
 
 def moe_compute_lines(root: Path) -> list[str]:
     """vLLM's Triton fused-MoE kernel when compute-bound (Efficiencies.moe_compute): per GPU, the newest
     vLLM table whose bf16 rows ran it, the median over rows whose FLOPs take over 3x their bytes at the
-    datasheet figures (tp x ep <= 8, intermediate width per rank >= 128) of FLOPs / (latency x peak), every
-    routing the table measured; then the median over the GPUs."""
+    datasheet figures of FLOPs / (latency x peak), every routing the table measured; then the median over
+    the GPUs."""
     lines, medians = [], []
-    for g, name in MOE_TABLE_GPUS.items():
+    for g, name in TABLE_GPUS.items():
         gpu = GPUS[name]
         for path in sorted(glob.glob(f"{root}/{g}/moe/vllm/*/moe_perf.parquet"), reverse=True):
-            t = pd.read_parquet(path)
-            t = t[(t.moe_dtype == "bfloat16") & (t.moe_tp_size * t.moe_ep_size <= 8)
-                  & (t.inter_size / t.moe_tp_size >= 128)
-                  & (t.kernel_source.str.contains("triton") | (t.kernel_source == "vllm_fused_moe"))]
+            t = moe_rows(path)
+            t = t[t.kernel_source.str.contains("triton") | (t.kernel_source == "vllm_fused_moe")]
             if t.empty:
                 continue
-            h, i, k, e, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
-                                                                    "moe_tp_size", "moe_ep_size", "num_tokens"))
-            width, routed = i / tp, n * k / ep
-            active = e / ep * (1 - (1 - 1 / e) ** (n * k))
-            compute = 2 * routed * 3 * h * width / gpu.bf16_flops_per_s
-            memory = (active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2) / gpu.hbm_bytes_per_s
-            bound = compute > 3 * memory
+            flops, bytes_, _ = moe_table_terms(t, gpu)
+            compute = flops / gpu.bf16_flops_per_s
+            bound = compute > 3 * bytes_ / gpu.hbm_bytes_per_s
             if not bound.any():
                 continue
             eff = float(np.median(compute[bound] / (t.latency.to_numpy()[bound] * 1e-3)))
@@ -126,24 +135,19 @@ def moe_compute_lines(root: Path) -> list[str]:
 
 
 def moe_prior_lines(root: Path) -> list[str]:
-    """The prior's routed-experts term (costmodels/roofline.py `_routed_experts_s`, one rank, the ridge
-    between compute and memory) against each GPU's newest vLLM bf16 MoE table, whatever kernel it ran, with
-    the compute side at the dense GEMM's efficiency and at moe_compute: median error by tokens."""
+    """The prior's routed-experts term (one rank, the ridge between compute and memory) against each GPU's
+    newest vLLM bf16 MoE table, whatever kernel it ran, with the compute side at the dense GEMM's efficiency
+    and at moe_compute: median error by tokens."""
     from costmodels.roofline import Efficiencies
     e, lines = Efficiencies(), []
-    for g, name in {**MOE_TABLE_GPUS, "gb200": "gb200", "rtx_pro_6000_server": "rtx-pro-6000-server"}.items():
+    for g, name in {**TABLE_GPUS, "gb200": "gb200"}.items():
         paths = sorted(glob.glob(f"{root}/{g}/moe/vllm/*/moe_perf.parquet"))
         if not paths:
             continue
-        gpu, t = GPUS[name], pd.read_parquet(paths[-1])
-        t = t[(t.moe_dtype == "bfloat16") & (t.moe_tp_size * t.moe_ep_size <= 8) & (t.inter_size / t.moe_tp_size >= 128)
-              & (t.num_tokens >= 16)]
-        h, i, k, x, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
-                                                                "moe_tp_size", "moe_ep_size", "num_tokens"))
-        width, routed = i / tp, n * k / ep
-        active = x / ep * (1 - (1 - 1 / x) ** (n * k))
-        flops = 2 * routed * 3 * h * width
-        memory = (active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2) / (gpu.hbm_bytes_per_s * e.gemm_memory)
+        gpu, t = GPUS[name], moe_rows(paths[-1])
+        t = t[t.num_tokens >= 16]
+        flops, bytes_, n = moe_table_terms(t, gpu)
+        memory = bytes_ / (gpu.hbm_bytes_per_s * e.gemm_memory)
         y, p = t.latency.to_numpy() * 1e-3, e.gemm_ridge_exponent
         parts = []
         for label, eff in (("dense 0.80", e.gemm_compute), (f"moe_compute {e.moe_compute:.2f}", e.moe_compute)):

@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -144,13 +143,7 @@ def _lengths(spec: str, which: str, chat_tokens: int) -> dict:
     return {"dist": "fixed", "value": int(n) + chat_tokens}
 
 
-def model_ref(hf_id: str, work: Path) -> str:
-    """The point's `model:`: the published run's Hugging Face id, which costmodels resolves (the catalog's
-    aliases and the configs it ships, costmodels/hf_configs/); `work` is kept for callers."""
-    return hf_id
-
-
-def point_config(row: pd.Series, work: Path, hardware=None) -> dict:
+def point_config(row: pd.Series, hardware=None) -> dict:
     """The sweep-style point of one published result (hardware: the catalog GPU, or a mapping in its place)."""
     seqs, budget = SERVE_DEFAULTS[row["gpu"]]
     chat = QWEN3_CHAT_TOKENS if row["model"].startswith("Qwen/Qwen3") else 0
@@ -161,7 +154,7 @@ def point_config(row: pd.Series, work: Path, hardware=None) -> dict:
         arrival = {"process": "closed", "concurrency": int(load[7:]), "think_time_s": 0}
     else:
         raise ValueError(f"load {load!r}: expected burst or closed:N")
-    return {"model": model_ref(row["model"], work), "hardware": hardware or row["gpu"],
+    return {"model": row["model"], "hardware": hardware or row["gpu"],   # a Hugging Face id costmodels resolves
             "tensor_parallel_size": int(row["tp"]), "dtype": "bf16",
             "engine": {"policy": "chunked_prefill", "max_num_seqs": seqs, "max_num_batched_tokens": budget,
                        "max_model_len": int(row["max_model_len"]), "enable_prefix_caching": True,
@@ -196,10 +189,10 @@ def variants(row: pd.Series, models: list[str]) -> list[tuple[str, object, str |
     return out
 
 
-def replay(row: pd.Series, name: str, hardware, profile: str | None, work: Path) -> dict:
+def replay(row: pd.Series, name: str, hardware, profile: str | None) -> dict:
     from experiments.config import resolve_point
     from experiments.simulate import simulate
-    cfg = resolve_point(point_config(row, work, hardware))
+    cfg = resolve_point(point_config(row, hardware))
     t0 = time.perf_counter()
     res = simulate(dataclasses.replace(cfg, profile=profile), 0)
     m = bench_metrics(res.requests)
@@ -274,14 +267,13 @@ def main(argv=None) -> int:
         except OutputError as e:
             ap.error(str(e))
     rows = []
-    with tempfile.TemporaryDirectory() as work:
-        for _, row in points.iterrows():
-            for name, hardware, profile in variants(row, models):
-                r = replay(row, name, hardware, profile, Path(work))
-                rows.append(r)
-                say(f"{row['id']} {name}: duration {r['sim_duration_s']:.1f} s (real {r['real_duration_s']:.1f}), "
-                    f"TTFT mean {r['sim_ttft_mean_ms']:,.0f} ms (real {r['real_ttft_mean_ms']:,.0f}), TPOT mean "
-                    f"{r['sim_tpot_mean_ms']:.1f} ms (real {r['real_tpot_mean_ms']:.1f}), {r['sim_wall_s']} s")
+    for _, row in points.iterrows():
+        for name, hardware, profile in variants(row, models):
+            r = replay(row, name, hardware, profile)
+            rows.append(r)
+            say(f"{row['id']} {name}: duration {r['sim_duration_s']:.1f} s (real {r['real_duration_s']:.1f}), "
+                f"TTFT mean {r['sim_ttft_mean_ms']:,.0f} ms (real {r['real_ttft_mean_ms']:,.0f}), TPOT mean "
+                f"{r['sim_tpot_mean_ms']:.1f} ms (real {r['real_tpot_mean_ms']:.1f}), {r['sim_wall_s']} s")
     setup = ["id", "vllm", "tp", "max_model_len", "num_requests", "prompt", "output", "source", "assumed"]
     df = pd.DataFrame(rows).merge(table()[setup], on="id")
     if out is not None:

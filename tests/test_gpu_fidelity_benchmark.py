@@ -52,10 +52,10 @@ def test_small_runs_end_to_end(tmp_path, capsys):
     assert "vLLM 0.15.1" in (out / "report.md").read_text()
 
 
-def test_a_stage_replays_the_clients_pool_of_100_prompts(tmp_path):
+def test_a_stage_replays_the_clients_pool_of_100_prompts():
     # inference-perf made 10 system prompts x 10 questions once and sent them in turn: each request is one
     # of 100 prompts of the stage's mean length, all of it but the last token repeated
-    point = gpu_fidelity.stage_point(pd.Series(STAGE), tmp_path, 600.0)
+    point = gpu_fidelity.stage_point(pd.Series(STAGE), 600.0)
     w = point["workload"]
     assert w["shared_prefix"] == {"num_groups": 100, "prefix_tokens": 575}
     assert w["prompt_tokens"] == {"dist": "fixed", "value": 1}

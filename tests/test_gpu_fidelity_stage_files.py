@@ -37,21 +37,21 @@ def test_the_gpu_and_version_in_a_file_name():
     assert row_settings(pd.Series({**STAGE, "stage_file": "vllm-0.16.0-l40s-stages.csv"}))["vllm_version"] == "0.16.0"
 
 
-def test_a_profile_the_row_disagrees_with_or_does_not_name_is_rebuilt_from_the_row(tmp_path):
+def test_a_profile_the_row_disagrees_with_or_does_not_name_is_rebuilt_from_the_row():
     assert stage_profile(pd.Series(STAGE))["source"] == "general"
     short = stage_profile(pd.Series({**STAGE, "sent": 600, "requested_rate_per_s": 2.0}))   # 300 s, not 600
     assert short["duration_s"] == 300 and short["requested_output"] is None and "disagree" in short["source"]
     chat = stage_profile(pd.Series({**STAGE, "profile": "chat"}))
     assert chat["duration_s"] == 600 and "'chat' unknown" in chat["source"]
-    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "profile": "chat"}), tmp_path, 600.0)
+    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "profile": "chat"}), 600.0)
     assert point["workload"]["output_tokens"]["value"] == 210   # the counted mean: no requested length known
 
 
-def test_an_fp8_checkpoint_is_simulated_with_fp8_weights(tmp_path):
-    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "model": "meta-llama/Llama-2-7b-FP8"}), tmp_path, 600.0)
+def test_an_fp8_checkpoint_is_simulated_with_fp8_weights():
+    point = gpu_fidelity.stage_point(pd.Series({**STAGE, "model": "meta-llama/Llama-2-7b-FP8"}), 600.0)
     # its base model's id, which costmodels resolves to the catalog's llama-2-7b, with FP8 weights
     assert get_model(point["model"]).name == "llama-2-7b" and point["quantization"] == "fp8"
-    assert "quantization" not in gpu_fidelity.stage_point(pd.Series(STAGE), tmp_path, 600.0)
+    assert "quantization" not in gpu_fidelity.stage_point(pd.Series(STAGE), 600.0)
 
 
 def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
@@ -94,13 +94,13 @@ def test_a_stage_file_without_a_needed_column_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(H100_FILE is None, reason="no ../shared/real-runs")
-def test_the_h100_file_replays_as_its_readme_says(tmp_path):
+def test_the_h100_file_replays_as_its_readme_says():
     table = pd.read_csv(H100_FILE).assign(stage_file=H100_FILE.name)
     engine = {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": True, "gpu_memory_utilization": 0.9, "kv_offload": {"cpu_gb": 8}}
     for _, r in table.iterrows():
         assert stage_profile(r)["source"] == r["profile"]
-        point = gpu_fidelity.stage_point(r, tmp_path, 600.0)
+        point = gpu_fidelity.stage_point(r, 600.0)
         assert (point["hardware"], point["dtype"], point["engine"]) == ("h100-sxm", "fp16", engine)
         assert "quantization" not in point
 
@@ -120,13 +120,13 @@ def test_headers_match_whatever_their_case_and_the_experiment_may_name_the_gpu(t
         read_stage_file(f)
 
 
-def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_21(tmp_path):
+def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_21():
     # vLLM before 0.21 turned its hybrid KV cache manager off whenever a KV connector was set (the runs' KV
     # CPU offloading is one); 0.21 keeps it on for connectors that support it, as the OffloadingConnector does
     row = pd.Series({**STAGE, "model": "openai/gpt-oss-20b", "gpu": "L40S"})
-    old = gpu_fidelity.stage_point(row, tmp_path, 600.0)
+    old = gpu_fidelity.stage_point(row, 600.0)
     assert old["engine"]["kv_offload"] == {"cpu_gb": 8} and old["engine"]["disable_hybrid_kv_cache_manager"] is True
-    new = gpu_fidelity.stage_point(pd.Series({**row, "vllm_version": "0.21.0"}), tmp_path, 600.0)
+    new = gpu_fidelity.stage_point(pd.Series({**row, "vllm_version": "0.21.0"}), 600.0)
     assert "disable_hybrid_kv_cache_manager" not in new["engine"]
-    none = gpu_fidelity.stage_point(pd.Series({**row, "kv_offload_gb": 0}), tmp_path, 600.0)
+    none = gpu_fidelity.stage_point(pd.Series({**row, "kv_offload_gb": 0}), 600.0)
     assert "kv_offload" not in none["engine"] and "disable_hybrid_kv_cache_manager" not in none["engine"]

@@ -85,5 +85,5 @@ def test_llama_shaped_families_and_fp8_dynamic_checkpoints_resolve(monkeypatch):
     small = get_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")   # the decoder under text_config
     assert (small.num_layers, small.hidden_size, small.vocab_size) == (40, 5120, 131072)
     # RedHatAI's "-FP8-dynamic" checkpoints are their base model with FP8 weights
-    base = model_ref("RedHatAI/phi-4-FP8-dynamic", None)
+    base = model_ref("RedHatAI/phi-4-FP8-dynamic")
     assert get_model(base).name == "microsoft/phi-4" and fp8_weights("RedHatAI/phi-4-FP8-dynamic", base)

@@ -3,7 +3,6 @@ vLLM V1 version, a catalog GPU, positive measured figures, what was assumed), an
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -40,9 +39,9 @@ def test_both_gpus_of_the_brief_are_represented_or_said_missing(points):
     assert (points["gpu"] == "h100-sxm").any()   # the same source's H100, to tell setup from GPU
 
 
-def test_one_point_replays(points, tmp_path):
+def test_one_point_replays(points):
     row = points.set_index("id", drop=False).loc["a100-40-llama8-c1"]
-    r = pgc.replay(row, "roofline", None, "roofline", Path(tmp_path))
+    r = pgc.replay(row, "roofline", None, "roofline")
     assert r["sim_finished"] == r["sim_requests"] == 20
     assert r["sim_output_tokens"] == 20 * 128
     # one client at a time: the decode step of an 8B model on an A100 is bandwidth-bound, 16 GB / 1.5 TB/s
