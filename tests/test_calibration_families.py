@@ -75,7 +75,10 @@ def test_cpu_run_fits_reports_and_the_profile_prices_the_families(mla_moe_run):
     assert top4.step_time_s(prefill=[(1024, 0)]) > top1.step_time_s(prefill=[(1024, 0)])
     skewed = profile_cost_model(profile, model, None, 1, "fp32",
                                 deployment=Deployment(dtype="fp32", expert_load_imbalance=2.0))
-    assert skewed.moe_layer_s(256) != cm.moe_layer_s(256)
+    # the deployment's imbalance reaches the routed experts' lookup; how much it costs is the CPU's timing (on a
+    # busy machine 1.0 and 2.0 can time alike at 256 tokens), so the lookup is checked, not the difference
+    k = float(model.experts_per_token)
+    assert skewed.moe_layer_s(256) - skewed.moe(256.0, k, 2.0) == pytest.approx(cm.moe_layer_s(256) - cm.moe(256.0, k, 1.0))
     assert skewed.describe()["expert_load_imbalance"] == 2.0
 
 
