@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from commandline.parser import Parser  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
+from costmodels.collectives import NVLINK, MiB  # noqa: E402
 
 TABLE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200-sxm", "a100_sxm": "a100-80gb",
               "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000-server"}
@@ -71,19 +72,28 @@ def tables(root: Path) -> None:
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
     for text in moe_compute_lines(Path(root)):
         print(text)
-    comm = Path(root) / "h100_sxm" / "comm"
-    for label, path, backend in (("vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
-                                 ("NCCL 2.27 all-reduce", "nccl/2.27.3/nccl_perf.parquet", None)):
+    # the TP all-reduce over NVLink (costmodels/collectives.py NVLINK): vLLM's all-reduce under CUDA graphs, through
+    # its own dispatch (custom kernel, symmetric-memory multimem at TP 8), and NCCL's for comparison
+    for g, label, path, backend in (
+            ("h100_sxm", "vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
+            ("h100_sxm", "NCCL 2.27 all-reduce", "nccl/2.27.3/nccl_perf.parquet", None),
+            ("h200_sxm", "vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph")):
+        comm = Path(root) / g / "comm"
         if not (comm / path).exists():
             continue
         t = pd.read_parquet(comm / path)
         t = t[t.backend == backend] if backend else t[(t.op_name == "all_reduce") & (t.nccl_dtype == "half")]
         for tp in (2, 4, 8):
-            s = t[(t.num_gpus == tp) & (t.message_size * 2 >= 256e3) & (t.message_size * 2 <= 64e6)]
-            if len(s):
-                ring = s.message_size.to_numpy() * 2.0 * 2 * (tp - 1) / tp
-                print(line(f"h100-sxm {label} TP{tp} (link)", fit(ring, s.latency.to_numpy() * 1e-3,
-                                                                  GPUS["h100-sxm"].interconnect_bytes_per_s)))
+            ranges = [("", 256e3, 64e6)]
+            if backend:   # vLLM's dispatch hands larger messages to NCCL (costmodels/collectives.py NVLINK)
+                ranges.append((f", {NVLINK[tp].beyond_bytes / MiB:.0f} MiB and more", NVLINK[tp].beyond_bytes, 1e12))
+            for what, low, high in ranges:
+                s = t[(t.num_gpus == tp) & (t.message_size * 2 >= low) & (t.message_size * 2 <= high)]
+                if len(s):
+                    ring = s.message_size.to_numpy() * 2.0 * 2 * (tp - 1) / tp
+                    f = fit(ring, s.latency.to_numpy() * 1e-3, GPUS[TABLE_GPUS[g]].interconnect_bytes_per_s)
+                    print(f"{TABLE_GPUS[g]} {label} TP{tp}{what} (link): {f[1]:.2f} of datasheet + "
+                          f"{f[0] * 1e6:.1f} us fixed (median |err| {f[2]:.0%})")
 
 
 def moe_table_terms(t: pd.DataFrame, gpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -183,7 +183,7 @@ def _moe(out, root, g, gpu, model, d, fmt, framework, version, note) -> None:
     """Routed experts (fused MoE kernels, balanced routing) at the model's expert shapes and TP/EP split;
     `num_tokens` is every token entering the layer on a rank (the collector routes them all and keeps the
     local experts' share)."""
-    tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.tp, 1)
+    tp_moe, ep_moe = (1, d.ep) if d.ep > 1 else (d.expert_tp, 1)
     rows = []
     for moe_dir in candidate_dirs(root, g, "moe", framework, version, "moe_perf.parquet"):
         t = _read(moe_dir / "moe_perf.parquet")
@@ -345,7 +345,7 @@ class AicCostModel(RooflineCostModel):
         if grid is None:
             return super()._routed_experts_s(num_tokens)
         d = self.deployment   # the busiest rank's share: the imbalance knob scales its tokens
-        tokens = num_tokens * d.data_parallel_size if d.ep > 1 else num_tokens
+        tokens = num_tokens * d.data_parallel_size   # every DP rank's tokens are gathered, with or without EP
         return grid(tokens * d.expert_load_imbalance)
 
     def _allreduce_s(self, num_tokens):

@@ -3,11 +3,15 @@ with the latency and the efficiency of the path the collective actually takes be
 
 The interconnect kinds (`GPU.interconnect_kind`, a catalog entry's or the user's `hardware:` mapping):
 
-- `nvlink`: NVLink / NVSwitch. vLLM runs its custom all-reduce (captured in the decode CUDA graphs) up to
-  8 MiB and NCCL beyond; priced with `Efficiencies.allreduce_link` / `allreduce_latency_s`, fitted to
-  aiconfigurator's H100 tables (docs/sources.md, "Roofline efficiencies").
+- `nvlink`: NVLink / NVSwitch, by TP size (`NVLINK`). vLLM picks the all-reduce by message size and TP size
+  (vllm/distributed/device_communicators/all_reduce_utils.py, 0.15-0.32): on Hopper its custom all-reduce
+  (captured in the CUDA graphs) up to 64 MiB at TP 2, 32 MiB at TP 4 and 256 KiB at TP 8, PyTorch's
+  symmetric-memory multimem all-reduce at TP 6-8 up to 64 MiB (NVSwitch's multicast, NVLS, reduces in the
+  switch: fewer bytes per GPU than a ring), NCCL beyond. GPUs without NVLS (A100's NVLink 3: custom up to
+  8 MiB, then NCCL) keep the TP 4 figure at TP 6-8.
 - `infinity_fabric`: AMD MI300X/MI325X's xGMI mesh. No sourced ROCm all-reduce table was found, so it keeps
-  the NVLink figures (a fully connected mesh of point-to-point links, as NVSwitch is to the GPUs).
+  the NVLink figures without multicast (a fully connected mesh of point-to-point links, as NVSwitch is to
+  the GPUs).
 - `pcie`: PCIe with GPU peer-to-peer (P2P) access: data centre and workstation cards (L4, L40S, A10G,
   RTX PRO 6000, H100 PCIe without its bridge) on a host whose IOMMU and PCIe ACS let P2P traffic go from
   GPU to GPU. vLLM 0.19 runs its custom all-reduce at TP 2 on such a pair and NCCL at TP > 2
@@ -19,7 +23,7 @@ The interconnect kinds (`GPU.interconnect_kind`, a catalog entry's or the user's
   IOMMU is on, which sends peer traffic up to the root complex; vLLM then finds no P2P (`_can_p2p`) and
   disables its custom all-reduce, so every all-reduce is NCCL's through the host.
 
-Every figure is fitted the same way as the NVLink one: least squares on relative error of
+Every figure is fitted the same way: least squares on relative error of
 `latency + ring bytes / bandwidth` over messages of 256 kB to 64 MB, CUDA-graph-captured timings; the
 efficiency is that bandwidth over the catalog's per-direction link figure (docs/sources.md, "TP
 collectives over PCIe").
@@ -31,11 +35,30 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LinkCollective:
-    """Latency per all-reduce call, and the fraction of `GPU.interconnect_bytes_per_s` its ring bytes move at."""
+    """Latency per all-reduce call, and the fraction of `GPU.interconnect_bytes_per_s` its ring bytes move at;
+    messages of `beyond_bytes` and more take `beyond`'s figures (where the engine hands them to another
+    algorithm)."""
     efficiency: float
     latency_s: float
+    beyond_bytes: float = float("inf")
+    beyond: LinkCollective | None = None
 
 
+MiB = 1024 * 1024
+
+
+# NVLink / NVSwitch, by TP size: vLLM 0.24's all-reduce under CUDA graphs in aiconfigurator's H100 tables (through
+# vLLM's own dispatch, above), fitted over 256 kB-64 MB (`python -m benchmarks.kernel_efficiency`, 1-4% median
+# error): 0.50 + 3.9 us at TP 2, 0.59 + 6.6 us at TP 4 (vLLM 0.19's table 0.61: 0.60 here), 0.78 + 9.5 us at TP 8;
+# the H200's 0.52 / 0.62 / 0.83, vLLM 0.19's H100 0.50 / 0.61 / 0.78. vLLM 0.14's H100 table is slower at TP 8
+# (0.64 + 11.6 us), A100's NVLink 3 at TP 8 0.58 + 12.3 us (vLLM 0.14, no multicast). Beyond the custom kernel's
+# and symmetric memory's limits (64 MiB at TP 2 and 8, 32 MiB at TP 4: a chunk of 4,096+ tokens of an 8,192-wide
+# model) vLLM runs NCCL, which the same tables time at 0.77 + 103 us, 0.79 + 50 us and 1.05 + 93 us (H200 0.75,
+# 0.79, 1.07) of the ring figure (over 1 at TP 8: NCCL's NVLS algorithm reduces in the switch and moves fewer
+# bytes than a ring); at the limit the two figures price a message within 2% of each other and of the table.
+NVLINK = {2: LinkCollective(0.50, 3.9e-6, 64 * MiB, LinkCollective(0.77, 103e-6)),
+          4: LinkCollective(0.60, 6.6e-6, 32 * MiB, LinkCollective(0.79, 50e-6)),
+          8: LinkCollective(0.78, 9.5e-6, 64 * MiB, LinkCollective(1.05, 93e-6))}
 # PCIe with P2P, by TP size. TP 2: the median of three NCCL tables, each a pair of GPUs on one host under CUDA
 # graphs: aiconfigurator's RTX PRO 6000 Server (NCCL 2.29.2) 0.559 of 64 GB/s + 12.9 us, its L40S (NCCL
 # 2.27.3) 0.632 of 32 GB/s + 19.6 us, LLMServingSim's two RTX PRO 6000 Server with ACS and IOMMU off (vLLM's
@@ -51,19 +74,36 @@ PCIE_P2P = {2: LinkCollective(0.59, 14.2e-6), 4: LinkCollective(0.415, 29.8e-6),
 PCIE_HOST = LinkCollective(0.252, 9.5e-6)
 
 
-def allreduce_link(kind: str, tp: int, nvlink: LinkCollective) -> LinkCollective:
+def allreduce_link(kind: str, tp: int, multicast: bool = False) -> LinkCollective:
     """The latency and efficiency of one all-reduce across `tp` GPUs over an interconnect of `kind`;
-    `nvlink` is the NVLink figure (the roofline's `Efficiencies`, which users may override)."""
+    `multicast`: the NVLink switch reduces in the fabric (NVLS: Hopper and later, `nvls_multicast`)."""
     if kind == "pcie":
         return PCIE_P2P[max(k for k in PCIE_P2P if k <= tp)] if tp >= 2 else PCIE_P2P[2]
     if kind == "pcie_host":
         return PCIE_HOST
-    return nvlink   # nvlink, infinity_fabric
+    size = max(k for k in NVLINK if k <= max(tp, 2))   # nvlink, infinity_fabric
+    return NVLINK[4 if size == 8 and not multicast else size]
+
+
+def collective_link(kind: str, gpus: int) -> LinkCollective:
+    """NCCL's other collectives among `gpus` GPUs (EP's all-gathers and reduce-scatters, one GPU's send to
+    another): over PCIe the all-reduce's figures (NCCL's own tables); over NVLink the TP 4 all-reduce's, which
+    NCCL's all-reduce reaches there too (0.60 of the link in aiconfigurator's H100 NCCL 2.27 table)."""
+    return allreduce_link(kind, gpus) if kind in ("pcie", "pcie_host") else NVLINK[4]
+
+
+def nvls_multicast(gpu) -> bool:
+    """Whether the GPUs' NVLink switch reduces in the fabric (NVLS multicast: NVSwitch 3 with Hopper, compute
+    capability 9.0, and later), which vLLM's multimem all-reduce uses at TP 6-8."""
+    cc = getattr(gpu, "compute_capability", None)
+    return gpu.interconnect_kind == "nvlink" and cc is not None and float(cc) >= 9.0
 
 
 def ring_allreduce_s(message_bytes: float, tp: int, link_bytes_per_s: float, link: LinkCollective) -> float:
     """One ring all-reduce of `message_bytes` per GPU: each GPU sends and receives 2 (tp - 1) / tp of it."""
     if tp <= 1:
         return 0.0
+    if message_bytes >= link.beyond_bytes:
+        link = link.beyond
     ring = message_bytes * 2 * (tp - 1) / tp
     return ring / (link_bytes_per_s * link.efficiency) + link.latency_s

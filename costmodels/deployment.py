@@ -1,8 +1,9 @@
 """How a model is deployed: weight and KV-cache precision and parallelism (vLLM's knob names), with the
 memory they imply per GPU. One frozen value per point; `check` turns an impossible layout into one line.
 
-Memory follows vLLM: TP shards attention heads, dense MLPs and (without EP) every expert; with
-`enable_expert_parallel` the experts are split over the TP x DP ranks instead; PP splits the layers
+Memory follows vLLM: TP shards attention heads and dense MLPs; without EP every expert is sharded over
+the TP x DP ranks (vLLM flattens the experts' TP across DP), with `enable_expert_parallel` the experts
+are split whole over the TP x DP ranks instead; PP splits the layers
 (the first stage also holds the embedding, the last the LM head: the larger is what must fit).
 """
 from __future__ import annotations
@@ -51,6 +52,14 @@ class Deployment:
     def ep(self) -> int:
         """Expert-parallel group size (1 without EP): vLLM's EP spans the TP x DP ranks."""
         return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
+
+    @property
+    def expert_tp(self) -> int:
+        """How many ranks share each routed expert's width: without EP, vLLM shards every expert over all the
+        TP x DP ranks (`FusedMoEParallelConfig.make`, `flatten_tp_across_dp_and_pcp`: "2 engine instances and
+        the tensors are sharded across 4 devices" at TP 2, DP 2), each rank running its slice over every DP
+        rank's tokens; with EP, 1 (each rank holds whole experts)."""
+        return 1 if self.enable_expert_parallel else self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def gpus_per_replica(self) -> int:
@@ -105,10 +114,10 @@ def weight_bytes_per_gpu(model: ModelShape, d: Deployment, gpu=None) -> float:
     p = model.param_counts()
     wb, half = WEIGHT_BYTES[d.weight_format(model)], d.activation_bytes()
     linear = wb if d.weight_format(model) != "mxfp4" else half
-    expert_shards = d.ep if d.enable_expert_parallel else d.tp
+    expert_shards = d.ep if d.enable_expert_parallel else d.expert_tp
     experts = p["experts"] * wb / expert_shards
     if gpu is not None and model.is_moe and d.weight_format(model) == "mxfp4":
-        held = mxfp4_moe.expert_bytes_per_gpu(model, gpu, d.tp, d.ep)
+        held = mxfp4_moe.expert_bytes_per_gpu(model, gpu, d.expert_tp, d.ep)
         experts = experts if held is None else held
     layers = (p["attention"] + p["dense_mlp"] + p["shared"]) * linear / d.tp + experts + p["norms"] * half
     ends = p["embedding"] * half / d.tp

@@ -18,10 +18,9 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
-from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
+from costmodels.collectives import allreduce_link, nvls_multicast, ring_allreduce_s
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
-from costmodels.roofline import Efficiencies
 
 FORMAT = "batchsim-profile/1"
 GEMM_OPS = ("qkv", "o", "gate_up", "down")          # per layer, in forward order
@@ -267,9 +266,7 @@ class ProfileCostModel:
         what they cross (costmodels/collectives.py)."""
         if self.tp == 1:
             return 0.0
-        e = Efficiencies()
-        nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
-        link = allreduce_link(self.gpu.interconnect_kind, self.tp, nvlink)
+        link = allreduce_link(self.gpu.interconnect_kind, self.tp, nvls_multicast(self.gpu))
         message = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
         return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, link)
 

@@ -73,6 +73,10 @@ class FamilyProfileCostModel(ProfileCostModel):
         if deployment is not None and deployment.ep > 1:
             raise CatalogError(f"{source}: enable_expert_parallel: a calibrated profile times TP-sharded "
                                "experts on one GPU; expert parallelism is not calibrated (use profile: aic)")
+        if deployment is not None and model.is_moe and deployment.data_parallel_size > 1:
+            raise CatalogError(f"{source}: data_parallel_size {deployment.data_parallel_size}: vLLM shards each "
+                               "expert over the TP x DP ranks and runs it over every rank's tokens; a calibrated "
+                               "profile times one TP layout's experts (use profile: aic)")
         fp8 = deployment is not None and deployment.weight_format(model) in FP8_FORMATS
         if fp8 and "gemm_fp8_down" not in fam:
             raise CatalogError(f"{source}: fp8 weights, but the profile has no fp8 GEMM timings (calibrate on "

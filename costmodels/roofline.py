@@ -17,7 +17,7 @@ import numpy as np
 
 from costmodels.attention_kernel import mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
-from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
+from costmodels.collectives import allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels import deployment as _deployment
@@ -83,14 +83,8 @@ class Efficiencies:
     # rows (LLMServingSim profiler, 804 rows with 8+ decodes at context 256+ whose slice fits in L2, kernel
     # minus the decode-only and prefill-only kernels): median 4.7 (RTX 4090 3.3, RTX PRO 6000 Server 6.2).
     mixed_reread_l2_speedup: float = 4.7
-    # TP all-reduce over NVLink (and AMD Infinity Fabric), latency + ring bytes / (link x efficiency) fitted
-    # to aiconfigurator's H100 tables from 256 kB to 64 MB: vLLM 0.24's custom all-reduce under CUDA graphs
-    # 3.9 / 6.6 / 9.5 us and 0.50 / 0.59 / 0.78 at TP 2 / 4 / 8; NCCL 2.27 8.8 / 11.8 / 18.5 us and 0.49 /
-    # 0.60 / 0.62. vLLM runs the custom kernel up to 8 MB (captured in the decode graphs), NCCL beyond: the
-    # TP4 figures of the custom one. PCIe, with and without peer-to-peer: costmodels/collectives.py.
-    allreduce_link: float = 0.60
+    # The TP all-reduce, EP's collectives and PP's sends: costmodels/collectives.py, by interconnect and size.
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
-    allreduce_latency_s: float = 6.6e-6  # per all-reduce (see allreduce_link)
     # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
     per_step_s: float = 4.0e-4
     per_request_s: float = 6.0e-6        # per sequence in the batch
@@ -162,10 +156,9 @@ class RooflineCostModel:
                                          gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
-        nvlink = LinkCollective(e.allreduce_link, e.allreduce_latency_s)
-        self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvlink)
-        self.p2p_link = allreduce_link(gpu.interconnect_kind, 2, nvlink)   # one GPU to one other
-        self.ep_link = allreduce_link(gpu.interconnect_kind, max(2, d.data_parallel_size), nvlink)
+        self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvls_multicast(gpu))
+        self.p2p_link = collective_link(gpu.interconnect_kind, 2)   # one GPU to one other
+        self.ep_link = collective_link(gpu.interconnect_kind, max(2, d.data_parallel_size))
         # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
         kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
         self._kv_heads = kv_heads
@@ -278,8 +271,8 @@ class RooflineCostModel:
         if d.ep > 1:   # each rank holds experts / ep whole experts and gets its share of the routed tokens
             local_experts, width = experts / d.ep, m.moe_intermediate_size
             routed = min(tokens_global * top_k / d.ep * d.expert_load_imbalance, tokens_global * top_k)
-        else:          # every rank holds a 1/tp slice of every expert
-            local_experts, width, routed = experts, m.moe_intermediate_size / self.tp, num_tokens * top_k
+        else:          # every rank holds a 1/(tp x dp) slice of every expert and runs it over every DP rank's tokens
+            local_experts, width, routed = experts, m.moe_intermediate_size / d.expert_tp, tokens_global * top_k
         # distinct experts hit by tokens_global x top_k uniform picks, on this rank
         active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
         flops = 2.0 * routed * 3 * h * width
@@ -288,9 +281,11 @@ class RooflineCostModel:
                       e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
     def _alltoall_s(self, num_tokens: int) -> float:
-        """EP dispatch and combine of one MoE layer as vLLM runs them by default: an all-gather of every DP
-        rank's tokens (hidden state, top-k ids and weights) before the experts, so each rank runs its experts
-        over all of them, and a reduce-scatter of the experts' partial outputs after (all2all backend
+        """The DP dispatch and combine of one MoE layer as vLLM runs them by default, with or without EP
+        (`do_naive_dispatch_combine` whenever DP > 1, vllm/model_executor/layers/fused_moe/runner/moe_runner.py):
+        an all-gather of every DP rank's tokens (hidden state, top-k ids and weights) before the experts, so
+        each rank runs its experts (or its slice of every expert) over all of them, and a reduce-scatter of the
+        experts' partial outputs after (all2all backend
         `allgather_reducescatter`, vLLM's default since 0.11 and its only portable one: vllm/config/parallel.py,
         vllm/distributed/device_communicators/all2all.py `AgRsAll2AllManager`). Each is one ring over the DP
         group, (dp - 1) x this rank's bytes across each GPU's link, priced at that link's collective figures
@@ -397,8 +392,7 @@ class RooflineCostModel:
             t["moe_router_shared"] = m.num_moe_layers * (self._gemm_s(num_tokens, m.num_experts, m.hidden_size, self.dt)
                                                          + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms))
             t["routed_experts"] = m.num_moe_layers * self._routed_experts_s(num_tokens)
-            if d.ep > 1:
-                t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)
+            t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)   # none without DP
         if d.pipeline_parallel_size > 1:   # hidden states sent from stage to stage
             t["pipeline_sends"] = (d.pipeline_parallel_size - 1) * (
                 num_tokens * m.hidden_size * self.dt / (self.gpu.interconnect_bytes_per_s * self.p2p_link.efficiency)
@@ -479,7 +473,7 @@ class RooflineCostModel:
         if not m.tie_embeddings:   # the embedding table is looked up, one row, not streamed
             total -= p["embedding"] * self.dt / self.tp
         if m.is_moe:   # each expert is hit with probability top-k / experts
-            experts_bytes = p["experts"] * self.wb / (d.ep if d.ep > 1 else self.tp) / d.pipeline_parallel_size
+            experts_bytes = p["experts"] * self.wb / (d.ep if d.ep > 1 else d.expert_tp) / d.pipeline_parallel_size
             total -= experts_bytes * (1 - m.experts_per_token / m.num_experts)
         return total / self.gpu.hbm_bytes_per_s
 

@@ -205,7 +205,7 @@ def table_guard(m) -> dict:
                   for n, k in gemms for t in PROBE_TOKENS] if wname in m._g else [])
     if "moe" in m._g:
         d = m.deployment
-        check("moe", [((t * (d.data_parallel_size if d.ep > 1 else 1) * d.expert_load_imbalance,),
+        check("moe", [((t * d.data_parallel_size * d.expert_load_imbalance,),
                        m._routed_experts_s(t), Prior._routed_experts_s(m, t)) for t in PROBE_TOKENS])
     if "decode_attn_full" in m._g and not m.mla_modules:
         grid = m._g["decode_attn_full"]

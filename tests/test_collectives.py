@@ -1,5 +1,6 @@
-"""The TP all-reduce priced by what it crosses (costmodels/collectives.py): NVLink unchanged, PCIe with
-peer-to-peer at NCCL's measured PCIe figures, PCIe without it through host memory; hand-worked numbers."""
+"""The TP all-reduce priced by what it crosses (costmodels/collectives.py): NVLink by TP size as vLLM dispatches
+it (multimem at TP 8 where the switch reduces), PCIe with peer-to-peer at NCCL's measured PCIe figures, PCIe
+without it through host memory; hand-worked numbers."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,13 +9,12 @@ import pytest
 import yaml
 
 from costmodels.catalog import GPUS, ModelShape
-from costmodels.collectives import LinkCollective, allreduce_link, ring_allreduce_s
+from costmodels.collectives import NVLINK, allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
 from costmodels.profile import ProfileCostModel
-from costmodels.roofline import Efficiencies, RooflineCostModel
+from costmodels.roofline import RooflineCostModel
 from experiments.config import ConfigError, resolve_point
 from experiments.run import main
 
-NVLINK = LinkCollective(Efficiencies().allreduce_link, Efficiencies().allreduce_latency_s)
 # hidden 5120, bf16: one token's all-reduce message is 10,240 bytes
 QWEN3_32B = ModelShape("qwen3-32b-like", num_layers=64, hidden_size=5120, num_heads=64, num_kv_heads=8,
                        intermediate_size=25600, vocab_size=151936, max_model_len=40960, head_dim=128)
@@ -22,30 +22,58 @@ QWEN3_32B = ModelShape("qwen3-32b-like", num_layers=64, hidden_size=5120, num_he
 
 def test_one_megabyte_at_tp2_by_interconnect_kind():
     mb = 1e6   # per GPU; at TP 2 the ring moves 2 x (2 - 1) / 2 = 1x of it each way
-    # NVLink on an H100 (450 GB/s a direction): 1e6 / (450e9 x 0.60) + 6.6 us = 3.70 + 6.6 us
-    assert ring_allreduce_s(mb, 2, 450e9, allreduce_link("nvlink", 2, NVLINK)) == pytest.approx(10.3037e-6, rel=1e-4)
+    # NVLink on an H100 (450 GB/s a direction), vLLM's custom all-reduce at TP 2: 1e6 / (450e9 x 0.50) + 3.9 us
+    assert ring_allreduce_s(mb, 2, 450e9, allreduce_link("nvlink", 2, True)) == pytest.approx(8.3444e-6, rel=1e-4)
     # PCIe 5.0 x16 with P2P (64 GB/s): 1e6 / (64e9 x 0.59) + 14.2 us = 26.48 + 14.2 us
-    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie", 2, NVLINK)) == pytest.approx(40.683e-6, rel=1e-4)
+    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie", 2)) == pytest.approx(40.683e-6, rel=1e-4)
     # the same link through host memory: 1e6 / (64e9 x 0.252) + 9.5 us = 62.00 + 9.5 us
-    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie_host", 2, NVLINK)) == pytest.approx(71.504e-6, rel=1e-4)
+    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie_host", 2)) == pytest.approx(71.504e-6, rel=1e-4)
     # PCIe at TP 4: the ring moves 1.5 MB each way, 1.5e6 / (64e9 x 0.415) + 29.8 us
-    assert ring_allreduce_s(mb, 4, 64e9, allreduce_link("pcie", 4, NVLINK)) == pytest.approx(86.276e-6, rel=1e-4)
+    assert ring_allreduce_s(mb, 4, 64e9, allreduce_link("pcie", 4)) == pytest.approx(86.276e-6, rel=1e-4)
     # TP 3 takes TP 2's figures, TP 16 TP 8's; one GPU has nothing to reduce
-    assert allreduce_link("pcie", 3, NVLINK) == allreduce_link("pcie", 2, NVLINK)
-    assert allreduce_link("pcie", 16, NVLINK) == allreduce_link("pcie", 8, NVLINK)
-    assert ring_allreduce_s(mb, 1, 64e9, allreduce_link("pcie", 1, NVLINK)) == 0.0
-    assert allreduce_link("infinity_fabric", 8, NVLINK) is NVLINK
+    assert allreduce_link("pcie", 3) == allreduce_link("pcie", 2)
+    assert allreduce_link("pcie", 16) == allreduce_link("pcie", 8)
+    assert ring_allreduce_s(mb, 1, 64e9, allreduce_link("pcie", 1)) == 0.0
+    assert allreduce_link("infinity_fabric", 8) is NVLINK[4]
 
 
-def test_h100_nvlink_all_reduce_is_the_same_price_bitwise():
-    """The formula before the interconnect kinds, evaluated in the same order."""
-    gpu, e = GPUS["h100-sxm"], Efficiencies()
+def test_h100_nvlink_all_reduce_is_the_same_price_bitwise_at_tp4():
+    """The formula before the interconnect kinds (TP 4: 0.60 of the link + 6.6 us), evaluated in the same order."""
+    gpu = GPUS["h100-sxm"]
     cm = RooflineCostModel(QWEN3_32B, gpu, tp=4)
     for n in (1, 37, 128, 2048):
         bytes_ = n * QWEN3_32B.hidden_size * 2 * 2 * (4 - 1) / 4
-        old = 2 * (bytes_ / (gpu.interconnect_bytes_per_s * e.allreduce_link) + e.allreduce_latency_s)
+        old = 2 * (bytes_ / (gpu.interconnect_bytes_per_s * 0.60) + 6.6e-6)
         assert cm.step_terms_s(decode=[700] * n)["allreduce"] == pytest.approx(QWEN3_32B.num_layers * old, rel=1e-12)
         assert cm._allreduce_s(n) == old
+
+
+def test_nvlink_all_reduce_by_tp_size_and_multicast():
+    """A 2,048-token step's message for a 8,192-wide model (33.5 MB) on H100s: TP 8 runs vLLM's multimem
+    all-reduce (the switch reduces), A100s at TP 8 have no NVLS and keep the TP 4 figure."""
+    message = 2048 * 8192 * 2
+    h100 = GPUS["h100-sxm"]
+    assert nvls_multicast(h100) and not nvls_multicast(GPUS["a100-80gb"])
+    assert not nvls_multicast(GPUS["l40s"]) and not nvls_multicast(GPUS["mi300x"])
+    # ring bytes 33,554,432 x 2 x 7 / 8 = 58,720,256: / (450e9 x 0.78) + 9.5 us = 167.30 + 9.5 us
+    tp8 = RooflineCostModel(QWEN3_32B, h100, tp=8)
+    assert ring_allreduce_s(message, 8, 450e9, tp8.tp_link) == pytest.approx(176.80e-6, rel=1e-4)
+    # the same on A100s' NVLink 3 (300 GB/s a direction) at TP 4's figures; the message is 32 MiB, TP 4's
+    # limit, so NCCL's: / (300e9 x 0.79) + 50 us = 247.76 + 50 us
+    a100 = RooflineCostModel(QWEN3_32B, GPUS["a100-80gb"], tp=8)
+    assert a100.tp_link is NVLINK[4]
+    assert ring_allreduce_s(message, 8, 300e9, a100.tp_link) == pytest.approx(297.76e-6, rel=1e-4)
+    # TP 2 at vLLM's custom kernel's own figure; TP 6 takes TP 4's, TP 16 TP 8's
+    assert RooflineCostModel(QWEN3_32B, h100, tp=2).tp_link is NVLINK[2]
+    assert allreduce_link("nvlink", 6, True) is NVLINK[4] and allreduce_link("nvlink", 16, True) is NVLINK[8]
+    # past vLLM's custom and symmetric-memory limits NCCL takes over: at TP 4 a 4,096-token chunk's 67,108,864
+    # bytes (over 32 MiB) move 100,663,296 ring bytes at 0.79 of 450 GB/s + 50 us = 283.16 + 50 us (aiconfigurator's
+    # H100 table: 329.9 us); just under the limit, TP 4's own pair: 50,331,642 / (450e9 x 0.60) + 6.6 us
+    assert ring_allreduce_s(2 * message, 4, 450e9, NVLINK[4]) == pytest.approx(333.16e-6, rel=1e-4)
+    assert ring_allreduce_s(message - 4, 4, 450e9, NVLINK[4]) == pytest.approx(193.01e-6, rel=1e-4)
+    # EP's all-gathers and reduce-scatters and PP's sends are NCCL's, at the TP 4 figure over NVLink
+    assert tp8.ep_link is NVLINK[4] and tp8.p2p_link is NVLINK[4]
+    assert collective_link("pcie", 4) == allreduce_link("pcie", 4)
 
 
 def test_a_decode_step_on_two_rtx_pro_6000_by_kind():

@@ -133,6 +133,28 @@ def test_ep_exchange_is_vllms_all_gather_and_reduce_scatter_over_the_dp_ranks(tm
     assert four.step_terms_s(prefill=[(100, 0)])["alltoall"] == pytest.approx(3 * per_layer4, rel=1e-12)
 
 
+def test_dp_without_ep_shards_every_expert_over_the_tp_x_dp_ranks(tmp_path):
+    """vLLM without expert parallelism flattens the experts' TP across the DP ranks (FusedMoEParallelConfig.make:
+    at TP 2, DP 2 "the tensors are sharded across 4 devices"): each GPU holds a quarter of every expert and runs
+    it over both DP ranks' tokens, gathered and scattered as with EP (naive dispatch whenever DP > 1)."""
+    m = get_model(write(tmp_path, TINY_MOE))
+    experts = m.param_counts()["experts"] * 2
+    tp2 = Deployment(tensor_parallel_size=2)
+    dp2 = Deployment(tensor_parallel_size=2, data_parallel_size=2)
+    assert dp2.expert_tp == 4 and tp2.expert_tp == 2
+    assert Deployment(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True).expert_tp == 1
+    assert weight_bytes_per_gpu(m, tp2) - weight_bytes_per_gpu(m, dp2) == pytest.approx(experts / 2 - experts / 4)
+    # 1,024 tokens a rank, top-2: 4,096 token-expert rows over both ranks' tokens at a quarter of the width
+    # (32 of 128): 2 x 4,096 x 3 x 256 x 32 FLOPs, the same as TP 2 alone over its own 2,048 rows at 64
+    cm, alone = RooflineCostModel(m, H100, tp=2, deployment=dp2), RooflineCostModel(m, H100, tp=2, deployment=tp2)
+    flops = 2 * 4096 * 3 * 256 * 32
+    assert flops == 2 * 2048 * 3 * 256 * 64
+    assert cm.step_terms_s(prefill=[(1024, 0)])["alltoall"] > 0.0
+    assert alone.step_terms_s(prefill=[(1024, 0)])["alltoall"] == 0.0
+    # decode at one sequence a rank: half the expert bytes per GPU, so the weight-bound experts take less
+    assert cm._routed_experts_s(1) < alone._routed_experts_s(1)
+
+
 def test_roofline_bitwise_paths_hold_for_every_family(tmp_path):
     for cfg in (TINY_MOE, TINY_MLA, {**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}):
         cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100)
