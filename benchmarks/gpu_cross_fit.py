@@ -26,7 +26,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_fidelity import LSS_DIR, _lss_metrics, find_shared, model_ref, say  # noqa: E402
+from benchmarks.gpu_fidelity import LSS_DIR, _lss_metrics, find_shared, say  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 
@@ -40,7 +40,7 @@ def _runs(shared: Path) -> dict:
     out = {}
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
         run = read_run(d)
-        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"])))
+        cfg = replay_config(run, replay_point(run, run.meta["model_id"]))
         prior = point_cost_model(dataclasses.replace(cfg, profile="roofline"))
         dp = cfg.deployment.data_parallel_size if cfg.deployment is not None else 1
         out[d.name] = (run, cfg, prior, int(cfg.policy.max_num_batched_tokens), int(dp))

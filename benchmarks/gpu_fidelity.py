@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import io
 import math
-import re
 import sys
 import tempfile
 import time
@@ -52,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 from commandline.argtypes import positive_float  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
-from fidelity.vllm_stages import (StageFileError, read_stage_file, row_problem, row_settings,  # noqa: E402
-                                  stage_files, stage_profile)
+from fidelity.vllm_stages import (StageFileError, data_parallel, read_stage_file, row_problem,  # noqa: E402
+                                  row_settings, stage_files, stage_profile)
 
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
@@ -62,7 +61,6 @@ LSS_DIR = "real-runs/llmservingsim"
 
 # An FP8 checkpoint's id: its base model's id with this suffix (Qwen/Qwen3-32B-FP8, ...-Instruct-FP8,
 # RedHatAI/phi-4-FP8-dynamic)
-FP8_SUFFIX = re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE)
 # The client's prompt pool. Each run's inference-perf config (results/config.yaml beside the stage files in
 # the source repository) has `shared_prefix: {num_groups: 10, num_prompts_per_group: 10}`, and
 # inference-perf's SharedPrefixDataGenerator makes that many prompts once (10 system prompts, 10 questions
@@ -87,15 +85,6 @@ def find_shared(given: str | None) -> Path | None:
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def model_ref(hf_id: str) -> str:
-    """A model name the sweep file takes: the id itself where costmodels resolves it (the catalog, its
-    aliases and the Hugging Face configs shipped: costmodels/model_names.py); for an FP8 checkpoint's id that
-    does not resolve, its base model's id (stage_point then asks for FP8 weights). An id nothing resolves is
-    returned as given: the point's resolution then says why."""
-    return next((name for name in dict.fromkeys((hf_id, FP8_SUFFIX.sub("", hf_id))) if shape(name) is not None),
-                hf_id)
 
 
 def shape(model: str):
@@ -126,13 +115,6 @@ def has_sliding_layers(model: str) -> bool:
     return m is not None and bool(m.sliding_window and m.num_sliding_layers)
 
 
-def fp8_weights(hf_id: str, model: str) -> bool:
-    """Whether an FP8 checkpoint's id resolved to a model whose config does not say FP8 itself (its base
-    model's), so that the point must ask for FP8 weights as `quantization: fp8`."""
-    m = shape(model) if FP8_SUFFIX.search(hf_id) else None
-    return m is not None and m.quantization is None
-
-
 def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None,
                 profile: dict | None = None) -> dict:
     """The sweep-style point of one stage, with the engine settings of its row (fidelity.vllm_stages)."""
@@ -141,7 +123,7 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
     output = stage_output(row, profile)
     rate = float(row["requested_rate_per_s"])
     n = int(round(rate * min(profile["duration_s"], max_stage_s)))
-    model = model_ref(row["model"])
+    model = row["model"]
     engine = {"policy": "chunked_prefill", "max_num_seqs": settings["max_num_seqs"],
               "max_num_batched_tokens": settings["max_num_batched_tokens"],
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
@@ -161,10 +143,9 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
                           "output_tokens": {"dist": "fixed", "value": int(output)},
                           "shared_prefix": {"num_groups": NUM_SYSTEM_PROMPTS * PROMPTS_PER_SYSTEM_PROMPT,
                                             "prefix_tokens": max(1, round(row["prompt_tokens_mean"]) - 1)}}}
-    quantization = settings["quantization"] or ("fp8" if fp8_weights(row["model"], model) else None)
-    if quantization:
-        point["quantization"] = quantization
-    return point
+    if settings["quantization"]:   # else the checkpoint's (an FP8 checkpoint's id: FP8, costmodels.get_model)
+        point["quantization"] = settings["quantization"]
+    return data_parallel(point, settings["data_parallel_size"])
 
 
 def stage_output(row: pd.Series, profile: dict) -> int:
@@ -194,9 +175,9 @@ def saturated(ttft_p99_ms: float, failed_fraction: float = 0.0) -> bool:
 
 
 # stages.csv's columns besides the metrics: what each row replayed and with which engine settings
-SETTING_COLUMNS = ("stage_file", "gpu", "tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "dtype",
-                   "weights", "gpu_memory_utilization", "kv_offload_gb", "max_model_len", "vllm_version",
-                   "profile", "skipped")
+SETTING_COLUMNS = ("stage_file", "gpu", "tensor_parallel_size", "data_parallel_size", "max_num_batched_tokens",
+                   "max_num_seqs", "dtype", "weights", "gpu_memory_utilization", "kv_offload_gb", "max_model_len",
+                   "vllm_version", "profile", "skipped")
 STAGE_COLUMNS = (["run", "stage", "rate", "cost_model", "cost_model_kind", "num_requests", "sim_wall_s",
                   "real_class", "sim_class"] + [f"{side}_{k}" for k in METRICS for side in ("real", "sim", "err")]
                  + list(SETTING_COLUMNS))
@@ -297,9 +278,9 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
-        cfg = replay_config(run, replay_point(run, model_ref(run.meta["model_id"])))
+        cfg = replay_config(run, replay_point(run, run.meta["model_id"]))
         profile = layer_profile(shared, d.name, work)
-        host = host_staged_point(run, model_ref(run.meta["model_id"]))
+        host = host_staged_point(run, run.meta["model_id"])
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":

@@ -10,6 +10,7 @@ case and the -Instruct / -Chat / -hf / -Base suffixes.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 SUFFIXES = ("-instruct", "-chat", "-hf", "-base")
@@ -69,6 +70,17 @@ def packaged_alias(name: str) -> str | None:
     """The shipped Hugging Face id `name` stands for (same key), or None."""
     key = name_key(name)
     return next((h for h in packaged_hf_ids() if name_key(h) == key), None)
+
+
+# An FP8 checkpoint's id (RedHatAI's "-FP8-dynamic" and "-FP8-static", "-FP8" releases): where its own config is
+# not shipped, it is its base model with FP8 weights (costmodels.catalog.get_model)
+FP8_CHECKPOINT = re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE)
+
+
+def fp8_base(name: str) -> str | None:
+    """'RedHatAI/phi-4-FP8-dynamic' -> 'RedHatAI/phi-4' (which resolves as microsoft/phi-4); None for other ids."""
+    base = FP8_CHECKPOINT.sub("", name)
+    return base if base != name else None
 
 
 def unknown_model_message(name: str, catalog_names) -> str:

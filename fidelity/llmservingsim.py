@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fidelity.realruns import RealRun, RealRunError, _table
+from fidelity.vllm_stages import data_parallel
 
 REQUESTS, META, PEER = "vllm_requests.jsonl", "vllm_meta.json", "validation_summary.txt"
 NEED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
@@ -120,10 +121,7 @@ def replay_point(run: RealRun, model: str | None = None, hardware=None) -> dict:
     point = {"model": model or MODEL_NAMES.get(hf_id, hf_id),
              "hardware": hardware if hardware is not None else gpu_of(run),
              "dtype": dtype, "tensor_parallel_size": int(kw.get("tensor_parallel_size") or 1), "engine": engine}
-    dp = int(kw.get("data_parallel_size") or 1)
-    if dp > 1:   # vLLM's DP ranks are engines of their own behind one front end: replicas, load balanced
-        point["data_parallel_size"] = dp
-        point["cluster"] = {"num_replicas": dp, "router": "least_outstanding"}
+    data_parallel(point, int(kw.get("data_parallel_size") or 1))
     if kw.get("enable_expert_parallel"):
         point["enable_expert_parallel"] = True
     if kw.get("kv_cache_dtype") not in (None, "auto"):

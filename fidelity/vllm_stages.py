@@ -26,7 +26,7 @@ NUMERIC = tuple(c for c in REQUIRED if c not in ("experiment", "model", "profile
 # Optional per-row settings: each key's accepted column names, vLLM's own first
 COLUMNS = {
     "gpu": ("gpu", "hardware", "accelerator", "gpu_type", "gpu_name", "gpu_model", "accelerator_type", "device"),
-    "max_num_batched_tokens": ("max_num_batched_tokens", "token_budget", "max_batched_tokens"),
+    "max_num_batched_tokens": ("max_num_batched_tokens", "token_budget", "max_batched_tokens", "mbt"),
     "max_num_seqs": ("max_num_seqs", "max_seqs", "max_batch_size"),
     "dtype": ("dtype", "torch_dtype"),
     "quantization": ("quantization", "quant"),
@@ -36,6 +36,11 @@ COLUMNS = {
     "kv_offload_gb": ("kv_offload_gb", "kv_offload_gib", "kv_offloading_size", "kv_cpu_offload_gb"),
     "max_model_len": ("max_model_len", "max_len"),
     "vllm_version": ("vllm_version", "engine_version"),
+    "data_parallel_size": ("data_parallel_size", "dp", "dp_size", "data_parallel"),
+    # KV CPU offloading on or off (true / false), as inference-perf run tables note it; on: `kv_offload_gb`
+    "kv_offload": ("kv_offload", "kv_cpu_offload", "cpu_offload", "kv_offloading"),
+    # one word for the weights' format or the 16-bit type (FP8, FP16, BF16), as run tables note it
+    "precision": ("precision", "weight_precision"),
 }
 WEIGHT_OFFLOAD_COLUMNS = ("cpu_offload_gb",)
 # The first stage file's engine (its README, ../shared/real-runs/README.md section 2): vLLM 0.15.1 on H100
@@ -43,8 +48,13 @@ WEIGHT_OFFLOAD_COLUMNS = ("cpu_offload_gb",)
 # gpu_memory_utilization not stated (vLLM's default, 0.9)
 DEFAULTS = {"gpu": "h100-sxm", "max_num_batched_tokens": 2048, "max_num_seqs": 128, "dtype": "fp16",
             "quantization": None, "gpu_memory_utilization": 0.9, "kv_offload_gb": 8.0, "max_model_len": 4096,
-            "vllm_version": "0.15.1"}
-INTEGER_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
+            "vllm_version": "0.15.1", "data_parallel_size": 1, "kv_offload": None, "precision": None}
+INTEGER_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "data_parallel_size")
+BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, "1.0": True,
+            "false": False, "no": False, "off": False, "0": False, "0.0": False, "none": False}
+# `precision` words that name a weight format (the rest name the 16-bit type, as DTYPES)
+PRECISION_QUANTIZATION = {"fp8": "fp8", "fp8_dynamic": "fp8", "w8a8_fp8": "fp8", "fp8_block": "fp8_block",
+                          "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
 # How model cards and vLLM's --dtype spell the sweep file's dtypes; `auto` is the checkpoint's own 16-bit type
 DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16",
           "auto": "fp16", "fp32": "fp32", "float32": "fp32", "float": "fp32"}
@@ -198,6 +208,20 @@ def row_settings(row: pd.Series) -> dict:
         s["dtype"] = dtype
     if s["quantization"] is not None:
         s["quantization"] = str(s["quantization"]).strip().lower()
+    if s["kv_offload"] is not None:   # a yes/no column switches the offloading the GiB figure sizes
+        on = BOOLEANS.get(str(s["kv_offload"]).strip().lower())
+        if on is None:
+            skipped = skipped or f"KV offload {s['kv_offload']!r} is not true or false"
+        elif not on:
+            s["kv_offload_gb"] = 0
+    if s["precision"] is not None:
+        word = re.sub(r"[^0-9a-z]+", "_", str(s["precision"]).strip().lower()).strip("_")
+        if word in PRECISION_QUANTIZATION:
+            s["quantization"] = s["quantization"] or PRECISION_QUANTIZATION[word]
+        elif word in DTYPES:
+            s["dtype"] = s["dtype"] if _cell(row, "dtype") is not None else DTYPES[word]
+        else:
+            skipped = skipped or f"precision {s['precision']!r} is not one of {', '.join([*PRECISION_QUANTIZATION, *DTYPES])}"
     for col in WEIGHT_OFFLOAD_COLUMNS:
         v = row.get(col)
         if v is not None and not pd.isna(v) and float(v) > 0:
@@ -205,6 +229,16 @@ def row_settings(row: pd.Series) -> dict:
     s["vllm_version"] = str(s["vllm_version"])
     s["skipped"] = skipped
     return s
+
+
+def data_parallel(point: dict, dp: int) -> dict:
+    """`point` with vLLM's `dp` data-parallel ranks: engines of their own behind one front end, which sends
+    each request to the least loaded (vLLM's DP load balancer scores waiting and running requests): replicas
+    under the least-outstanding router. An MoE model's ranks step together (simcore/dp_lockstep.py)."""
+    if dp > 1:
+        point["data_parallel_size"] = dp
+        point["cluster"] = {"num_replicas": dp, "router": "least_outstanding"}
+    return point
 
 
 def stage_profile(row: pd.Series) -> dict:

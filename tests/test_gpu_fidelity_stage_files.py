@@ -48,10 +48,14 @@ def test_a_profile_the_row_disagrees_with_or_does_not_name_is_rebuilt_from_the_r
 
 
 def test_an_fp8_checkpoint_is_simulated_with_fp8_weights():
+    from experiments.config import resolve_point
     point = gpu_fidelity.stage_point(pd.Series({**STAGE, "model": "meta-llama/Llama-2-7b-FP8"}), 600.0)
-    # its base model's id, which costmodels resolves to the catalog's llama-2-7b, with FP8 weights
-    assert get_model(point["model"]).name == "llama-2-7b" and point["quantization"] == "fp8"
-    assert "quantization" not in gpu_fidelity.stage_point(pd.Series(STAGE), 600.0)
+    # costmodels resolves the id to the catalog's llama-2-7b with the checkpoint's FP8 weights
+    assert get_model(point["model"]).name == "llama-2-7b" and "quantization" not in point
+    cfg = resolve_point(point)
+    assert cfg.deployment.weight_format(cfg.model) == "fp8"
+    plain = resolve_point(gpu_fidelity.stage_point(pd.Series(STAGE), 600.0))
+    assert plain.deployment.weight_format(plain.model) == "fp16"
 
 
 def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
@@ -130,3 +134,22 @@ def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_21():
     assert "disable_hybrid_kv_cache_manager" not in new["engine"]
     none = gpu_fidelity.stage_point(pd.Series({**row, "kv_offload_gb": 0}), 600.0)
     assert "kv_offload" not in none["engine"] and "disable_hybrid_kv_cache_manager" not in none["engine"]
+
+
+def test_run_table_columns_dp_mbt_kv_offload_and_precision():
+    """The columns inference-perf run tables note (`dp`, `mbt`, `cpu_offload` true/false for the KV offloading,
+    `precision`): DP ranks replay as replicas behind vLLM's least-loaded balancer, the rest as the engine
+    settings they name; a value that says neither is a reason, not a guess."""
+    row = pd.Series({**STAGE, "model": "meta-llama/Llama-4-Scout-17B-16E-Instruct", "tensor_parallel_size": 2,
+                     "dp": 2, "mbt": 1024, "cpu_offload": "false", "precision": "FP8"})
+    s = row_settings(row)
+    assert (s["data_parallel_size"], s["max_num_batched_tokens"], s["kv_offload_gb"], s["quantization"]) == (2, 1024, 0, "fp8")
+    point = gpu_fidelity.stage_point(row, 600.0, s)
+    assert point["data_parallel_size"] == 2 and point["cluster"] == {"num_replicas": 2, "router": "least_outstanding"}
+    assert "kv_offload" not in point["engine"] and point["quantization"] == "fp8"
+    assert point["engine"]["max_num_batched_tokens"] == 1024
+    on = row_settings(pd.Series({**STAGE, "cpu_offload": True, "precision": "BF16"}))
+    assert (on["kv_offload_gb"], on["dtype"], on["quantization"], on["data_parallel_size"]) == (8, "bf16", None, 1)
+    assert "cluster" not in gpu_fidelity.stage_point(pd.Series(STAGE), 600.0)
+    assert "not true or false" in row_settings(pd.Series({**STAGE, "cpu_offload": "sometimes"}))["skipped"]
+    assert "precision 'int3'" in row_settings(pd.Series({**STAGE, "precision": "int3"}))["skipped"]

@@ -1,6 +1,8 @@
 """The names users type: aliases resolve, the listing command shows what is known, errors say what to install."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from costmodels.catalog import CatalogError, get_model
@@ -63,7 +65,6 @@ def test_widely_served_models_resolve_without_the_aic_extra(monkeypatch):
 
 
 def test_every_shipped_config_parses_and_agrees_with_the_extras_copy():
-    import dataclasses
     from costmodels.hfconfig import model_from_hf_config
     from costmodels.model_names import SHIPPED_CONFIGS, aic_configs_dir
     files = sorted(SHIPPED_CONFIGS.glob("*_config.json"))
@@ -78,12 +79,16 @@ def test_every_shipped_config_parses_and_agrees_with_the_extras_copy():
 
 def test_llama_shaped_families_and_fp8_dynamic_checkpoints_resolve(monkeypatch):
     import costmodels.model_names as names
-    from benchmarks.gpu_fidelity import fp8_weights, model_ref
     monkeypatch.setattr(names, "aic_configs_dir", lambda: None)
     granite, phi4 = get_model("ibm-granite/granite-3.1-8b-instruct"), get_model("microsoft/phi-4")
     assert (granite.num_layers, granite.intermediate_size, phi4.num_kv_heads) == (40, 12800, 10)
     small = get_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503")   # the decoder under text_config
     assert (small.num_layers, small.hidden_size, small.vocab_size) == (40, 5120, 131072)
-    # RedHatAI's "-FP8-dynamic" checkpoints are their base model with FP8 weights
-    base = model_ref("RedHatAI/phi-4-FP8-dynamic")
-    assert get_model(base).name == "microsoft/phi-4" and fp8_weights("RedHatAI/phi-4-FP8-dynamic", base)
+    # RedHatAI's "-FP8-dynamic" checkpoints are their base model with FP8 weights, by name alone
+    fp8 = get_model("RedHatAI/phi-4-FP8-dynamic")
+    assert dataclasses.replace(fp8, quantization=None) == phi4 and fp8.quantization == "fp8"
+    scout = get_model("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic")
+    assert scout.quantization == "fp8" and scout.num_experts == 16
+    assert get_model("Qwen/Qwen3-30B-A3B-FP8").quantization == "fp8_block"   # its own shipped config says so
+    with pytest.raises(CatalogError, match="unknown model 'acme/Nothing-7B-FP8'"):
+        get_model("acme/Nothing-7B-FP8")
