@@ -23,9 +23,13 @@ REQUIRED = ("experiment", "model", "profile", "tensor_parallel_size", "stage", "
             "failed", "prompt_tokens_mean", "output_tokens_counted_mean", "ttft_mean_ms", "ttft_p99_ms",
             "e2e_mean_ms", "e2e_p99_ms", "per_token_ms_counted", "output_tok_per_s")
 NUMERIC = tuple(c for c in REQUIRED if c not in ("experiment", "model", "profile", "stage"))
+# Other names the run tables give a needed column (inference-perf's workload, the experiment configs' TP key)
+REQUIRED_ALIASES = {"profile": ("workload", "workload_profile"),
+                    "tensor_parallel_size": ("tp", "tensor_parallelism", "tp_size"),
+                    "experiment": ("run", "experiment_name", "experiment_folder"), "stage": ("stage_index", "stage_name")}
 # Optional per-row settings: each key's accepted column names, vLLM's own first
 COLUMNS = {
-    "gpu": ("gpu", "hardware", "accelerator", "gpu_type", "gpu_name", "gpu_model", "accelerator_type", "device"),
+    "gpu": ("gpu", "hardware", "hw", "accelerator", "gpu_type", "gpu_name", "gpu_model", "accelerator_type", "device"),
     "max_num_batched_tokens": ("max_num_batched_tokens", "token_budget", "max_batched_tokens", "mbt"),
     "max_num_seqs": ("max_num_seqs", "max_seqs", "max_batch_size"),
     "dtype": ("dtype", "torch_dtype"),
@@ -106,6 +110,10 @@ def read_stage_file(path: Path) -> pd.DataFrame:
     if twice is not None:
         raise StageFileError(f"{path}: two columns read as {twice!r} ({', '.join(c for c in table.columns if column_key(c) == twice)})")
     table.columns = keys
+    for name, aliases in REQUIRED_ALIASES.items():   # a needed column under another name the run tables use
+        present = [a for a in aliases if a in table.columns]
+        if name not in table.columns and len(present) == 1:
+            table = table.rename(columns={present[0]: name})
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise StageFileError(f"{path}: missing column {missing[0]!r} (a stage file has {', '.join(REQUIRED)})")

@@ -153,3 +153,12 @@ def test_run_table_columns_dp_mbt_kv_offload_and_precision():
     assert "cluster" not in gpu_fidelity.stage_point(pd.Series(STAGE), 600.0)
     assert "not true or false" in row_settings(pd.Series({**STAGE, "cpu_offload": "sometimes"}))["skipped"]
     assert "precision 'int3'" in row_settings(pd.Series({**STAGE, "precision": "int3"}))["skipped"]
+
+
+def test_needed_columns_under_the_names_run_tables_give_them(tmp_path):
+    from fidelity.vllm_stages import read_stage_file
+    f = tmp_path / "vllm-0.15.1-more-stages.csv"
+    row = {("workload" if k == "profile" else "TP" if k == "tensor_parallel_size" else k): v for k, v in STAGE.items()}
+    pd.DataFrame([{**row, "HW": "L40S"}]).to_csv(f, index=False)
+    r = read_stage_file(f).iloc[0]
+    assert (r["profile"], r["tensor_parallel_size"], row_settings(r)["gpu"]) == ("general", 1, "l40s")
