@@ -29,6 +29,8 @@ def point_kv_groups(cfg) -> KVCacheGroups | SwaPools | None:
     m = cfg.model
     if not m.sliding_window or not m.num_sliding_layers:
         return None
+    if m.sliding_window >= m.max_model_len:   # no sequence outgrows the window: every layer holds every token,
+        return None                           # as full attention does (Mistral-7B-v0.1 at max_model_len 4,096)
     num_full = m.num_layers - m.num_sliding_layers
     if cfg.policy.name in SwaPools.policies:
         return sglang_swa_pools(cfg, num_full)

@@ -229,3 +229,17 @@ def test_pipeline_stages_refuse_the_hybrid_pool():
     cost = RooflineCostModel(get_model("llama-3-8b"), get_gpu("h100-sxm"), deployment=Deployment(pipeline_parallel_size=2))
     with pytest.raises(SimulationError, match="disable_hybrid_kv_cache_manager"):
         PipelinedEngine(simpy.Environment(), POLICY, cost, EngineLimits(50, 16, 512, kv_groups=GROUPS), num_stages=2)
+
+
+def test_a_window_no_sequence_outgrows_is_full_attention(tmp_path):
+    """Mistral-7B-v0.1 (every layer sliding, window 4,096) served at max_model_len 4,096: the window never drops
+    a block, so the layers are counted whole, as full attention, and the host offload tier is allowed; at a
+    longer max_model_len the window binds and vLLM's one sliding group is used."""
+    every = {**TINY, "sliding_window": 2048, "layer_types": ["sliding_attention"] * 4}
+    point = tiny_point(tmp_path, every, enable_prefix_caching=True, kv_offload={"cpu_gb": 1})
+    assert memory_plan(resolve_point(point)).kv_groups is None   # max_position_embeddings 2,048
+    longer = {**every, "max_position_embeddings": 8192}
+    binds = memory_plan(resolve_point(tiny_point(tmp_path, longer))).kv_groups
+    assert binds is not None and binds.num_groups == 1
+    with pytest.raises(SimulationError, match="not modelled with engine.kv_offload"):
+        memory_plan(resolve_point(tiny_point(tmp_path, longer, enable_prefix_caching=True, kv_offload={"cpu_gb": 1})))
