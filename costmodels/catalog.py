@@ -238,15 +238,16 @@ def get_gpu(name: str) -> GPU:
 
 def get_model(name_or_path: str) -> ModelShape:
     """A catalog name, the path of a Hugging Face config.json (or a folder holding one), or a name either
-    stands for (costmodels/model_names.py: 'meta-llama/Llama-3.1-8B-Instruct' is llama-3.1-8b), or an FP8
-    checkpoint of one ('RedHatAI/phi-4-FP8-dynamic': phi-4 with `quantization` fp8, the checkpoint's format)."""
+    stands for (costmodels/model_names.py: 'meta-llama/Llama-3.1-8B-Instruct' is llama-3.1-8b), or a quantised
+    checkpoint of one ('RedHatAI/phi-4-FP8-dynamic': phi-4 with `quantization` fp8, the checkpoint's format;
+    '-quantized.w4a16', '-AWQ': int4)."""
     if name_or_path.lower() in MODELS:
         return MODELS[name_or_path.lower()]
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
     from costmodels.hfconfig import model_from_hf_config, packaged_config
-    from costmodels.model_names import catalog_alias, fp8_base, packaged_alias, unknown_model_message
+    from costmodels.model_names import catalog_alias, packaged_alias, quantized_base, unknown_model_message
     if path.suffix == ".json" or path.exists():
         return model_from_hf_config(path)
     alias = catalog_alias(name_or_path, MODELS)
@@ -255,14 +256,14 @@ def get_model(name_or_path: str) -> ModelShape:
     hf_id = name_or_path if packaged_config(name_or_path) is not None else packaged_alias(name_or_path)
     if hf_id is not None:   # "Qwen/Qwen3-30B-A3B": a config.json this package or the [aic] extra ships
         return model_from_hf_config(packaged_config(hf_id))
-    base = fp8_base(name_or_path)
-    if base is not None:   # an FP8 checkpoint of a model we know: its shape, FP8 weights
+    quantized = quantized_base(name_or_path)
+    if quantized is not None:   # a quantised checkpoint of a model we know: its shape, the checkpoint's weights
         try:
-            m = get_model(base)
+            m = get_model(quantized[0])
         except CatalogError:
             pass
         else:
-            return replace(m, quantization=m.quantization or "fp8")
+            return replace(m, quantization=m.quantization or quantized[1])
     raise CatalogError(unknown_model_message(name_or_path, list(MODELS)))
 
 

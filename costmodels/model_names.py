@@ -72,15 +72,24 @@ def packaged_alias(name: str) -> str | None:
     return next((h for h in packaged_hf_ids() if name_key(h) == key), None)
 
 
-# An FP8 checkpoint's id (RedHatAI's "-FP8-dynamic" and "-FP8-static", "-FP8" releases): where its own config is
-# not shipped, it is its base model with FP8 weights (costmodels.catalog.get_model)
-FP8_CHECKPOINT = re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE)
+# A quantised checkpoint's id and its weight format (costmodels/deployment.py WEIGHT_BYTES): where its own config
+# is not shipped, it is its base model with those weights (costmodels.catalog.get_model). RedHatAI's "-FP8-dynamic"
+# and "-FP8-static" and the "-FP8" releases: FP8; RedHatAI's "-quantized.w4a16" (compressed-tensors, groups of 128)
+# and the "-AWQ" / "-GPTQ-Int4" releases: 4-bit weights in groups of 128, which vLLM runs with its Marlin kernels.
+# W8A8 INT8 ("-quantized.w8a8") is not a format the simulator prices: such an id stays unknown.
+QUANTIZED_CHECKPOINTS = ((re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE), "fp8"),
+                         (re.compile(r"[-_]quantized\.w4a16(?=$|[-_])", re.IGNORECASE), "int4"),
+                         (re.compile(r"[-_](?:awq|gptq(?:[-_]int4)?)(?=$|[-_])", re.IGNORECASE), "int4"))
 
 
-def fp8_base(name: str) -> str | None:
-    """'RedHatAI/phi-4-FP8-dynamic' -> 'RedHatAI/phi-4' (which resolves as microsoft/phi-4); None for other ids."""
-    base = FP8_CHECKPOINT.sub("", name)
-    return base if base != name else None
+def quantized_base(name: str) -> tuple[str, str] | None:
+    """'RedHatAI/phi-4-FP8-dynamic' -> ('RedHatAI/phi-4', 'fp8') (which resolves as microsoft/phi-4),
+    'Qwen/Qwen2.5-7B-Instruct-AWQ' -> ('Qwen/Qwen2.5-7B-Instruct', 'int4'); None for other ids."""
+    for pattern, weights in QUANTIZED_CHECKPOINTS:
+        base = pattern.sub("", name)
+        if base != name:
+            return base, weights
+    return None
 
 
 def unknown_model_message(name: str, catalog_names) -> str:
