@@ -31,8 +31,12 @@ class GPU:
                                             # costmodels/attention_kernel.py); None: not NVIDIA, or not known
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
-        """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8 or fp4), falling back to
-        the next wider format the GPU has (weight-only quantisation)."""
+        """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8, fp4 or int8), falling back
+        to the next wider format the GPU has (weight-only quantisation). INT8 runs at the FP8 rate where the
+        GPU has FP8 (Ada, Hopper, Blackwell, CDNA 3: H100 SXM 1,979 TOPS and TFLOP/s, L40S 733, MI300X 2,615)
+        and at twice the 16-bit rate before it (Ampere: A100 624 TOPS against 312 TFLOP/s bf16)."""
+        if compute_dtype == "int8":
+            return self.fp8_flops_per_s or 2 * self.bf16_flops_per_s
         if compute_dtype == "fp4" and self.fp4_flops_per_s:
             return self.fp4_flops_per_s
         if compute_dtype in ("fp4", "fp8") and self.fp8_flops_per_s:
@@ -240,7 +244,7 @@ def get_model(name_or_path: str) -> ModelShape:
     """A catalog name, the path of a Hugging Face config.json (or a folder holding one), or a name either
     stands for (costmodels/model_names.py: 'meta-llama/Llama-3.1-8B-Instruct' is llama-3.1-8b), or a quantised
     checkpoint of one ('RedHatAI/phi-4-FP8-dynamic': phi-4 with `quantization` fp8, the checkpoint's format;
-    '-quantized.w4a16', '-AWQ': int4)."""
+    '-quantized.w4a16', '-AWQ': int4; '-quantized.w8a8': int8)."""
     if name_or_path.lower() in MODELS:
         return MODELS[name_or_path.lower()]
     path = Path(name_or_path)

@@ -16,17 +16,19 @@ from costmodels.catalog import CatalogError, ModelShape
 # bytes per weight; block formats carry their scales (mxfp4: one 8-bit scale per 32 values, nvfp4: one
 # fp8 scale per 16; fp8_block: one fp32 scale per 128x128 block, negligible; int4 (AWQ, GPTQ): one fp16
 # scale and one 4-bit zero point per group of 128 weights, (2 + 0.5) / 128 bytes on top of the half byte,
-# as AWQ (Lin et al. 2023, arXiv:2306.00978) and GPTQ (Frantar et al. 2022, arXiv:2210.17323) store them)
+# as AWQ (Lin et al. 2023, arXiv:2306.00978) and GPTQ (Frantar et al. 2022, arXiv:2210.17323) store them);
+# int8 (W8A8, RedHatAI's "-quantized.w8a8"): one fp32 scale per output channel, negligible
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.53125,
-                "nvfp4": 0.5625, "int4": 0.5 + 2.5 / 128}
+                "nvfp4": 0.5625, "int4": 0.5 + 2.5 / 128, "int8": 1.0}
 # the GEMM input format: mxfp4 is weight-only in vLLM on Hopper; int4 is weight-only everywhere (vLLM's
 # Marlin kernels dequantise to 16 bits in registers and run 16-bit tensor-core MMAs: Frantar et al. 2024,
-# "MARLIN", arXiv:2408.11743)
+# "MARLIN", arXiv:2408.11743); int8 is W8A8: vLLM quantises each token's activations to INT8 on the fly and
+# runs CUTLASS's INT8 GEMM (compressed-tensors W8A8, `cutlass_scaled_mm`) on the INT8 tensor cores
 COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp32": "bf16", "fp8": "fp8", "fp8_block": "fp8",
-                 "mxfp4": "bf16", "nvfp4": "fp4", "int4": "bf16"}
+                 "mxfp4": "bf16", "nvfp4": "fp4", "int4": "bf16", "int8": "int8"}
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0}
 KV_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-QUANTIZATIONS = ("fp8", "fp8_block", "mxfp4", "nvfp4")
+QUANTIZATIONS = ("fp8", "fp8_block", "mxfp4", "nvfp4", "int8")
 
 
 @dataclass(frozen=True)

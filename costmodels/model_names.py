@@ -75,10 +75,11 @@ def packaged_alias(name: str) -> str | None:
 # A quantised checkpoint's id and its weight format (costmodels/deployment.py WEIGHT_BYTES): where its own config
 # is not shipped, it is its base model with those weights (costmodels.catalog.get_model). RedHatAI's "-FP8-dynamic"
 # and "-FP8-static" and the "-FP8" releases: FP8; RedHatAI's "-quantized.w4a16" (compressed-tensors, groups of 128)
-# and the "-AWQ" / "-GPTQ-Int4" releases: 4-bit weights in groups of 128, which vLLM runs with its Marlin kernels.
-# W8A8 INT8 ("-quantized.w8a8") is not a format the simulator prices: such an id stays unknown.
+# and the "-AWQ" / "-GPTQ-Int4" releases: 4-bit weights in groups of 128, which vLLM runs with its Marlin kernels;
+# RedHatAI's "-quantized.w8a8": INT8 weights and activations (W8A8).
 QUANTIZED_CHECKPOINTS = ((re.compile(r"[-_]fp8(?:[-_](?:dynamic|static))?(?=$|[-_])", re.IGNORECASE), "fp8"),
                          (re.compile(r"[-_]quantized\.w4a16(?=$|[-_])", re.IGNORECASE), "int4"),
+                         (re.compile(r"[-_]quantized\.w8a8(?=$|[-_])", re.IGNORECASE), "int8"),
                          (re.compile(r"[-_](?:awq|gptq(?:[-_]int4)?)(?=$|[-_])", re.IGNORECASE), "int4"))
 
 

@@ -84,9 +84,10 @@ def load_cost_model(profile: str | None, model: ModelShape, gpu: GPU, tp: int = 
     stepfit = _stepfit_or_none(path, model, dtype)
     if stepfit is not None:
         return stepfit
-    if d.weight_format(model) == "int4":
-        raise CatalogError(f"{path}: a kernel profile times 16-bit GEMMs and cannot price {model.name}'s int4 "
-                           "(AWQ/GPTQ) weights; use profile: roofline or aic, or a step model fitted on its runs")
+    if d.weight_format(model) in ("int4", "int8"):
+        raise CatalogError(f"{path}: a kernel profile times 16-bit GEMMs and cannot price {model.name}'s "
+                           f"{d.weight_format(model)} (AWQ/GPTQ or W8A8) weights; use profile: roofline or aic, "
+                           "or a step model fitted on its runs")
     data = read_profile(path)  # a profile named explicitly is used as given; describe() says where it was measured
     return profile_cost_model(data, model, gpu, tp, dtype, source=str(path), deployment=d)
 

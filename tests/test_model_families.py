@@ -155,6 +155,18 @@ def test_dp_without_ep_shards_every_expert_over_the_tp_x_dp_ranks(tmp_path):
     assert cm._routed_experts_s(1) < alone._routed_experts_s(1)
 
 
+def test_w8a8_int8_reads_one_byte_a_weight_at_the_int8_tensor_core_rate(tmp_path):
+    """INT8 runs at the FP8 rate where the GPU has FP8 (H100: 1,979 TOPS) and at twice the 16-bit rate before
+    it (A100: 624 TOPS); its weights are one byte, as FP8's."""
+    m = get_model(write(tmp_path, BASE))
+    a100 = get_gpu("a100-80gb")
+    assert H100.peak_flops_per_s("int8") == H100.fp8_flops_per_s and a100.peak_flops_per_s("int8") == 624e12
+    int8, fp8 = Deployment(quantization="int8"), Deployment(quantization="fp8")
+    assert weight_bytes_per_gpu(m, int8) == weight_bytes_per_gpu(m, fp8)
+    assert RooflineCostModel(m, a100, deployment=int8).peak_flops == 2 * RooflineCostModel(m, a100).peak_flops
+    assert RooflineCostModel(m, H100, deployment=int8).peak_flops == RooflineCostModel(m, H100, deployment=fp8).peak_flops
+
+
 def test_roofline_bitwise_paths_hold_for_every_family(tmp_path):
     for cfg in (TINY_MOE, TINY_MLA, {**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 256}):
         cm = RooflineCostModel(get_model(write(tmp_path, cfg)), H100)

@@ -92,9 +92,8 @@ def test_llama_shaped_families_and_fp8_dynamic_checkpoints_resolve(monkeypatch):
     assert get_model("Qwen/Qwen3-30B-A3B-FP8").quantization == "fp8_block"   # its own shipped config says so
     with pytest.raises(CatalogError, match="unknown model 'acme/Nothing-7B-FP8'"):
         get_model("acme/Nothing-7B-FP8")
-    # 4-bit weight-only checkpoints (Marlin in vLLM) likewise; W8A8 INT8 is not priced, so it stays unknown
+    # 4-bit weight-only checkpoints (Marlin in vLLM) and W8A8 INT8 ones likewise
     assert get_model("RedHatAI/phi-4-quantized.w4a16").quantization == "int4"
     awq = get_model("Qwen/Qwen2.5-7B-Instruct-AWQ")
     assert (awq.name, awq.quantization) == ("qwen2.5-7b", "int4")
-    with pytest.raises(CatalogError, match="unknown model 'RedHatAI/phi-4-quantized.w8a8'"):
-        get_model("RedHatAI/phi-4-quantized.w8a8")
+    assert get_model("RedHatAI/Llama-3.3-70B-Instruct-quantized.w8a8").quantization == "int8"
