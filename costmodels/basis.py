@@ -59,6 +59,9 @@ def basis_line(described: dict) -> str:
         if guard:
             line += ("; the roofline prior instead for " + ", ".join(f"{k} ({why})" for k, why in guard.items())
                      + ", far off the tables' physical bounds")
+        weights = str((described.get("family_sources") or {}).get("gemm_weights", ""))
+        if weights.startswith("roofline prior (no "):   # a weight format the tables lack (int4, int8, nvfp4 on Hopper)
+            line += f"; the roofline prior for the weight GEMMs ({weights[len('roofline prior ('):-1]})"
         return line
     if kind == "roofline":
         represents = described.get("represents")

@@ -155,4 +155,8 @@ def test_a_table_family_the_guard_dropped_is_named_as_priced_by_the_prior():
     assert "the roofline prior instead for moe (7.1x the roofline at (8192,))" in line
     clean = basis_line({"kind": "aic", "source": "tables", "held_out_error": {"moe": {"median_pct": 4.1}},
                         "table_guard": "every table family within its bounds"})
-    assert "moe 4.1%" in clean and "instead" not in clean
+    assert "moe 4.1%" in clean and "instead" not in clean and "weight GEMMs" not in clean
+    # a weight format the tables have no rows for: the bulk of the step is the prior's, and the line says so
+    int8 = basis_line({"kind": "aic", "source": "tables", "held_out_error": {"gemm_bf16": {"median_pct": 3.0}},
+                       "family_sources": {"gemm_weights": "roofline prior (no int8 GEMM rows)"}})
+    assert int8.endswith("; the roofline prior for the weight GEMMs (no int8 GEMM rows)")
