@@ -95,8 +95,7 @@ def collective_link(kind: str, gpus: int) -> LinkCollective:
 def nvls_multicast(gpu) -> bool:
     """Whether the GPUs' NVLink switch reduces in the fabric (NVLS multicast: NVSwitch 3 with Hopper, compute
     capability 9.0, and later), which vLLM's multimem all-reduce uses at TP 6-8."""
-    cc = getattr(gpu, "compute_capability", None)
-    return gpu.interconnect_kind == "nvlink" and cc is not None and float(cc) >= 9.0
+    return gpu.interconnect_kind == "nvlink" and gpu.compute_capability is not None and float(gpu.compute_capability) >= 9.0
 
 
 def ring_allreduce_s(message_bytes: float, tp: int, link_bytes_per_s: float, link: LinkCollective) -> float:

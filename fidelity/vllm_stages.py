@@ -223,11 +223,12 @@ def row_settings(row: pd.Series) -> dict:
         elif not on:
             s["kv_offload_gb"] = 0
     if s["precision"] is not None:
-        word = re.sub(r"[^0-9a-z]+", "_", str(s["precision"]).strip().lower()).strip("_")
+        word = column_key(s["precision"])   # 'FP8-dynamic' -> 'fp8_dynamic'
         if word in PRECISION_QUANTIZATION:
             s["quantization"] = s["quantization"] or PRECISION_QUANTIZATION[word]
         elif word in DTYPES:
-            s["dtype"] = s["dtype"] if _cell(row, "dtype") is not None else DTYPES[word]
+            if _cell(row, "dtype") is None:   # a dtype column says it first
+                s["dtype"] = DTYPES[word]
         else:
             skipped = skipped or f"precision {s['precision']!r} is not one of {', '.join([*PRECISION_QUANTIZATION, *DTYPES])}"
     for col in WEIGHT_OFFLOAD_COLUMNS:
