@@ -70,6 +70,8 @@ def tables(root: Path) -> None:
             keep = b >= 4e6
             print(line(f"{name} decode attention (aiconfigurator vllm {attn[-1].split('/')[-2]}, {keep.sum()} rows)",
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
+    for text in scaled_mm_lines(Path(root)):
+        print(text)
     for text in moe_compute_lines(Path(root)):
         print(text)
     # the TP all-reduce over NVLink (costmodels/collectives.py NVLINK): vLLM's all-reduce under CUDA graphs, through
@@ -94,6 +96,39 @@ def tables(root: Path) -> None:
                     f = fit(ring, s.latency.to_numpy() * 1e-3, GPUS[TABLE_GPUS[g]].interconnect_bytes_per_s)
                     print(f"{TABLE_GPUS[g]} {label} TP{tp}{what} (link): {f[1]:.2f} of datasheet + "
                           f"{f[0] * 1e6:.1f} us fixed (median |err| {f[2]:.0%})")
+
+
+def scaled_mm_lines(root: Path) -> list[str]:
+    """vLLM's W8A8 FP8 linear (CUTLASS scaled_mm; the table times the layer: a static-scale quantisation of
+    the activation, then the GEMM) against the same table's bf16 GEMMs: decode-shaped rows (m <= 64, FP8
+    weights >= 4 MB) fitted as fixed + bytes / (DRAM x efficiency), and compute-bound rows (m 1,024-8,192,
+    n and k >= 4,096) as a fraction of the GPU's FP8 peak once the quantisation (read the bf16 activation,
+    write it in FP8, at 0.9 of DRAM, plus 3 us) is taken out: in a compiled model it is fused into the
+    RMSNorm or SiLU*mul before most linears (costmodels/roofline.py `Efficiencies.scaled_mm_*`)."""
+    lines = []
+    for g, name in TABLE_GPUS.items():
+        gemm = sorted(glob.glob(f"{root}/{g}/gemm/vllm/*/gemm_perf.parquet"))
+        gpu = GPUS[name]
+        if not gemm or not gpu.fp8_flops_per_s:
+            continue
+        t = pd.read_parquet(gemm[-1])
+        version, bw = gemm[-1].split("/")[-2], gpu.hbm_bytes_per_s
+        fits = {}
+        for dtype, wb, ab in (("bfloat16", 2, 2), ("fp8", 1, 1)):
+            d = t[(t.gemm_dtype == dtype) & (t.m <= 64) & (t.n * t.k * wb >= 4e6)]
+            if len(d):
+                b = (d.n * d.k * wb + d.m * d.k * ab + d.m * d.n * 2.0).to_numpy()
+                fits[dtype] = fit(b, d.latency.to_numpy() * 1e-3, bw)
+        c = t[(t.gemm_dtype == "fp8") & (t.m >= 1024) & (t.m <= 8192) & (t.n >= 4096) & (t.k >= 4096)]
+        if "fp8" not in fits or not len(c):
+            continue
+        gemm_s = c.latency * 1e-3 - (c.m * c.k * 3 / (bw * 0.9) + 3e-6)
+        frac = float(np.median(2 * c.m * c.n * c.k / gemm_s / gpu.peak_flops_per_s("fp8")))
+        f, b16 = fits["fp8"], fits.get("bfloat16")
+        lines.append(f"{name} FP8 scaled_mm (aiconfigurator vllm {version}): decode {f[1]:.2f} of DRAM + "
+                     f"{f[0] * 1e6:.1f} us (bf16 {b16[1]:.2f} + {b16[0] * 1e6:.1f} us; median |err| {f[2]:.0%}); "
+                     f"compute-bound {frac:.2f} of the FP8 peak ({len(c)} rows)")
+    return lines
 
 
 def moe_table_terms(t: pd.DataFrame, gpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

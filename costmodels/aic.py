@@ -305,12 +305,12 @@ class AicCostModel(RooflineCostModel):
                 "table_guard": dict(self.guard) or "every table family within its bounds",
                 "held_out_error": {f: v["held_out"] for f, v in self.grids["families"].items()}}
 
-    def _gemm_s(self, m, n, k, wb=None):
+    def _gemm_s(self, m, n, k, quantized=True):
         """16-bit GEMMs (attention of mxfp4 models, router, LM head) from the bf16 rows, the others from the
         weight format's; a format the tables lack (nvfp4 on Hopper) keeps the roofline."""
-        bf16 = wb == self.dt or (wb is None and self.wb == self.dt)
+        bf16 = not quantized or self.wb == self.dt
         grid = self._g.get("gemm_bf16" if bf16 else "gemm_weights")
-        return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, wb)
+        return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, quantized)
 
     def _prefill_attention_s(self, prefill, window=None):
         if self.mla_modules:   # a mixed step reads the projection weights in both modules: an upper bound

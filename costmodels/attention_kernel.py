@@ -30,3 +30,14 @@ def mixed_batch_rereads_kv(gpu: GPU) -> bool:
         return False
     major = int(cc.split(".")[0])
     return major >= 8 and major not in (9, 10)
+
+
+def fp8_attention_mmas(gpu: GPU, kv_format: str) -> bool:
+    """True when the attention's matrix multiplies run in FP8: the KV cache is FP8 and the kernel vLLM picks
+    takes FP8 operands, quantising the query to match: FlashAttention 3 on Hopper (9.x; vLLM passes
+    q/k/v descales, vllm/v1/attention/backends/flash_attn.py) and FlashInfer's TRT-LLM kernels on datacenter
+    Blackwell (10.x; `disable_flashinfer_q_quantization` off by default). FlashAttention 2 has no FP8 path
+    and the other backends dequantise the cache to 16 bits (Ampere, Ada, 12.x, ROCm), so there, as for any
+    16-bit cache, the attention runs at the 16-bit rate whatever the weights' format."""
+    cc = gpu.compute_capability
+    return kv_format == "fp8" and bool(cc) and int(cc.split(".")[0]) in (9, 10)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.attention_kernel import mixed_batch_rereads_kv
+from costmodels.attention_kernel import fp8_attention_mmas, mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -46,6 +46,19 @@ class Efficiencies:
     # of the five (`python -m benchmarks.kernel_efficiency`). Decode-sized MoE is bound by the experts'
     # weights, where the same tables sit within about 10% of the memory side.
     moe_compute: float = 0.46
+    # vLLM's FP8 linear (W8A8: per-tensor, per-token or 128-block scales) is CUTLASS's scaled_mm, which
+    # reaches less of the FP8 peak than the 16-bit GEMMs reach of theirs. aiconfigurator's vLLM 0.24 FP8
+    # tables, compute-bound rows (m 1,024-8,192, n and k >= 4,096) with the activation's quantisation
+    # taken out (fused into the norm before it in a compiled model; `_elementwise_s`): 0.52 of the FP8 peak
+    # on H100, 0.57 H200, 0.51 B200, 0.54 L40S, 0.79 RTX PRO 6000 Server (whose FP8 peak is an estimate);
+    # 128-block scales 0.61, 0.59, 0.50, 0.38 (the same bf16 rows: 0.64-0.81 of the 16-bit peak). At decode
+    # sizes (m <= 64, FP8 weights >= 4 MB) it reads its weights at 0.79 of DRAM on H100, 0.73 H200, 0.68
+    # B200, 0.73 L40S, 0.91 RTX PRO 6000 Server: 0.86-0.96 of the same tables' bf16 figure. Medians of the
+    # five (`python -m benchmarks.kernel_efficiency`). Where the GPU has no FP8 tensor cores (Ampere) vLLM
+    # runs FP8 weights through Marlin at the 16-bit rate, priced as the 16-bit GEMMs. INT8 W8A8 runs CUTLASS's
+    # int8 scaled_mm, which no table here times: it keeps the 16-bit fractions, of the INT8 peak.
+    scaled_mm_compute: float = 0.54
+    scaled_mm_memory: float = 0.73
     # Near the ridge a GEMM's memory and compute time overlap imperfectly (tile loads against MMA, the
     # pipeline's fill and drain), so it takes longer than the larger of the two: time = (compute^p +
     # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time between 0.5 and 2 run
@@ -126,8 +139,17 @@ class RooflineCostModel:
         self.kv_dt = KV_BYTES[d.kv_format()]
         fmt = d.weight_format(model)
         self.wb = WEIGHT_BYTES[fmt]
-        self.wb_attn = self.dt if fmt == "mxfp4" else self.wb   # gpt-oss keeps attention in bf16
+        self.quantized_attention = fmt != "mxfp4"   # gpt-oss keeps its attention's weights in bf16
         self.peak_flops = gpu.peak_flops_per_s(COMPUTE_DTYPE[fmt])
+        # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
+        # format, and of one in the activations' 16-bit dtype (the router, the LM head)
+        self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
+        self._gemm_kinds = {
+            True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else eff.gemm_compute,
+                   eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
+            False: (self.dt, gpu.peak_flops_per_s("bf16"), eff.gemm_compute, eff.gemm_memory)}
+        # the attention's matrix multiplies run at the FP8 rate only on an FP8 KV cache (not FP8 weights)
+        self.attention_peak_flops = gpu.peak_flops_per_s("fp8" if fp8_attention_mmas(gpu, d.kv_format()) else "bf16")
         self.heads = m.num_heads // tp
         h = m.hidden_size
         if m.is_mla:
@@ -152,7 +174,7 @@ class RooflineCostModel:
             flops_per_ctx = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:          # QK^T and PV: 4 * head_dim * heads FLOP per context token
             flops_per_ctx = 4.0 * m.head_dim * self.heads
-        self._decode_attention_consts = (flops_per_ctx, self.peak_flops * e.attention_compute,
+        self._decode_attention_consts = (flops_per_ctx, self.attention_peak_flops * e.attention_compute,
                                          gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
@@ -178,11 +200,14 @@ class RooflineCostModel:
                             "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
 
-    def _gemm_s(self, m: float, n: int, k: int, wb: float | None = None) -> float:
+    def _gemm_s(self, m: float, n: int, k: int, quantized: bool = True) -> float:
+        """One linear layer over `m` tokens, weights [n, k]: in the deployment's weight format (`quantized`),
+        or in the activations' 16-bit dtype (the router, the LM head)."""
         e = self.eff
+        wb, peak, compute_eff, memory_eff = self._gemm_kinds[quantized]
         flops = 2.0 * m * n * k
-        bytes_ = (m * k + m * n) * self.dt + k * n * (self.wb if wb is None else wb)   # activations + weights
-        return _ridge(flops / (self.peak_flops * e.gemm_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
+        bytes_ = (m * k + m * n) * self.dt + k * n * wb   # activations + weights
+        return _ridge(flops / (peak * compute_eff), bytes_ / (self.gpu.hbm_bytes_per_s * memory_eff),
                       e.gemm_ridge_exponent) + e.gemm_fixed_s
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
@@ -205,7 +230,7 @@ class RooflineCostModel:
         else:
             flops = 4.0 * m.head_dim * self.heads * pairs
             bytes_ = dt * float(sum(2 * n * self.q_dim for n, _ in prefill)) + self.kv_dt * kv_tokens * self.kv_dim
-        return max(flops / (self.peak_flops * e.attention_compute),
+        return max(flops / (self.attention_peak_flops * e.attention_compute),
                    bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _decode_attention_s(self, context_sum, num_seqs: int):
@@ -245,12 +270,22 @@ class RooflineCostModel:
         """vLLM's fused elementwise kernels of one layer, each streaming its tensors once: two fused residual
         add + RMSNorm (read x and the residual, write both), rotary on Q and K (in place), SiLU*mul (read
         gate and up, write their product). A kernel whose tensors fit in L2 (a step's activations written by
-        the GEMM before it) runs at `l2_speedup` times the DRAM figure."""
+        the GEMM before it) runs at `l2_speedup` times the DRAM figure.
+
+        FP8 linears (`scaled_mm`) take their input in FP8: the compiled model (Inductor, over vLLM's native
+        ops) quantises it inside the RMSNorm before qkv and gate_up and the SiLU*mul before down, but the
+        attention's output, which leaves a kernel Inductor does not generate, is quantised by a kernel of its
+        own before o_proj (read 16 bits, write 8). aiconfigurator's FP8 GEMM rows, which time that quantisation
+        with every GEMM, take 2.8-3.7 us more than their bf16 rows at decode sizes on H100, H200, B200 and RTX
+        PRO 6000 Server (`python -m benchmarks.kernel_efficiency`): one kernel's launch and ramp."""
         m, e, dt = self.model, self.eff, self.dt
         l2 = self.gpu.l2_bytes or 0.0
         bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
         t = 0.0
-        for count, width in ((2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)):
+        kernels = [(2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)]
+        if self.scaled_mm and self.attn_gemms:   # (a table's MLA module times its own projections)
+            kernels.append((1, self.attn_gemms[-1][1] * (dt + 1.0) / dt))   # o_proj's input, quantised
+        for count, width in kernels:
             b = dt * num_tokens * width
             t += count * (b / (bw * (e.l2_speedup if b <= l2 else 1.0)) + e.kernel_launch_s)
         return t
@@ -382,14 +417,14 @@ class RooflineCostModel:
         """Every term that depends on the token count only, summed over the layers that have it."""
         m, e, d = self.model, self.eff, self.deployment
         moe_width = m.experts_per_token * m.moe_intermediate_size / (1 if d.ep > 1 else self.tp)
-        t = {"attention_gemms": m.num_layers * sum(self._gemm_s(num_tokens, n, k, self.wb_attn) for n, k in self.attn_gemms),
+        t = {"attention_gemms": m.num_layers * sum(self._gemm_s(num_tokens, n, k, self.quantized_attention) for n, k in self.attn_gemms),
              "allreduce": m.num_layers * self._allreduce_s(num_tokens),
              "dense_mlp": m.num_dense_layers * sum(self._gemm_s(num_tokens, n, k) for n, k in self.mlp_gemms),
              "elementwise": (m.num_dense_layers * self._elementwise_s(num_tokens, m.intermediate_size / self.tp)
                              + m.num_moe_layers * self._elementwise_s(num_tokens, moe_width)),
              "moe_router_shared": 0.0, "routed_experts": 0.0, "alltoall": 0.0, "pipeline_sends": 0.0}
         if m.num_moe_layers:
-            t["moe_router_shared"] = m.num_moe_layers * (self._gemm_s(num_tokens, m.num_experts, m.hidden_size, self.dt)
+            t["moe_router_shared"] = m.num_moe_layers * (self._gemm_s(num_tokens, m.num_experts, m.hidden_size, quantized=False)
                                                          + sum(self._gemm_s(num_tokens, n, k) for n, k in self.shared_gemms))
             t["routed_experts"] = m.num_moe_layers * self._routed_experts_s(num_tokens)
             t["alltoall"] = m.num_moe_layers * self._alltoall_s(num_tokens)   # none without DP
@@ -460,7 +495,7 @@ class RooflineCostModel:
         if not num_logits:
             return 0.0
         m, e = self.model, self.eff
-        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size, self.dt)
+        head = self._gemm_s(num_logits, m.vocab_size // self.tp, m.hidden_size, quantized=False)
         head += num_logits * m.vocab_size * 4 * 2 / (self.gpu.hbm_bytes_per_s * e.elementwise_memory)
         return head + 3 * e.kernel_launch_s
 

@@ -1,0 +1,72 @@
+"""FP8 linears priced as vLLM runs them (costmodels/roofline.py `Efficiencies.scaled_mm_*`): CUTLASS's
+scaled_mm at its own measured fractions where the GPU has FP8 tensor cores, Marlin at the 16-bit rate where
+it has not; the router and LM head in 16 bits; o_proj's input quantised by a kernel of its own; the attention
+at the FP8 rate only over an FP8 KV cache on Hopper or datacenter Blackwell. Hand-worked numbers."""
+from __future__ import annotations
+
+import pytest
+
+from costmodels.attention_kernel import fp8_attention_mmas
+from costmodels.catalog import GPUS, ModelShape
+from costmodels.deployment import Deployment
+from costmodels.roofline import Efficiencies, RooflineCostModel, _ridge
+
+LLAMA_8B = ModelShape("llama-8b-like", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+                      intermediate_size=14336, vocab_size=128256, max_model_len=8192, head_dim=128)
+
+
+def model(gpu: str, quantization: str | None = None, kv: str = "auto") -> RooflineCostModel:
+    return RooflineCostModel(LLAMA_8B, GPUS[gpu], deployment=Deployment(quantization=quantization, kv_cache_dtype=kv))
+
+
+def test_an_fp8_gemm_at_scaled_mm_figures_on_an_h100():
+    e, h100 = Efficiencies(), GPUS["h100-sxm"]
+    cm = model("h100-sxm", "fp8")
+    m, n, k = 2048, 14336, 4096
+    # 2 x 2,048 x 14,336 x 4,096 FLOP at 0.54 of 1,979 TFLOP/s; bf16 activations, one-byte weights at 0.73 of DRAM
+    compute = 2.0 * m * n * k / (1979e12 * e.scaled_mm_compute)
+    memory = ((m * k + m * n) * 2 + n * k * 1) / (3350e9 * e.scaled_mm_memory)
+    assert cm._gemm_s(m, n, k) == pytest.approx(_ridge(compute, memory, 3.0) + 3.5e-6, rel=1e-12)
+    assert cm._gemm_s(m, n, k) == pytest.approx(229.6e-6, rel=1e-3)   # 0.80 of the FP8 peak gave 157 us
+    # the same layer in bf16 at 0.80 of 989 TFLOP/s: FP8 is 1.34x faster there, not 2x
+    assert model("h100-sxm")._gemm_s(m, n, k) / cm._gemm_s(m, n, k) == pytest.approx(1.34, abs=0.01)
+    assert h100.fp8_flops_per_s == 1979e12
+
+
+def test_router_and_lm_head_run_in_16_bits_in_an_fp8_model():
+    fp8, bf16 = model("h100-sxm", "fp8"), model("h100-sxm")
+    # the LM head (128,256 x 4,096, bf16 weights) prices the same whatever the decoder's format
+    assert fp8._gemm_s(4096, 128256, 4096, quantized=False) == bf16._gemm_s(4096, 128256, 4096)
+    assert fp8._head_s(64) == bf16._head_s(64)
+
+
+def test_fp8_weights_on_an_a100_are_marlin_at_the_16_bit_rate():
+    a100 = model("a100-80gb", "fp8")
+    assert not a100.scaled_mm
+    e = Efficiencies()
+    m, n, k = 2048, 14336, 4096
+    compute = 2.0 * m * n * k / (312e12 * e.gemm_compute)
+    memory = ((m * k + m * n) * 2 + n * k * 1) / (2039e9 * e.gemm_memory)
+    assert a100._gemm_s(m, n, k) == pytest.approx(_ridge(compute, memory, 3.0) + 3.5e-6, rel=1e-12)
+
+
+def test_o_proj_input_is_quantised_by_a_kernel_of_its_own():
+    e = Efficiencies()
+    fp8, bf16 = model("h100-sxm", "fp8"), model("h100-sxm")
+    # 64 tokens x 4,096 attention outputs: read 2 bytes, write 1, at 0.90 of DRAM x 2.4 (inside L2) + one launch
+    extra = 64 * 4096 * 3 / (3350e9 * e.elementwise_memory * e.l2_speedup) + e.kernel_launch_s
+    assert fp8._elementwise_s(64, 14336) - bf16._elementwise_s(64, 14336) == pytest.approx(extra, rel=1e-9)
+
+
+def test_attention_runs_at_the_fp8_rate_only_over_an_fp8_cache_on_hopper_or_blackwell():
+    assert fp8_attention_mmas(GPUS["h100-sxm"], "fp8") and fp8_attention_mmas(GPUS["b200-sxm"], "fp8")
+    assert not fp8_attention_mmas(GPUS["h100-sxm"], "bf16")
+    assert not fp8_attention_mmas(GPUS["a100-80gb"], "fp8")   # FlashAttention 2 has no FP8 path
+    assert not fp8_attention_mmas(GPUS["l40s"], "fp8")
+    assert not fp8_attention_mmas(GPUS["mi300x"], "fp8")     # no compute capability: ROCm's kernels
+    # FP8 weights over a bf16 cache: the attention at the 16-bit peak, as a bf16 model's
+    prefill = [(2048, 0)]
+    assert model("h100-sxm", "fp8")._prefill_attention_s(prefill) == model("h100-sxm")._prefill_attention_s(prefill)
+    # an FP8 cache on an H100: the same FLOPs at twice the peak (the chunk's attention is compute-bound)
+    ratio = model("h100-sxm")._prefill_attention_s(prefill) / model("h100-sxm", kv="fp8")._prefill_attention_s(prefill)
+    assert 1.9 < ratio < 2.0
