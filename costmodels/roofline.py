@@ -200,15 +200,17 @@ class RooflineCostModel:
                             "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
 
-    def _gemm_s(self, m: float, n: int, k: int, quantized: bool = True) -> float:
-        """One linear layer over `m` tokens, weights [n, k]: in the deployment's weight format (`quantized`),
-        or in the activations' 16-bit dtype (the router, the LM head)."""
-        e = self.eff
+    def gemm_sides_s(self, m: float, n: int, k: int, quantized: bool = True) -> tuple[float, float]:
+        """(compute seconds, memory seconds) of one linear layer over `m` tokens, weights [n, k]: in the
+        deployment's weight format (`quantized`), or in the activations' 16-bit dtype (the router, the LM
+        head)."""
         wb, peak, compute_eff, memory_eff = self._gemm_kinds[quantized]
-        flops = 2.0 * m * n * k
         bytes_ = (m * k + m * n) * self.dt + k * n * wb   # activations + weights
-        return _ridge(flops / (peak * compute_eff), bytes_ / (self.gpu.hbm_bytes_per_s * memory_eff),
-                      e.gemm_ridge_exponent) + e.gemm_fixed_s
+        return 2.0 * m * n * k / (peak * compute_eff), bytes_ / (self.gpu.hbm_bytes_per_s * memory_eff)
+
+    def _gemm_s(self, m: float, n: int, k: int, quantized: bool = True) -> float:
+        e = self.eff
+        return _ridge(*self.gemm_sides_s(m, n, k, quantized), e.gemm_ridge_exponent) + e.gemm_fixed_s
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`

@@ -188,10 +188,7 @@ def gemms_compute_bound(roofline, num_tokens: int) -> bool:
     """Whether the dense layer's largest GEMM at `num_tokens` rows takes longer in FLOPs than in bytes on
     this GPU (the roofline's own max of the two, costmodels/roofline.py `_gemm_s`)."""
     n, k = max(roofline.layer_gemms, key=lambda nk: nk[0] * nk[1])
-    e = roofline.eff
-    flops_s = 2.0 * num_tokens * n * k / (roofline.peak_flops * e.gemm_compute)
-    bytes_s = ((num_tokens * k + num_tokens * n) * roofline.dt + k * n * roofline.wb) / (
-        roofline.gpu.hbm_bytes_per_s * e.gemm_memory)
+    flops_s, bytes_s = roofline.gemm_sides_s(num_tokens, n, k)
     return flops_s >= bytes_s
 
 
