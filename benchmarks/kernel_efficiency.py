@@ -72,6 +72,8 @@ def tables(root: Path) -> None:
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
     for text in scaled_mm_lines(Path(root)):
         print(text)
+    for text in fp8_kv_decode_lines(Path(root)):
+        print(text)
     for text in moe_compute_lines(Path(root)):
         print(text)
     # the TP all-reduce over NVLink (costmodels/collectives.py NVLINK): vLLM's all-reduce under CUDA graphs, through
@@ -128,6 +130,37 @@ def scaled_mm_lines(root: Path) -> list[str]:
         lines.append(f"{name} FP8 scaled_mm (aiconfigurator vllm {version}): decode {f[1]:.2f} of DRAM + "
                      f"{f[0] * 1e6:.1f} us (bf16 {b16[1]:.2f} + {b16[0] * 1e6:.1f} us; median |err| {f[2]:.0%}); "
                      f"compute-bound {frac:.2f} of the FP8 peak ({len(c)} rows)")
+    return lines
+
+
+def fp8_kv_decode_lines(root: Path) -> list[str]:
+    """Paged decode attention over an FP8 KV cache against a bf16 one, the same table (m: KV bytes read):
+    the rate at which the kernel streams the cache where it is large (512 MB or more a layer), in bytes a
+    second and as a share of DRAM, and on Hopper that rate over the GPU's 16-bit tensor peak
+    (costmodels/roofline.py `Efficiencies.fp8_kv_decode_bytes_per_flop`)."""
+    lines = []
+    for g, name in TABLE_GPUS.items():
+        attn = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/generation_attention_perf.parquet"))
+        if not attn:
+            continue
+        d = pd.read_parquet(attn[-1])
+        d = d[(d.window_size == 0) if "window_size" in d else d.index == d.index]
+        gpu, rates = GPUS[name], {}
+        for kv, kb in (("bfloat16", 2.0), ("fp8", 1.0)):
+            x = d[d.kv_cache_dtype == kv]
+            b = x.batch_size * (x.isl + x.step) * 2 * x.num_key_value_heads * x.head_dim * kb
+            big = b >= 512e6
+            if big.any():
+                rates[kv] = float(np.median(b[big] / (x.latency[big] * 1e-3)))
+        if len(rates) < 2:
+            continue
+        bw = gpu.hbm_bytes_per_s
+        text = (f"{name} decode attention, KV >= 512 MB (aiconfigurator vllm {attn[-1].split('/')[-2]}): bf16 KV "
+                f"{rates['bfloat16'] / 1e12:.2f} TB/s ({rates['bfloat16'] / bw:.2f} of DRAM), FP8 KV "
+                f"{rates['fp8'] / 1e12:.2f} TB/s ({rates['fp8'] / bw:.2f})")
+        if gpu.compute_capability and gpu.compute_capability.startswith("9."):
+            text += f"; FP8 rate / bf16 peak {rates['fp8'] / gpu.bf16_flops_per_s:.2e} bytes a FLOP"
+        lines.append(text)
     return lines
 
 

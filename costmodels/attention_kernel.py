@@ -41,3 +41,13 @@ def fp8_attention_mmas(gpu: GPU, kv_format: str) -> bool:
     16-bit cache, the attention runs at the 16-bit rate whatever the weights' format."""
     cc = gpu.compute_capability
     return kv_format == "fp8" and bool(cc) and int(cc.split(".")[0]) in (9, 10)
+
+
+def fp8_kv_decode_on_chip_bound(gpu: GPU, kv_format: str) -> bool:
+    """True when paged decode attention over an FP8 cache runs FlashAttention 3 (Hopper, 9.x), whose FP8
+    path streams the cache at an on-chip rate below DRAM's (`Efficiencies.fp8_kv_decode_bytes_per_flop`):
+    NVIDIA's vLLM tables time it at 2.32 TB/s on an H100 and 2.38 on an H200, the same rate on 43% more
+    DRAM bandwidth, where their bf16 caches stream at 0.87 and 0.82 of DRAM. Blackwell's FlashInfer kernels,
+    Ada's and the RTX PRO 6000's stream an FP8 cache at about their bf16 share (0.77-0.91)."""
+    cc = gpu.compute_capability
+    return kv_format == "fp8" and bool(cc) and int(cc.split(".")[0]) == 9

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.attention_kernel import fp8_attention_mmas, mixed_batch_rereads_kv
+from costmodels.attention_kernel import fp8_attention_mmas, fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -83,6 +83,12 @@ class Efficiencies:
     # Edition 0.90 + 14.5 us (LLMServingSim profiler, attention.csv, decode only). Median of the six: 0.86.
     attention_memory: float = 0.85
     decode_attention_fixed_s: float = 14e-6   # per layer's kernel
+    # FlashAttention 3's decode over an FP8 cache (Hopper) streams the cache at an on-chip rate, not DRAM's:
+    # the same tables, rows with 512 MB of KV or more, 2.32 TB/s on an H100 (0.69 of DRAM) and 2.38 on an
+    # H200 (0.50), the same on 43% more bandwidth (bf16 caches: 0.87 and 0.82 of DRAM). The rate goes with
+    # the SMs (the conversions and descaling of the FP8 path), so it is a share of the 16-bit tensor peak:
+    # 2.34e-3 and 2.41e-3 bytes a peak FLOP (`python -m benchmarks.kernel_efficiency`).
+    fp8_kv_decode_bytes_per_flop: float = 2.4e-3
     # RMSNorm (+ residual add), rotary, SiLU*mul: vLLM's fused CUDA kernels stream their tensors once. vLLM
     # 0.19's silu_and_mul at 2,048 tokens moves 1.03x (RTX 4090) and 1.17x (RTX PRO 6000 Server) of the DRAM
     # datasheet bandwidth (part of it from L2), RMSNorm more; 0.9 leaves room for GPUs with smaller L2.
@@ -174,8 +180,11 @@ class RooflineCostModel:
             flops_per_ctx = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:          # QK^T and PV: 4 * head_dim * heads FLOP per context token
             flops_per_ctx = 4.0 * m.head_dim * self.heads
+        kv_rate = gpu.hbm_bytes_per_s * e.attention_memory
+        if fp8_kv_decode_on_chip_bound(gpu, d.kv_format()):
+            kv_rate = min(kv_rate, gpu.bf16_flops_per_s * e.fp8_kv_decode_bytes_per_flop)
         self._decode_attention_consts = (flops_per_ctx, self.attention_peak_flops * e.attention_compute,
-                                         gpu.hbm_bytes_per_s * e.attention_memory, e.decode_attention_fixed_s)
+                                         kv_rate, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
         self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvls_multicast(gpu))

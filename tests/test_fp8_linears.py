@@ -1,7 +1,8 @@
 """FP8 linears priced as vLLM runs them (costmodels/roofline.py `Efficiencies.scaled_mm_*`): CUTLASS's
 scaled_mm at its own measured fractions where the GPU has FP8 tensor cores, Marlin at the 16-bit rate where
 it has not; the router and LM head in 16 bits; o_proj's input quantised by a kernel of its own; the attention
-at the FP8 rate only over an FP8 KV cache on Hopper or datacenter Blackwell. Hand-worked numbers."""
+at the FP8 rate only over an FP8 KV cache on Hopper or datacenter Blackwell, and an FP8 cache's decode on
+Hopper at FlashAttention 3's on-chip rate. Hand-worked numbers."""
 from __future__ import annotations
 
 import pytest
@@ -70,3 +71,23 @@ def test_attention_runs_at_the_fp8_rate_only_over_an_fp8_cache_on_hopper_or_blac
     # an FP8 cache on an H100: the same FLOPs at twice the peak (the chunk's attention is compute-bound)
     ratio = model("h100-sxm")._prefill_attention_s(prefill) / model("h100-sxm", kv="fp8")._prefill_attention_s(prefill)
     assert 1.9 < ratio < 2.0
+
+
+def test_an_fp8_cache_on_hopper_streams_at_flashattention_3s_on_chip_rate():
+    from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound
+    e = Efficiencies()
+    assert fp8_kv_decode_on_chip_bound(GPUS["h100-sxm"], "fp8") and fp8_kv_decode_on_chip_bound(GPUS["h200-sxm"], "fp8")
+    assert not fp8_kv_decode_on_chip_bound(GPUS["b200-sxm"], "fp8")   # FlashInfer: about the bf16 share of DRAM
+    assert not fp8_kv_decode_on_chip_bound(GPUS["h100-sxm"], "bf16")
+    # 64 sequences at context 2,048, 8 KV heads of 128: one layer's FP8 K and V are 64 x 2,048 x 2,048 bytes,
+    # streamed at 2.4e-3 x 989e12 = 2.37 TB/s on an H100 (DRAM x 0.85 would be 2.85 TB/s), plus the queries
+    kv = 64 * 2048 * 2048 * 1.0
+    q = 2.0 * 2 * 64 * 4096
+    per_layer = (kv + q) / (989e12 * e.fp8_kv_decode_bytes_per_flop) + e.decode_attention_fixed_s
+    h100 = model("h100-sxm", kv="fp8")
+    assert h100._decode_attention_s(64 * 2048.0, 64) == pytest.approx(32 * per_layer, rel=1e-12)
+    # on an H200 the same rate although its DRAM is 43% faster: the cache's read no longer scales with DRAM
+    assert model("h200-sxm", kv="fp8")._decode_attention_s(64 * 2048.0, 64) == pytest.approx(32 * per_layer, rel=1e-12)
+    # a bf16 cache reads twice the bytes at 0.85 of DRAM: FP8 is 1.6x faster on an H100, not 2x
+    bf16 = model("h100-sxm")._decode_attention_s(64 * 2048.0, 64)
+    assert bf16 / h100._decode_attention_s(64 * 2048.0, 64) == pytest.approx(1.59, abs=0.01)
