@@ -288,6 +288,8 @@ class AicCostModel(RooflineCostModel):
             self._g.pop(name, None)
             self.guard[name] = reason
         self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
+        if "gemm_weights" in self._g:   # the FP8 rows time each linear with its input's quantisation, o_proj's too
+            self.o_proj_quant_kernel = False
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",

@@ -150,6 +150,7 @@ class RooflineCostModel:
         # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
         # format, and of one in the activations' 16-bit dtype (the router, the LM head)
         self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
+        self.o_proj_quant_kernel = self.scaled_mm   # priced apart from the GEMMs (`_elementwise_s`)
         self._gemm_kinds = {
             True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else eff.gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
@@ -294,7 +295,7 @@ class RooflineCostModel:
         bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
         t = 0.0
         kernels = [(2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)]
-        if self.scaled_mm and self.attn_gemms:   # (a table's MLA module times its own projections)
+        if self.o_proj_quant_kernel and self.attn_gemms:   # (a table's MLA module times its own projections)
             kernels.append((1, self.attn_gemms[-1][1] * (dt + 1.0) / dt))   # o_proj's input, quantised
         for count, width in kernels:
             b = dt * num_tokens * width

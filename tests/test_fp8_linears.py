@@ -91,3 +91,14 @@ def test_an_fp8_cache_on_hopper_streams_at_flashattention_3s_on_chip_rate():
     # a bf16 cache reads twice the bytes at 0.85 of DRAM: FP8 is 1.6x faster on an H100, not 2x
     bf16 = model("h100-sxm")._decode_attention_s(64 * 2048.0, 64)
     assert bf16 / h100._decode_attention_s(64 * 2048.0, 64) == pytest.approx(1.59, abs=0.01)
+
+
+def test_the_tables_fp8_gemms_already_hold_o_projs_quantisation():
+    aic = pytest.importorskip("costmodels.aic")
+    if aic.tables_root() is None:
+        pytest.skip("aiconfigurator-core is not installed")
+    d = Deployment(quantization="fp8")
+    tables = aic.aic_cost_model("aic", LLAMA_8B, GPUS["h100-sxm"], d)
+    prior = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"], deployment=d)
+    assert "gemm_weights" in tables._g and not tables.o_proj_quant_kernel and prior.o_proj_quant_kernel
+    assert tables._elementwise_s(64, 14336) < prior._elementwise_s(64, 14336)
