@@ -8,7 +8,9 @@ KV >= 4 MB) in NVIDIA aiconfigurator's vLLM tables (the `aiconfigurator-core` pa
 the same two families in vLLM 0.19's own per-layer timings on an RTX 4090 and an RTX PRO 6000 Server
 Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-reduce (vLLM's custom
 all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff);
-vLLM's fused MoE kernel where compute-bound, as a fraction of the dense peak.
+vLLM's FP8 linear (CUTLASS scaled_mm) at decode sizes and where compute-bound, against the same tables'
+bf16 GEMMs; decode attention over an FP8 KV cache against a bf16 one; vLLM's fused MoE kernel where
+compute-bound, as a fraction of the dense peak.
 Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
 adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
