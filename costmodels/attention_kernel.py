@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from costmodels.catalog import GPU
 
-def mixed_batch_rereads_kv(gpu: GPU) -> bool:
+def mixed_batch_rereads_kv(gpu: GPU, kv_format: str = "bf16") -> bool:
     """True when a step mixing prefill chunks with decodes reads each decode's KV once per query head
     (FlashAttention 2's varlen kernel without its grouped-query fold): vLLM's choice of FA version by compute
     capability (`get_flash_attn_version`): FA3 on 9.x (Hopper), FA4 on 10.x (datacenter Blackwell, where the
     default backend is FlashInfer, which runs decodes apart), FA2 on the others from 8.0 (Ampere, Ada,
     consumer and workstation Blackwell 12.x). A GPU without a compute capability (AMD, or one described
-    without it) has no such excess."""
+    without it) has no such excess. Nor has an FP8 cache: FlashAttention 2 cannot read one
+    (`flash_attn_supports_kv_cache_dtype`, vllm/v1/attention/backends/fa_utils.py: FP8 only on FA3 / FA4),
+    so vLLM takes the next backend (FlashInfer, whose decode kernel groups the query heads, or Triton's)."""
     cc = gpu.compute_capability
-    if not cc:
+    if not cc or kv_format == "fp8":
         return False
     major = int(cc.split(".")[0])
     return major >= 8 and major not in (9, 10)

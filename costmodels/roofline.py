@@ -195,7 +195,7 @@ class RooflineCostModel:
         kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
         self._kv_heads = kv_heads
         self._mixed_rereads = (self.heads / kv_heads - 1.0
-                               if kv_heads and self.heads > kv_heads and mixed_batch_rereads_kv(gpu) else 0.0)
+                               if kv_heads and self.heads > kv_heads and mixed_batch_rereads_kv(gpu, d.kv_format()) else 0.0)
 
     def describe(self) -> dict:
         d = self.deployment

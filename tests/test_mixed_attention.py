@@ -14,6 +14,7 @@ import pytest
 from calibration import import_llmservingsim as imp
 from costmodels.attention_kernel import mixed_batch_rereads_kv
 from costmodels.catalog import get_gpu, get_model
+from costmodels.deployment import Deployment
 from costmodels.gpuspec import gpu_from_mapping
 from costmodels.profile import LogGrid
 from costmodels.roofline import RooflineCostModel
@@ -36,6 +37,10 @@ def test_fa2_gpus_are_the_ones_vllm_runs_flash_attention_2_on():
     for cc, fa2 in ((8.0, True), ("8.6", True), ("sm_89", True), ("12.0", True), (9, False), ("10.0", False)):
         assert mixed_batch_rereads_kv(gpu_from_mapping({**scratch, "compute_capability": cc})) is fa2, cc
     assert not mixed_batch_rereads_kv(gpu_from_mapping({"base": "a100-80gb", "compute_capability": None}))
+    # FlashAttention 2 cannot read an FP8 cache: vLLM runs another backend there, without the excess
+    assert not mixed_batch_rereads_kv(get_gpu("l40s"), "fp8") and mixed_batch_rereads_kv(get_gpu("l40s"), "bf16")
+    fp8_cache = RooflineCostModel(LLAMA, get_gpu("l40s"), deployment=Deployment(kv_cache_dtype="fp8"))
+    assert fp8_cache.step_terms_s(prefill=[(512, 0)], decode=[1024] * 64)["mixed_attention"] == 0.0
 
 
 @pytest.mark.parametrize("bad", ["eight", "8.x", True, -1, "0.5"])
