@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from commandline.parser import Parser  # noqa: E402
+from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
 from costmodels.collectives import NVLINK, MiB  # noqa: E402
 
@@ -146,7 +147,8 @@ def fp8_kv_decode_lines(root: Path) -> list[str]:
         if not attn:
             continue
         d = pd.read_parquet(attn[-1])
-        d = d[(d.window_size == 0) if "window_size" in d else d.index == d.index]
+        if "window_size" in d:   # full attention only
+            d = d[d.window_size == 0]
         gpu, rates = GPUS[name], {}
         for kv, kb in (("bfloat16", 2.0), ("fp8", 1.0)):
             x = d[d.kv_cache_dtype == kv]
@@ -160,7 +162,7 @@ def fp8_kv_decode_lines(root: Path) -> list[str]:
         text = (f"{name} decode attention, KV >= 512 MB (aiconfigurator vllm {attn[-1].split('/')[-2]}): bf16 KV "
                 f"{rates['bfloat16'] / 1e12:.2f} TB/s ({rates['bfloat16'] / bw:.2f} of DRAM), FP8 KV "
                 f"{rates['fp8'] / 1e12:.2f} TB/s ({rates['fp8'] / bw:.2f})")
-        if gpu.compute_capability and gpu.compute_capability.startswith("9."):
+        if fp8_kv_decode_on_chip_bound(gpu, "fp8"):   # the GPUs the prior prices at this rate
             text += f"; FP8 rate / bf16 peak {rates['fp8'] / gpu.bf16_flops_per_s:.2e} bytes a FLOP"
         lines.append(text)
     return lines

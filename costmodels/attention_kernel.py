@@ -18,6 +18,13 @@ from __future__ import annotations
 
 from costmodels.catalog import GPU
 
+
+def _major(gpu: GPU) -> int | None:
+    """The compute capability's major version (9 for "9.0"), None for a GPU described without one (AMD)."""
+    cc = gpu.compute_capability
+    return int(cc.split(".")[0]) if cc else None
+
+
 def mixed_batch_rereads_kv(gpu: GPU, kv_format: str = "bf16") -> bool:
     """True when a step mixing prefill chunks with decodes reads each decode's KV once per query head
     (FlashAttention 2's varlen kernel without its grouped-query fold): vLLM's choice of FA version by compute
@@ -27,11 +34,8 @@ def mixed_batch_rereads_kv(gpu: GPU, kv_format: str = "bf16") -> bool:
     without it) has no such excess. Nor has an FP8 cache: FlashAttention 2 cannot read one
     (`flash_attn_supports_kv_cache_dtype`, vllm/v1/attention/backends/fa_utils.py: FP8 only on FA3 / FA4),
     so vLLM takes the next backend (FlashInfer, whose decode kernel groups the query heads, or Triton's)."""
-    cc = gpu.compute_capability
-    if not cc or kv_format == "fp8":
-        return False
-    major = int(cc.split(".")[0])
-    return major >= 8 and major not in (9, 10)
+    major = _major(gpu)
+    return kv_format != "fp8" and major is not None and major >= 8 and major not in (9, 10)
 
 
 def fp8_attention_mmas(gpu: GPU, kv_format: str) -> bool:
@@ -41,8 +45,7 @@ def fp8_attention_mmas(gpu: GPU, kv_format: str) -> bool:
     Blackwell (10.x; `disable_flashinfer_q_quantization` off by default). FlashAttention 2 has no FP8 path
     and the other backends dequantise the cache to 16 bits (Ampere, Ada, 12.x, ROCm), so there, as for any
     16-bit cache, the attention runs at the 16-bit rate whatever the weights' format."""
-    cc = gpu.compute_capability
-    return kv_format == "fp8" and bool(cc) and int(cc.split(".")[0]) in (9, 10)
+    return kv_format == "fp8" and _major(gpu) in (9, 10)
 
 
 def fp8_kv_decode_on_chip_bound(gpu: GPU, kv_format: str) -> bool:
@@ -51,5 +54,4 @@ def fp8_kv_decode_on_chip_bound(gpu: GPU, kv_format: str) -> bool:
     NVIDIA's vLLM tables time it at 2.32 TB/s on an H100 and 2.38 on an H200, the same rate on 43% more
     DRAM bandwidth, where their bf16 caches stream at 0.87 and 0.82 of DRAM. Blackwell's FlashInfer kernels,
     Ada's and the RTX PRO 6000's stream an FP8 cache at about their bf16 share (0.77-0.91)."""
-    cc = gpu.compute_capability
-    return kv_format == "fp8" and bool(cc) and int(cc.split(".")[0]) == 9
+    return kv_format == "fp8" and _major(gpu) == 9
