@@ -10,7 +10,7 @@ Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-
 all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff);
 vLLM's FP8 linear (CUTLASS scaled_mm) at decode sizes and where compute-bound, against the same tables'
 bf16 GEMMs; decode attention over an FP8 KV cache against a bf16 one; vLLM's fused MoE kernel where
-compute-bound, as a fraction of the dense peak.
+compute-bound, as a fraction of the dense peak; vLLM's FP8 MoE kernels, compute-bound and at decode sizes.
 Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
 adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
@@ -77,7 +77,7 @@ def tables(root: Path) -> None:
         print(text)
     for text in fp8_kv_decode_lines(Path(root)):
         print(text)
-    for text in moe_compute_lines(Path(root)):
+    for text in moe_compute_lines(Path(root)) + moe_fp8_lines(Path(root)):
         print(text)
     # the TP all-reduce over NVLink (costmodels/collectives.py NVLINK): vLLM's all-reduce under CUDA graphs, through
     # its own dispatch (custom kernel, symmetric-memory multimem at TP 8), and NCCL's for comparison
@@ -168,15 +168,17 @@ def fp8_kv_decode_lines(root: Path) -> list[str]:
     return lines
 
 
-def moe_table_terms(t: pd.DataFrame, gpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def moe_table_terms(t: pd.DataFrame, gpu, weight_bytes: float = 2.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(FLOPs, bytes, tokens) of each MoE table row as the prior counts them (costmodels/roofline.py
-    `_routed_experts_s`: gate, up and down over the routed tokens; the active experts' weights and the routed
-    activations in bf16), for the busiest rank of the row's tp x ep layout."""
+    `_routed_experts_s`: gate, up and down over the routed tokens; the active experts' weights at
+    `weight_bytes` a parameter and the routed activations in bf16), for the busiest rank of the row's tp x ep
+    layout."""
     h, i, k, e, tp, ep, n = (t[c].to_numpy(float) for c in ("hidden_size", "inter_size", "topk", "num_experts",
                                                             "moe_tp_size", "moe_ep_size", "num_tokens"))
     width, routed = i / tp, n * k / ep
     active = e / ep * (1 - (1 - 1 / e) ** (n * k))
-    return 2 * routed * 3 * h * width, active * 3 * h * width * 2 + routed * (2 * h + 3 * width) * 2, n
+    return (2 * routed * 3 * h * width, active * 3 * h * width * weight_bytes + routed * (2 * h + 3 * width) * 2,
+            n)
 
 
 def moe_rows(path: str) -> pd.DataFrame:
@@ -214,6 +216,63 @@ def moe_compute_lines(root: Path) -> list[str]:
         lines.append(f"fused MoE compute-bound, median of the {len(medians)} GPUs: {np.median(medians):.2f} "
                      "(Efficiencies.moe_compute)")
     return lines + moe_prior_lines(root)
+
+
+def moe_fp8_lines(root: Path) -> list[str]:
+    """vLLM's FP8 MoE kernels (W8A8: Triton's fused_moe, FlashInfer's CUTLASS and TensorRT-LLM kernels, as
+    each table's vLLM picked them) on the GPUs with FP8 tensor cores, one family per (GPU, scale format,
+    kernel) of the newest vLLM table: the share of DRAM its decode-sized rows read their FP8 weights at
+    (memory over 3x compute, weights >= 50 MB a rank) against the same table's bf16 MoE, and its share of
+    the FP8 peak where compute-bound (FLOPs over 3x bytes). A family whose decode reads at under half the
+    bf16 kernel's rate is a slow path, listed but left out of the median (`Efficiencies.moe_fp8_compute`).
+    Then the prior's FP8 experts (`moe_fp8_compute` of the FP8 peak, the weights read at `moe_fp8_memory` of
+    DRAM) against every kept family: median error by tokens."""
+    from costmodels.roofline import Efficiencies
+    e, lines, fractions, decode_errors = Efficiencies(), [], [], []
+    for g, name in TABLE_GPUS.items():
+        gpu = GPUS[name]
+        paths = sorted(glob.glob(f"{root}/{g}/moe/vllm/*/moe_perf.parquet"))
+        if not paths or not gpu.fp8_flops_per_s:
+            continue
+        t = pd.read_parquet(paths[-1])
+        t = t[(t.moe_tp_size * t.moe_ep_size <= 8) & (t.inter_size / t.moe_tp_size >= 128)]
+        version, bw, peak = paths[-1].split("/")[-2], gpu.hbm_bytes_per_s, gpu.peak_flops_per_s("fp8")
+
+        def decode_share(rows, wb):
+            flops, bytes_, _ = moe_table_terms(rows, gpu, wb)
+            weights = bytes_ - moe_table_terms(rows, gpu, 0.0)[1]
+            sel = (bytes_ / bw > 3 * flops / peak) & (weights >= 50e6)
+            return float(np.median(bytes_[sel] / bw / (rows.latency.to_numpy()[sel] * 1e-3))) if sel.any() else None
+
+        bf16 = decode_share(t[t.moe_dtype == "bfloat16"], 2.0)
+        for (fmt, kernel), rows in t[t.moe_dtype.isin(["fp8", "fp8_block"])].groupby(["moe_dtype", "kernel_source"]):
+            flops, bytes_, n = moe_table_terms(rows, gpu, 1.0)
+            compute, y = flops / peak, rows.latency.to_numpy() * 1e-3
+            bound = compute > 3 * bytes_ / bw
+            share = decode_share(rows, 1.0)
+            if share is None or bound.sum() < 20:
+                continue
+            frac = float(np.median(compute[bound] / y[bound]))
+            slow = bf16 is not None and share < 0.5 * bf16
+            text = (f"{name} FP8 MoE {fmt} {kernel} (aiconfigurator vllm {version}): decode {share:.2f} of DRAM "
+                    f"(bf16 MoE {bf16:.2f}), compute-bound {frac:.2f} of the FP8 peak ({int(bound.sum())} rows)")
+            if slow:
+                lines.append(text + "; a slow path, left out")
+                continue
+            fractions.append(frac)
+            p, keep = e.gemm_ridge_exponent, n >= 16
+            prior = ((compute / e.moe_fp8_compute) ** p + (bytes_ / (bw * e.moe_fp8_memory)) ** p) ** (1 / p) \
+                + 2 * e.kernel_launch_s
+            err = [np.median(y[keep & s] / prior[keep & s]) - 1 for s in (n <= 256, (n > 256) & (n < 2048), n >= 2048)]
+            decode_errors.append(err[0])
+            lines.append(text + "; table over the prior at 16-256 / 257-2,047 / 2,048+ tokens "
+                         + " / ".join(f"{x:+.0%}" for x in err))
+    if fractions:
+        lines.append(f"FP8 MoE compute-bound, median of the {len(fractions)} families: {np.median(fractions):.2f} of "
+                     f"the FP8 peak (Efficiencies.moe_fp8_compute); at 16-256 tokens the tables run "
+                     f"{np.median(decode_errors):+.0%} over the prior (median; weights at moe_fp8_memory "
+                     f"{e.moe_fp8_memory:.2f} of DRAM)")
+    return lines
 
 
 def moe_prior_lines(root: Path) -> list[str]:

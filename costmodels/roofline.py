@@ -46,6 +46,21 @@ class Efficiencies:
     # of the five (`python -m benchmarks.kernel_efficiency`). Decode-sized MoE is bound by the experts'
     # weights, where the same tables sit within about 10% of the memory side.
     moe_compute: float = 0.46
+    # vLLM's FP8 MoE experts (W8A8 on GPUs with FP8 tensor cores: Triton's fused_moe for block scales on
+    # Hopper and for the Ada GPUs, FlashInfer's TensorRT-LLM kernels on B200, FlashInfer's CUTLASS on SM120,
+    # vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of the FP8 peak still, as the
+    # dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM 0.24 FP8 MoE tables, compute-
+    # bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel) families on H100, H200, B200,
+    # L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46). Decode-sized, they read their FP8
+    # weights at 0.54-0.83 of DRAM, 0.75-0.99 of the same tables' bf16 MoE (median 0.94); the prior's
+    # routed-experts term meets their rows of 16-256 tokens (median error 0) with the weights read at 0.76
+    # of DRAM, where 0.73 (the dense FP8 GEMMs' `scaled_mm_memory`) prices them 4% slow and 0.83 (the 16-bit
+    # `gemm_memory`, which meets the bf16 MoE rows) 9% fast. vLLM's CUTLASS grouped GEMM for channel scales
+    # has no table; vLLM PR #19983 measured its block-scale sibling within a few percent of Triton's kernel.
+    # Left out: FlashInfer's CUTLASS path for per-tensor FP8 on Hopper, which reads at 0.12-0.17 of DRAM
+    # (`python -m benchmarks.kernel_efficiency`, "FP8 MoE" lines).
+    moe_fp8_compute: float = 0.30
+    moe_fp8_memory: float = 0.76
     # vLLM's FP8 linear (W8A8: per-tensor, per-token or 128-block scales) is CUTLASS's scaled_mm, which
     # reaches less of the FP8 peak than the 16-bit GEMMs reach of theirs. aiconfigurator's vLLM 0.24 FP8
     # tables, compute-bound rows (m 1,024-8,192, n and k >= 4,096) with the activation's quantisation
@@ -324,7 +339,8 @@ class RooflineCostModel:
         active = local_experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens_global * top_k))
         flops = 2.0 * routed * 3 * h * width
         bytes_ = active * 3 * h * width * self.wb + routed * (2 * h + 3 * width) * self.dt
-        return _ridge(flops / (self.peak_flops * e.moe_compute), bytes_ / (self.gpu.hbm_bytes_per_s * e.gemm_memory),
+        compute, memory = (e.moe_fp8_compute, e.moe_fp8_memory) if self.scaled_mm else (e.moe_compute, e.gemm_memory)
+        return _ridge(flops / (self.peak_flops * compute), bytes_ / (self.gpu.hbm_bytes_per_s * memory),
                       e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
     def _alltoall_s(self, num_tokens: int) -> float:

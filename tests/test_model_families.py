@@ -113,6 +113,37 @@ def test_compute_bound_experts_run_at_the_fused_moe_kernels_efficiency(tmp_path)
     assert cm._routed_experts_s(8) == pytest.approx(dense_like._routed_experts_s(8), rel=1e-3)
 
 
+def test_fp8_experts_run_at_the_fp8_moe_kernels_figures(tmp_path):
+    # The same MoE with FP8 weights (W8A8) on an H100: 16,384 tokens, 824.6 GFLOP at 0.30 of the FP8 peak
+    # (1,979 TFLOP/s) = 1.389 ms; the bytes, 100.7 MB of FP8 experts and 738 MB of bf16 activations, at 0.76
+    # of DRAM take 0.330 ms; the ridge (exponent 3) adds 0.4%, two launches 4 us: 1.399 ms. Decode: 8 tokens route 16 rows to 7.06
+    # of the 8 experts on average, 88.8 MB of weights + 0.4 MB of activations at 0.76 of DRAM, 35.0 us, + 4 us:
+    # 39.0 us (the 16-bit figure, 0.83, would give 36.1).
+    from costmodels.roofline import Efficiencies, _ridge
+    e = Efficiencies()
+    m = get_model(write(tmp_path, {**TINY_MOE, "hidden_size": 4096, "moe_intermediate_size": 1024,
+                                   "num_attention_heads": 32, "num_key_value_heads": 8}))
+    cm = RooflineCostModel(m, H100, deployment=Deployment(quantization="fp8"))
+    assert (e.moe_fp8_compute, e.moe_fp8_memory) == (0.30, 0.76)
+    flops, rows = 2 * 32768 * 3 * 4096 * 1024, 32768
+    weights = 8 * 3 * 4096 * 1024 * 1.0
+    memory = (weights + rows * (2 * 4096 + 3 * 1024) * 2) / (3350e9 * 0.76)
+    expected = _ridge(flops / (1979e12 * 0.30), memory, 3.0) + 2 * e.kernel_launch_s
+    assert cm._routed_experts_s(16384) == pytest.approx(expected, rel=1e-9)
+    assert cm._routed_experts_s(16384) == pytest.approx(1.399e-3, rel=1e-3)
+    active = 8 * (1 - (1 - 1 / 8) ** 16)
+    decode = (active * 3 * 4096 * 1024 + 16 * (2 * 4096 + 3 * 1024) * 2) / (3350e9 * 0.76)
+    assert cm._routed_experts_s(8) == pytest.approx(_ridge(2 * 16 * 3 * 4096 * 1024 / (1979e12 * 0.30), decode, 3.0)
+                                                    + 2 * e.kernel_launch_s, rel=1e-9)
+    assert cm._routed_experts_s(8) == pytest.approx(39.0e-6, rel=2e-3)
+    # an A100 has no FP8 tensor cores: vLLM runs the experts through Marlin, at the 16-bit figures
+    a100 = get_gpu("a100-80gb")
+    marlin = RooflineCostModel(m, a100, deployment=Deployment(quantization="fp8"))
+    assert marlin._routed_experts_s(16384) == pytest.approx(
+        _ridge(flops / (a100.bf16_flops_per_s * 0.46), (weights + rows * (2 * 4096 + 3 * 1024) * 2)
+               / (a100.hbm_bytes_per_s * 0.83), 3.0) + 2 * e.kernel_launch_s, rel=1e-9)
+
+
 def test_ep_exchange_is_vllms_all_gather_and_reduce_scatter_over_the_dp_ranks(tmp_path):
     # vLLM's default EP all2all (allgather_reducescatter): every DP rank's tokens gathered, the experts'
     # outputs reduce-scattered, each one ring over the DP ranks. Tiny MoE (hidden 256, top-2, bf16), 3 MoE
