@@ -263,14 +263,15 @@ def moe_fp8_lines(root: Path) -> list[str]:
             p, keep = e.gemm_ridge_exponent, n >= 16
             prior = ((compute / e.moe_fp8_compute) ** p + (bytes_ / (bw * e.moe_fp8_memory)) ** p) ** (1 / p) \
                 + 2 * e.kernel_launch_s
-            err = [np.median(y[keep & s] / prior[keep & s]) - 1 for s in (n <= 256, (n > 256) & (n < 2048), n >= 2048)]
+            err = [round(np.median(y[keep & s] / prior[keep & s]) - 1, 2) + 0.0   # + 0.0: no "-0%"
+                   for s in (n <= 256, (n > 256) & (n < 2048), n >= 2048)]
             decode_errors.append(err[0])
             lines.append(text + "; table over the prior at 16-256 / 257-2,047 / 2,048+ tokens "
                          + " / ".join(f"{x:+.0%}" for x in err))
     if fractions:
         lines.append(f"FP8 MoE compute-bound, median of the {len(fractions)} families: {np.median(fractions):.2f} of "
                      f"the FP8 peak (Efficiencies.moe_fp8_compute); at 16-256 tokens the tables run "
-                     f"{np.median(decode_errors):+.0%} over the prior (median; weights at moe_fp8_memory "
+                     f"{round(np.median(decode_errors), 2) + 0.0:+.0%} over the prior (median; weights at moe_fp8_memory "
                      f"{e.moe_fp8_memory:.2f} of DRAM)")
     return lines
 
