@@ -288,8 +288,6 @@ class AicCostModel(RooflineCostModel):
             self._g.pop(name, None)
             self.guard[name] = reason
         self.mla_modules = "mla_prefill_module" in self._g and "mla_decode_module" in self._g
-        if "gemm_weights" in self._g:   # the FP8 rows time each linear with its input's quantisation, o_proj's too
-            self.o_proj_quant_kernel = False
 
     def describe(self) -> dict:
         sources = {f: "roofline prior" for f in ("gemm", "prefill_attn", "decode_attn", "moe", "allreduce",
@@ -309,10 +307,19 @@ class AicCostModel(RooflineCostModel):
 
     def _gemm_s(self, m, n, k, quantized=True):
         """16-bit GEMMs (attention of mxfp4 models, router, LM head) from the bf16 rows, the others from the
-        weight format's; a format the tables lack (nvfp4 on Hopper) keeps the roofline."""
+        weight format's; a format the tables lack (nvfp4 on Hopper) keeps the roofline.
+
+        An FP8 row times the linear with its input's quantisation (the collector runs vLLM's FP8 linear
+        layer), which a compiled vLLM model fuses into the RMSNorm or SiLU*mul before every linear but
+        o_proj; so the GEMM is the row less that kernel as the prior prices it, and o_proj's own
+        quantisation is priced once, with the elementwise kernels, as the prior does (never below half
+        the row: a guard on the estimate, which the decode rows' 2.8-3.7 us over bf16 bound)."""
         bf16 = not quantized or self.wb == self.dt
         grid = self._g.get("gemm_bf16" if bf16 else "gemm_weights")
-        return grid(m, n, k) if grid is not None else super()._gemm_s(m, n, k, quantized)
+        if grid is None:
+            return super()._gemm_s(m, n, k, quantized)
+        t = grid(m, n, k)
+        return max(t - self.input_quant_s(m, k), 0.5 * t) if (self.scaled_mm and not bf16) else t
 
     def _prefill_attention_s(self, prefill, window=None):
         if self.mla_modules:   # a mixed step reads the projection weights in both modules: an upper bound

@@ -305,17 +305,23 @@ class RooflineCostModel:
         own before o_proj (read 16 bits, write 8). aiconfigurator's FP8 GEMM rows, which time that quantisation
         with every GEMM, take 2.8-3.7 us more than their bf16 rows at decode sizes on H100, H200, B200 and RTX
         PRO 6000 Server (`python -m benchmarks.kernel_efficiency`): one kernel's launch and ramp."""
-        m, e, dt = self.model, self.eff, self.dt
-        l2 = self.gpu.l2_bytes or 0.0
-        bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
-        t = 0.0
+        m, dt = self.model, self.dt
         kernels = [(2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)]
+        t = sum(count * self._streaming_kernel_s(dt * num_tokens * width) for count, width in kernels)
         if self.o_proj_quant_kernel and self.attn_gemms:   # (a table's MLA module times its own projections)
-            kernels.append((1, self.attn_gemms[-1][1] * (dt + 1.0) / dt))   # o_proj's input, quantised
-        for count, width in kernels:
-            b = dt * num_tokens * width
-            t += count * (b / (bw * (e.l2_speedup if b <= l2 else 1.0)) + e.kernel_launch_s)
+            t += self.input_quant_s(num_tokens, self.attn_gemms[-1][1])
         return t
+
+    def _streaming_kernel_s(self, num_bytes: float) -> float:
+        """One fused elementwise kernel moving `num_bytes`, from L2 when they fit."""
+        e, l2 = self.eff, self.gpu.l2_bytes or 0.0
+        bw = self.gpu.hbm_bytes_per_s * e.elementwise_memory
+        return num_bytes / (bw * (e.l2_speedup if num_bytes <= l2 else 1.0)) + e.kernel_launch_s
+
+    def input_quant_s(self, num_tokens: int, width: int) -> float:
+        """The kernel that quantises an FP8 linear's 16-bit input (`width` a token) to FP8: read 16 bits,
+        write 8."""
+        return self._streaming_kernel_s(num_tokens * width * (self.dt + 1.0))
 
     def _allreduce_s(self, num_tokens: int) -> float:
         """Two all-reduces per layer under TP (after attention and after the MLP), ring algorithm, at the

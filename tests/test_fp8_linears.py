@@ -93,12 +93,23 @@ def test_an_fp8_cache_on_hopper_streams_at_flashattention_3s_on_chip_rate():
     assert bf16 / h100._decode_attention_s(64 * 2048.0, 64) == pytest.approx(1.59, abs=0.01)
 
 
-def test_the_tables_fp8_gemms_already_hold_o_projs_quantisation():
+def test_the_tables_fp8_gemms_lose_the_quantisation_a_compiled_model_fuses():
+    # aiconfigurator's FP8 rows time each linear with its input's quantisation; in a compiled vLLM model only
+    # o_proj's input is quantised by a kernel of its own. The [aic] model takes that kernel, as the prior
+    # prices it, out of every FP8 row and prices o_proj's once with the elementwise kernels, as the prior does.
     aic = pytest.importorskip("costmodels.aic")
     if aic.tables_root() is None:
         pytest.skip("aiconfigurator-core is not installed")
     d = Deployment(quantization="fp8")
     tables = aic.aic_cost_model("aic", LLAMA_8B, GPUS["h100-sxm"], d)
     prior = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"], deployment=d)
-    assert "gemm_weights" in tables._g and not tables.o_proj_quant_kernel and prior.o_proj_quant_kernel
-    assert tables._elementwise_s(64, 14336) < prior._elementwise_s(64, 14336)
+    assert "gemm_weights" in tables._g and tables.o_proj_quant_kernel and prior.o_proj_quant_kernel
+    assert tables._elementwise_s(64, 14336) == prior._elementwise_s(64, 14336)
+    for m, n, k in ((8, 6144, 4096), (2048, 28672, 4096)):
+        row = tables._g["gemm_weights"](m, n, k)
+        assert tables._gemm_s(m, n, k) == pytest.approx(row - prior.input_quant_s(m, k), rel=1e-12)
+    # the quantisation kernel at 8 tokens: 8 x 4,096 x 3 bytes from L2, then the launch: about 2 us
+    assert prior.input_quant_s(8, 4096) == pytest.approx(
+        8 * 4096 * 3 / (3350e9 * 0.90 * 2.4) + 2e-6, rel=1e-12)
+    # the bf16 rows (router, LM head) are as the table has them
+    assert tables._gemm_s(8, 128256, 4096, quantized=False) == tables._g["gemm_bf16"](8, 128256, 4096)
