@@ -9,8 +9,9 @@ the same two families in vLLM 0.19's own per-layer timings on an RTX 4090 and an
 Edition (../shared/real-runs/llmservingsim/profiler_perf, when present); TP all-reduce (vLLM's custom
 all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring bytes / (NVLink x eff);
 vLLM's FP8 linear (CUTLASS scaled_mm) at decode sizes and where compute-bound, against the same tables'
-bf16 GEMMs; decode attention over an FP8 KV cache against a bf16 one; vLLM's fused MoE kernel where
-compute-bound, as a fraction of the dense peak; vLLM's FP8 MoE kernels, compute-bound and at decode sizes.
+bf16 GEMMs; decode attention over an FP8 KV cache against a bf16 one; prefill attention where
+compute-bound, over a bf16 and an FP8 cache; vLLM's fused MoE kernel where compute-bound, as a fraction of
+the dense peak; vLLM's FP8 MoE kernels, compute-bound and at decode sizes.
 Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
 adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
@@ -75,7 +76,7 @@ def tables(root: Path) -> None:
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
     for text in scaled_mm_lines(Path(root)):
         print(text)
-    for text in fp8_kv_decode_lines(Path(root)):
+    for text in fp8_kv_decode_lines(Path(root)) + prefill_attention_lines(Path(root)):
         print(text)
     for text in moe_compute_lines(Path(root)) + moe_fp8_lines(Path(root)):
         print(text)
@@ -133,6 +134,40 @@ def scaled_mm_lines(root: Path) -> list[str]:
         lines.append(f"{name} FP8 scaled_mm (aiconfigurator vllm {version}): decode {f[1]:.2f} of DRAM + "
                      f"{f[0] * 1e6:.1f} us (bf16 {b16[1]:.2f} + {b16[0] * 1e6:.1f} us; median |err| {f[2]:.0%}); "
                      f"compute-bound {frac:.2f} of the FP8 peak ({len(c)} rows)")
+    return lines
+
+
+def prefill_attention_lines(root: Path) -> list[str]:
+    """Prefill (context) attention where compute-bound (Efficiencies.attention_compute): per GPU, the newest
+    vLLM table's full-attention rows with head dim 128, batch x prompt >= 8,192 tokens, prompts of 1,024 or
+    more and 8+ heads, causal FLOPs / (latency x the 16-bit peak), over a bf16 and over an FP8 cache; then
+    the median of the GPUs' bf16 figures."""
+    lines, medians = [], []
+    for g, name in TABLE_GPUS.items():
+        paths = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/context_attention_perf.parquet"))
+        if not paths:
+            continue
+        d = pd.read_parquet(paths[-1])
+        if "window_size" in d:
+            d = d[d.window_size == 0]
+        d = d[(d.head_dim == 128) & (d.batch_size * d.isl >= 8192) & (d.isl >= 1024) & (d.num_heads >= 8)]
+        peak, shares = GPUS[name].bf16_flops_per_s, {}
+        for kv in ("bfloat16", "fp8"):
+            x = d[d.kv_cache_dtype == kv]
+            if len(x):
+                flops = 4.0 * x.head_dim * x.num_heads * x.batch_size * x.isl * (x.isl + 1) / 2
+                shares[kv] = (float(np.median(flops / (x.latency * 1e-3 * peak))), len(x))
+        if "bfloat16" not in shares:
+            continue
+        medians.append(shares["bfloat16"][0])
+        text = (f"{name} prefill attention, compute-bound (aiconfigurator vllm {paths[-1].split('/')[-2]}, "
+                f"{shares['bfloat16'][1]} rows): bf16 cache {shares['bfloat16'][0]:.2f} of the 16-bit peak")
+        if "fp8" in shares:
+            text += f", FP8 cache {shares['fp8'][0]:.2f}"
+        lines.append(text)
+    if medians:
+        lines.append(f"prefill attention compute-bound, median of the {len(medians)} GPUs: {np.median(medians):.2f} "
+                     "of the 16-bit peak (Efficiencies.attention_compute)")
     return lines
 
 

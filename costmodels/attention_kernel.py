@@ -38,16 +38,6 @@ def mixed_batch_rereads_kv(gpu: GPU, kv_format: str = "bf16") -> bool:
     return kv_format != "fp8" and major is not None and major >= 8 and major not in (9, 10)
 
 
-def fp8_attention_mmas(gpu: GPU, kv_format: str) -> bool:
-    """True when the attention's matrix multiplies run in FP8: the KV cache is FP8 and the kernel vLLM picks
-    takes FP8 operands, quantising the query to match: FlashAttention 3 on Hopper (9.x; vLLM passes
-    q/k/v descales, vllm/v1/attention/backends/flash_attn.py) and FlashInfer's TRT-LLM kernels on datacenter
-    Blackwell (10.x; `disable_flashinfer_q_quantization` off by default). FlashAttention 2 has no FP8 path
-    and the other backends dequantise the cache to 16 bits (Ampere, Ada, 12.x, ROCm), so there, as for any
-    16-bit cache, the attention runs at the 16-bit rate whatever the weights' format."""
-    return kv_format == "fp8" and _major(gpu) in (9, 10)
-
-
 def fp8_kv_decode_on_chip_bound(gpu: GPU, kv_format: str) -> bool:
     """True when paged decode attention over an FP8 cache runs FlashAttention 3 (Hopper, 9.x), whose FP8
     path streams the cache at an on-chip rate below DRAM's (`Efficiencies.fp8_kv_decode_bytes_per_flop`):

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.attention_kernel import fp8_attention_mmas, fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv
+from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -90,8 +90,14 @@ class Efficiencies:
     # 4090 0.92 + 5.0 us, RTX PRO 6000 Server Edition 0.93 + 3.4 us. Near the median of the six (0.84).
     gemm_memory: float = 0.83
     gemm_fixed_s: float = 3.5e-6
-    # Fused (flash) attention reaches roughly 50-70% of peak in prefill.
-    attention_compute: float = 0.55
+    # Prefill (flash) attention where compute-bound, of the 16-bit peak: aiconfigurator's vLLM context-
+    # attention tables, bf16 cache, head dim 128, batch x prompt >= 8,192 tokens, prompts of 1,024 or more,
+    # 8+ heads: median 0.54 on H100 and H200 (FlashAttention 3), 0.45 B200 (FlashInfer's TRT-LLM kernel),
+    # 0.52 A100 (FA2, vLLM 0.14), 0.47 L40S, 0.54 RTX PRO 6000 Server (FA2); the median of the six. Over an
+    # FP8 cache the same rows run no faster (0.49 and 0.48 of the 16-bit peak on H100 and H200, 0.45 B200,
+    # 0.41 L40S, 0.50 RTX PRO 6000 Server), so the attention is priced at the 16-bit peak whatever the cache
+    # (`python -m benchmarks.kernel_efficiency`, "prefill attention" lines).
+    attention_compute: float = 0.53
     # Paged decode attention (FlashAttention), the same fit over batch x context: H100 0.85 + 13.5 us per
     # kernel, H200 0.81 + 14.5 us, B200 0.87 + 10.5 us (aiconfigurator vLLM 0.24 generation_attention;
     # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 Server
@@ -170,8 +176,8 @@ class RooflineCostModel:
             True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else eff.gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
             False: (self.dt, gpu.peak_flops_per_s("bf16"), eff.gemm_compute, eff.gemm_memory)}
-        # the attention's matrix multiplies run at the FP8 rate only on an FP8 KV cache (not FP8 weights)
-        self.attention_peak_flops = gpu.peak_flops_per_s("fp8" if fp8_attention_mmas(gpu, d.kv_format()) else "bf16")
+        # the attention runs at the 16-bit rate whatever the weights' and the cache's format (attention_compute)
+        self.attention_peak_flops = gpu.peak_flops_per_s("bf16")
         self.heads = m.num_heads // tp
         h = m.hidden_size
         if m.is_mla:
