@@ -47,8 +47,8 @@ class Efficiencies:
     # weights, where the same tables sit within about 10% of the memory side.
     moe_compute: float = 0.46
     # vLLM's FP8 MoE experts (W8A8 on GPUs with FP8 tensor cores: Triton's fused_moe for block scales on
-    # Hopper and for the Ada GPUs, FlashInfer's TensorRT-LLM kernels on B200, FlashInfer's CUTLASS on SM120,
-    # vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of the FP8 peak still, as the
+    # Hopper and for the Ada GPUs, FlashInfer's CUTLASS under EP on Hopper and on SM120, FlashInfer's
+    # TensorRT-LLM kernels on B200, vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of the FP8 peak still, as the
     # dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM 0.24 FP8 MoE tables, compute-
     # bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel) families on H100, H200, B200,
     # L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46). Decode-sized, they read their FP8
