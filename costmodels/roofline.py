@@ -48,11 +48,11 @@ class Efficiencies:
     moe_compute: float = 0.46
     # vLLM's FP8 MoE experts (W8A8 on GPUs with FP8 tensor cores: Triton's fused_moe for block scales on
     # Hopper and for the Ada GPUs, FlashInfer's CUTLASS under EP on Hopper and on SM120, FlashInfer's
-    # TensorRT-LLM kernels on B200, vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of the FP8 peak still, as the
-    # dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM 0.24 FP8 MoE tables, compute-
-    # bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel) families on H100, H200, B200,
-    # L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46). Decode-sized, they read their FP8
-    # weights at 0.54-0.83 of DRAM, 0.75-0.99 of the same tables' bf16 MoE (median 0.94); the prior's
+    # TensorRT-LLM kernels on B200, vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of
+    # the FP8 peak still, as the dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM
+    # 0.24 FP8 MoE tables, compute-bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel)
+    # families on H100, H200, B200, L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46).
+    # Decode-sized, they read their FP8 weights at 0.54-0.83 of DRAM, 0.75-0.99 of the same tables' bf16 MoE (median 0.94); the prior's
     # routed-experts term meets their rows of 16-256 tokens (median error 0) with the weights read at 0.76
     # of DRAM, where 0.73 (the dense FP8 GEMMs' `scaled_mm_memory`) prices them 4% slow and 0.83 (the 16-bit
     # `gemm_memory`, which meets the bf16 MoE rows) 9% fast. vLLM's CUTLASS grouped GEMM for channel scales
@@ -171,7 +171,6 @@ class RooflineCostModel:
         # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
         # format, and of one in the activations' 16-bit dtype (the router, the LM head)
         self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
-        self.o_proj_quant_kernel = self.scaled_mm   # priced apart from the GEMMs (`_elementwise_s`)
         self._gemm_kinds = {
             True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else eff.gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
@@ -314,7 +313,7 @@ class RooflineCostModel:
         m, dt = self.model, self.dt
         kernels = [(2, 4 * m.hidden_size), (1, 2 * (self.q_dim + self.kv_dim)), (1, 3 * mlp_width)]
         t = sum(count * self._streaming_kernel_s(dt * num_tokens * width) for count, width in kernels)
-        if self.o_proj_quant_kernel and self.attn_gemms:   # (a table's MLA module times its own projections)
+        if self.scaled_mm and self.attn_gemms:   # o_proj's input (a table's MLA module times its own projections)
             t += self.input_quant_s(num_tokens, self.attn_gemms[-1][1])
         return t
 

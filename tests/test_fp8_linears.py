@@ -102,7 +102,7 @@ def test_the_tables_fp8_gemms_lose_the_quantisation_a_compiled_model_fuses():
     d = Deployment(quantization="fp8")
     tables = aic.aic_cost_model("aic", LLAMA_8B, GPUS["h100-sxm"], d)
     prior = RooflineCostModel(LLAMA_8B, GPUS["h100-sxm"], deployment=d)
-    assert "gemm_weights" in tables._g and tables.o_proj_quant_kernel and prior.o_proj_quant_kernel
+    assert "gemm_weights" in tables._g and tables.scaled_mm and prior.scaled_mm
     assert tables._elementwise_s(64, 14336) == prior._elementwise_s(64, 14336)
     for m, n, k in ((8, 6144, 4096), (2048, 28672, 4096)):
         row = tables._g["gemm_weights"](m, n, k)
