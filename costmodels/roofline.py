@@ -49,16 +49,16 @@ class Efficiencies:
     # vLLM's FP8 MoE experts (W8A8 on GPUs with FP8 tensor cores: Triton's fused_moe for block scales on
     # Hopper and for the Ada GPUs, FlashInfer's CUTLASS under EP on Hopper and on SM120, FlashInfer's
     # TensorRT-LLM kernels on B200, vLLM's CUTLASS grouped GEMM for channel scales) reach a smaller share of
-    # the FP8 peak still, as the dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM
-    # 0.24 FP8 MoE tables, compute-bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel)
-    # families on H100, H200, B200, L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46).
-    # Decode-sized, they read their FP8 weights at 0.54-0.83 of DRAM, 0.75-0.99 of the same tables' bf16 MoE (median 0.94); the prior's
-    # routed-experts term meets their rows of 16-256 tokens (median error 0) with the weights read at 0.76
-    # of DRAM, where 0.73 (the dense FP8 GEMMs' `scaled_mm_memory`) prices them 4% slow and 0.83 (the 16-bit
-    # `gemm_memory`, which meets the bf16 MoE rows) 9% fast. vLLM's CUTLASS grouped GEMM for channel scales
-    # has no table; vLLM PR #19983 measured its block-scale sibling within a few percent of Triton's kernel.
-    # Left out: FlashInfer's CUTLASS path for per-tensor FP8 on Hopper, which reads at 0.12-0.17 of DRAM
-    # (`python -m benchmarks.kernel_efficiency`, "FP8 MoE" lines).
+    # the FP8 peak still, as the dense FP8 GEMMs do of theirs (scaled_mm_compute): aiconfigurator's vLLM 0.24
+    # FP8 MoE tables, compute-bound rows, 0.17-0.34 of the FP8 peak over nine (GPU, format, kernel) families
+    # on H100, H200, B200, L40S and RTX PRO 6000 Server, median 0.30 (the bf16 kernels: 0.46). Decode-sized,
+    # they read their FP8 weights at 0.54-0.83 of DRAM, 0.75-0.99 of the same tables' bf16 MoE (median 0.94);
+    # the prior's routed-experts term meets their rows of 16-256 tokens (median error 0) with the weights read
+    # at 0.76 of DRAM, where 0.73 (the dense FP8 GEMMs' `scaled_mm_memory`) prices them 4% slow and 0.83 (the
+    # 16-bit `gemm_memory`, which meets the bf16 MoE rows) 9% fast. vLLM's CUTLASS grouped GEMM for channel
+    # scales has no table; vLLM PR #19983 measured its block-scale sibling within a few percent of Triton's
+    # kernel. Left out: FlashInfer's CUTLASS path for per-tensor FP8 on Hopper, which reads at 0.12-0.17 of
+    # DRAM (`python -m benchmarks.kernel_efficiency`, "FP8 MoE" lines).
     moe_fp8_compute: float = 0.30
     moe_fp8_memory: float = 0.76
     # vLLM's FP8 linear (W8A8: per-tensor, per-token or 128-block scales) is CUTLASS's scaled_mm, which
