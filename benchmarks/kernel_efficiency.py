@@ -76,7 +76,7 @@ def tables(root: Path) -> None:
                        fit(b[keep], d.latency.to_numpy()[keep] * 1e-3, bw)))
     for text in scaled_mm_lines(Path(root)):
         print(text)
-    for text in fp8_kv_decode_lines(Path(root)) + prefill_attention_lines(Path(root)):
+    for text in gemm_compute_lines(Path(root)) + fp8_kv_decode_lines(Path(root)) + prefill_attention_lines(Path(root)):
         print(text)
     for text in moe_compute_lines(Path(root)) + moe_fp8_lines(Path(root)):
         print(text)
@@ -134,6 +134,28 @@ def scaled_mm_lines(root: Path) -> list[str]:
         lines.append(f"{name} FP8 scaled_mm (aiconfigurator vllm {version}): decode {f[1]:.2f} of DRAM + "
                      f"{f[0] * 1e6:.1f} us (bf16 {b16[1]:.2f} + {b16[0] * 1e6:.1f} us; median |err| {f[2]:.0%}); "
                      f"compute-bound {frac:.2f} of the FP8 peak ({len(c)} rows)")
+    return lines
+
+
+def gemm_compute_lines(root: Path) -> list[str]:
+    """bf16 GEMMs where compute-bound (costmodels/catalog.py GEMM_COMPUTE, Efficiencies.gemm_compute): per GPU
+    and framework table (vLLM's first), rows with m >= 2,048 and n, k >= 4,096, the median of
+    2 m n k / (latency x the datasheet 16-bit peak), beside the catalog's figure for that GPU."""
+    lines = []
+    for g, name in {**TABLE_GPUS, "gb200": "gb200"}.items():
+        gpu, shares = GPUS[name], []
+        for framework in ("vllm", "trtllm", "sglang"):
+            paths = sorted(glob.glob(f"{root}/{g}/gemm/{framework}/*/gemm_perf.parquet"))
+            if not paths:
+                continue
+            d = pd.read_parquet(paths[-1])
+            d = d[(d.gemm_dtype == "bfloat16") & (d.m >= 2048) & (d.n >= 4096) & (d.k >= 4096)]
+            if len(d):
+                share = np.median(2.0 * d.m * d.n * d.k / (d.latency * 1e-3 * gpu.bf16_flops_per_s))
+                shares.append(f"{framework} {paths[-1].split('/')[-2]} {share:.2f} ({len(d)} rows)")
+        if shares:
+            lines.append(f"{name} bf16 GEMM compute-bound, of the datasheet peak: {'; '.join(shares)}; catalog "
+                         f"gemm_compute {gpu.gemm_compute}")
     return lines
 
 
@@ -327,7 +349,7 @@ def moe_prior_lines(root: Path) -> list[str]:
         memory = bytes_ / (gpu.hbm_bytes_per_s * e.gemm_memory)
         y, p = t.latency.to_numpy() * 1e-3, e.gemm_ridge_exponent
         parts = []
-        for label, eff in (("dense 0.80", e.gemm_compute), (f"moe_compute {e.moe_compute:.2f}", e.moe_compute)):
+        for label, eff in ((f"dense {e.gemm_compute:.2f}", e.gemm_compute), (f"moe_compute {e.moe_compute:.2f}", e.moe_compute)):
             prior = ((flops / (gpu.bf16_flops_per_s * eff)) ** p + memory ** p) ** (1 / p) + 2 * e.kernel_launch_s
             err = [np.median(y[sel] / prior[sel]) - 1 for sel in (n <= 256, (n > 256) & (n < 2048), n >= 2048)]
             parts.append(f"{label}: {err[0]:+.0%} / {err[1]:+.0%} / {err[2]:+.0%}")
@@ -366,7 +388,7 @@ def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
     from costmodels.roofline import Efficiencies
     e, g = Efficiencies(), GPUS[name]
     m, n, k, y = (np.asarray(v, dtype=float) for v in (m, n, k, latency_s))
-    tc = 2 * m * n * k / (g.bf16_flops_per_s * e.gemm_compute)
+    tc = 2 * m * n * k / (g.bf16_flops_per_s * e.gemm_compute_on(g))
     tm = 2 * (n * k + m * k + m * n) / (g.hbm_bytes_per_s * e.gemm_memory)
     near = (tc / tm > 0.5) & (tc / tm < 2)
     ps = np.linspace(1.0, 12.0, 221)
@@ -392,6 +414,12 @@ def profiler(shared: Path) -> None:
         s = dense[dense.layer.isin(LLAMA31_8B)]
         print(ridge_line(name, "vLLM 0.19 eager, Llama-3.1-8B", s.tokens, [LLAMA31_8B[l][0] for l in s.layer],
                          [LLAMA31_8B[l][1] for l in s.layer], s.time_us * 1e-6))
+        big = s[s.tokens == 2048]
+        if len(big):   # compute-bound: the share of the datasheet 16-bit peak (Efficiencies.gemm_compute)
+            share = np.median([2.0 * 2048 * LLAMA31_8B[l][0] * LLAMA31_8B[l][1] / (t * 1e-6 * GPUS[name].bf16_flops_per_s)
+                               for l, t in zip(big.layer, big.time_us)])
+            print(f"{name} bf16 GEMM compute-bound at 2,048 tokens (vLLM 0.19 eager, Llama-3.1-8B, {len(big)} "
+                  f"GEMMs): {share:.2f} of the datasheet peak; catalog gemm_compute {GPUS[name].gemm_compute}")
         a = pd.read_csv(d / "attention.csv")
         a = a[(a.prefill_chunk == 0) & (a.n_decode > 0)]
         b = (a.n_decode * a.kv_decode * 2 * 8 * 128 * 2.0).to_numpy()

@@ -29,6 +29,9 @@ class GPU:
                                             # ceiling); None: not known, not checked
     compute_capability: str | None = None   # NVIDIA's "major.minor" (which kernels an engine picks:
                                             # costmodels/attention_kernel.py); None: not NVIDIA, or not known
+    gemm_compute: float | None = None       # share of bf16_flops_per_s that large 16-bit GEMMs sustain on this
+                                            # GPU, from its own measured kernel table (GEMM_COMPUTE below);
+                                            # None: the prior's pooled figure (Efficiencies.gemm_compute)
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8, fp4 or int8), falling back
@@ -99,7 +102,20 @@ GPUS: dict[str, GPU] = {
 # optional), GB200 NVL72 480 GB of LPDDR5X per Grace CPU for its two GPUs. Other parts: no reference server.
 _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sxm": 256 * GIB,
                         "h200-sxm": 256 * GIB, "b200-sxm": 256 * GIB, "gb200": 240e9}
-GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name)) for name, g in GPUS.items()}
+# The share of the datasheet dense 16-bit peak that large GEMMs sustain on each GPU NVIDIA measured: the
+# datasheet peak is at the boost clock, and under a sustained tensor-core load a GPU runs at the clock its
+# power limit allows (the L40S's 350 W holds its 142 SMs well below boost). aiconfigurator's vLLM GEMM tables
+# (torch's bf16 matmul as vLLM calls it), rows with m >= 2,048 and n, k >= 4,096, median of
+# 2 m n k / (latency x peak): H100 SXM 0.81, H200 0.79, B200 0.70, GB200 0.63 (the B200's throughput
+# against a 2,500 TFLOP/s datasheet), A100 SXM 0.90 (vLLM 0.14), L40S 0.64, RTX PRO 6000 Server 0.80 (vLLM
+# 0.24); the same tables' TensorRT-LLM and SGLang rows agree within 0.05-0.12 and rank the GPUs alike
+# (L40S 0.52-0.57, B200 0.65-0.66, A100 0.78-0.84). The A100 40 GB is the same GA100 at the same 400 W and
+# clocks, and a compute-bound GEMM never waits on the memory that sets the two apart. `python -m
+# benchmarks.kernel_efficiency` prints each figure; docs/sources.md, "GEMM compute by GPU".
+GEMM_COMPUTE = {"h100-sxm": 0.81, "h200-sxm": 0.79, "b200-sxm": 0.70, "gb200": 0.63, "a100-80gb": 0.90,
+                "a100-40gb": 0.90, "l40s": 0.64, "rtx-pro-6000-server": 0.80}
+GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name), gemm_compute=GEMM_COMPUTE.get(name))
+        for name, g in GPUS.items()}
 # Other spellings people use for the same parts, and the names nvidia-smi reports (lower case, spaces as
 # hyphens): "NVIDIA H100 80GB HBM3" is the SXM5 part, "NVIDIA A100-SXM4-80GB" the 80 GB SXM4 one
 GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200": "h200-sxm", "b200": "b200-sxm",

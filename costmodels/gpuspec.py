@@ -13,6 +13,8 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       l2_bytes: 72e6                   # last-level cache (optional)
       host_memory_bytes: 256e9         # host memory per GPU (optional; the ceiling of engine.kv_offload)
       compute_capability: "8.9"        # NVIDIA's major.minor (optional; which attention kernels vLLM picks)
+      gemm_compute: 0.64               # share of the bf16 peak large GEMMs sustain, measured (optional;
+                                       # default: the catalog GPU's own, else the prior's pooled 0.79)
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ FIGURES = ("memory_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "host_
 PRECISIONS = {"bf16": "bf16_flops_per_s", "fp16": "bf16_flops_per_s", "fp8": "fp8_flops_per_s",
               "fp4": "fp4_flops_per_s"}
 KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes",
-        "compute_capability", *FIGURES, *PRECISIONS.values()}
+        "compute_capability", "gemm_compute", *FIGURES, *PRECISIONS.values()}
 
 
 def _positive(key: str, v) -> float:
@@ -109,6 +111,10 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
     for field in ("bf16_flops_per_s", "fp8_flops_per_s", "fp4_flops_per_s"):
         if field in spec:
             values[field] = _positive(f"{key}.{field}", spec[field])
+    if base and values["bf16_flops_per_s"] != base.bf16_flops_per_s:
+        values["gemm_compute"] = None   # the base's measured share was of its own peak, not of this one
+    if spec.get("gemm_compute") is not None:
+        values["gemm_compute"] = _share(f"{key}.gemm_compute", spec["gemm_compute"])
     if "bf16_flops_per_s" not in values:
         raise CatalogError(f"{key}.dense_flops_per_s.bf16: required (the dense BF16/FP16 tensor-core peak)")
     kind = spec.get("interconnect_kind", values.get("interconnect_kind", "nvlink"))
@@ -122,6 +128,13 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
     if "compute_capability" in spec:
         values["compute_capability"] = _compute_capability(f"{key}.compute_capability", spec["compute_capability"])
     return GPU(**values)
+
+
+def _share(key: str, v) -> float:
+    v = _positive(key, v)
+    if v > 1:
+        raise CatalogError(f"{key}: expected a share of the datasheet peak, above 0 and at most 1, got {v!r}")
+    return v
 
 
 def _compute_capability(key: str, v) -> str | None:

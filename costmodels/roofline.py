@@ -33,10 +33,12 @@ class Efficiencies:
     A bandwidth-bound kernel is priced bytes / (bandwidth x efficiency) + a fixed time: the efficiency is
     what large transfers reach, the fixed time the kernel's ramp and tail (DRAM latency, the split-KV
     combine, the last wave), so small kernels reach a lower fraction, as measured."""
-    # bf16 GEMM: aiconfigurator's H100 tables peak near 937 and sit near 820 TFLOP/s for large shapes
-    # (0.83 of 989; vLLM 0.24 table, m >= 2,048: median 0.81, H200 0.79); the LLMServingSim profiler's
-    # vLLM 0.19 gate_up at 2,048 tokens: 0.83 of an RTX PRO 6000's 500 TFLOP/s.
-    gemm_compute: float = 0.80
+    # bf16 GEMMs where compute-bound, of the datasheet dense peak, for a GPU without a measured figure of
+    # its own (`GPU.gemm_compute`, costmodels/catalog.py GEMM_COMPUTE, wins where there is one): the median
+    # of nine measurements, aiconfigurator's vLLM GEMM tables (m >= 2,048; H100 0.81, H200 0.79, B200 0.70,
+    # GB200 0.63, A100 0.90, L40S 0.64, RTX PRO 6000 Server 0.80) and vLLM 0.19's own Llama-3.1-8B GEMMs at
+    # 2,048 tokens (LLMServingSim profiler: RTX 4090 0.99, RTX PRO 6000 Server 0.75).
+    gemm_compute: float = 0.79
     # vLLM's fused MoE experts (Triton `fused_moe`: its default unquantized MoE kernel through 0.22 on every
     # NVIDIA GPU, and on pre-Blackwell GPUs after) reach far less of the peak than a dense GEMM when compute-
     # bound: they sort the routed tokens by expert, pad each expert's share to the block size and run one
@@ -140,6 +142,10 @@ class Efficiencies:
     # Sweep files override it under `engine.frontend`; fidelity.fit_engine fits its own.
     frontend: FrontendLatency = HTTP_FRONTEND
 
+    def gemm_compute_on(self, gpu: GPU) -> float:
+        """The 16-bit GEMMs' compute share on `gpu`: its own measured figure, else the pooled one."""
+        return gpu.gemm_compute if gpu.gemm_compute is not None else self.gemm_compute
+
 
 class RooflineCostModel:
     """`step_time_s(prefill=[(new, cached), ...], decode=[context, ...])` for one replica of `model` on
@@ -171,10 +177,11 @@ class RooflineCostModel:
         # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
         # format, and of one in the activations' 16-bit dtype (the router, the LM head)
         self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
+        gemm_compute = eff.gemm_compute_on(gpu)
         self._gemm_kinds = {
-            True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else eff.gemm_compute,
+            True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
-            False: (self.dt, gpu.peak_flops_per_s("bf16"), eff.gemm_compute, eff.gemm_memory)}
+            False: (self.dt, gpu.peak_flops_per_s("bf16"), gemm_compute, eff.gemm_memory)}
         # the attention runs at the 16-bit rate whatever the weights' and the cache's format (attention_compute)
         self.attention_peak_flops = gpu.peak_flops_per_s("bf16")
         self.heads = m.num_heads // tp
@@ -228,7 +235,8 @@ class RooflineCostModel:
                 # what the TP all-reduce crosses and its price (costmodels/collectives.py)
                 "tp_link": {"kind": self.gpu.interconnect_kind, "efficiency": self.tp_link.efficiency,
                             "latency_s": self.tp_link.latency_s},
-                **{f"eff_{k}": v for k, v in asdict(self.eff).items()}}
+                **{f"eff_{k}": v for k, v in asdict(self.eff).items()},
+                "eff_gemm_compute": self.eff.gemm_compute_on(self.gpu)}   # the GPU's own figure where it has one
 
     def gemm_sides_s(self, m: float, n: int, k: int, quantized: bool = True) -> tuple[float, float]:
         """(compute seconds, memory seconds) of one linear layer over `m` tokens, weights [n, k]: in the

@@ -56,6 +56,25 @@ def test_a_file_and_a_base_gpu(tmp_path):
     assert resolve_point({**POINT, "hardware": str(j)}).gpu.memory_bytes == 25250627584
 
 
+def test_gemm_compute_is_the_gpus_own_measured_share():
+    """A GPU's measured GEMM compute share prices its compute-bound GEMMs; a base keeps it unless its bf16 peak
+    is replaced (the share was of the base's own peak), and a mapping may give one."""
+    from costmodels.catalog import get_model
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    l40s = get_gpu("l40s")
+    assert l40s.gemm_compute == 0.64 and get_gpu("mi300x").gemm_compute is None
+    model = RooflineCostModel(get_model("llama-3.1-8b"), l40s)
+    compute_s, _ = model.gemm_sides_s(4096, 14336, 4096)
+    assert compute_s == pytest.approx(2 * 4096 * 14336 * 4096 / (362e12 * 0.64))
+    pooled = RooflineCostModel(get_model("llama-3.1-8b"), get_gpu("mi300x"))
+    assert pooled.gemm_sides_s(4096, 14336, 4096)[0] == pytest.approx(
+        2 * 4096 * 14336 * 4096 / (1307.4e12 * Efficiencies().gemm_compute))
+    assert resolve_point({**POINT, "hardware": {"base": "l40s", "name": "x"}}).gpu.gemm_compute == 0.64
+    derated = {"base": "l40s", "name": "x", "dense_flops_per_s": {"bf16": 300e12}}
+    assert resolve_point({**POINT, "hardware": derated}).gpu.gemm_compute is None
+    assert resolve_point({**POINT, "hardware": {**derated, "gemm_compute": 0.7}}).gpu.gemm_compute == 0.7
+
+
 @pytest.mark.parametrize("hardware, names", [
     ({**RTX4090, "memory_bytes": -1}, "hardware.memory_bytes"),
     ({**RTX4090, "memory_bytes": 0}, "hardware.memory_bytes"),
@@ -65,6 +84,8 @@ def test_a_file_and_a_base_gpu(tmp_path):
     ({**RTX4090, "dense_flops_per_s": {"bf16": "fast"}}, "hardware.dense_flops_per_s.bf16"),
     ({**RTX4090, "interconnect_kind": "ethernet"}, "hardware.interconnect_kind"),
     ({**RTX4090, "colour": "green"}, "hardware.colour"),
+    ({**RTX4090, "gemm_compute": 1.2}, "hardware.gemm_compute"),
+    ({**RTX4090, "gemm_compute": 0}, "hardware.gemm_compute"),
     ({"base": "h900"}, "hardware.base"),
     ("h900", "hardware"),
     ("/nonexistent/gpu.yaml", "hardware"),
