@@ -30,8 +30,10 @@ class GPU:
     compute_capability: str | None = None   # NVIDIA's "major.minor" (which kernels an engine picks:
                                             # costmodels/attention_kernel.py); None: not NVIDIA, or not known
     gemm_compute: float | None = None       # share of bf16_flops_per_s that large 16-bit GEMMs sustain on this
-                                            # GPU, from its own measured kernel table (GEMM_COMPUTE below);
+                                            # GPU, from its own measured kernel table (GEMM_FIGURES below);
                                             # None: the prior's pooled figure (Efficiencies.gemm_compute)
+    gemm_ridge_exponent: float | None = None  # how its GEMMs overlap loads and MMAs near the ridge, from the
+                                              # same table; None: Efficiencies.gemm_ridge_exponent
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8, fp4 or int8), falling back
@@ -102,19 +104,25 @@ GPUS: dict[str, GPU] = {
 # optional), GB200 NVL72 480 GB of LPDDR5X per Grace CPU for its two GPUs. Other parts: no reference server.
 _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sxm": 256 * GIB,
                         "h200-sxm": 256 * GIB, "b200-sxm": 256 * GIB, "gb200": 240e9}
-# The share of the datasheet dense 16-bit peak that large GEMMs sustain on each GPU NVIDIA measured: the
-# datasheet peak is at the boost clock, and under a sustained tensor-core load a GPU runs at the clock its
-# power limit allows (the L40S's 350 W holds its 142 SMs well below boost). aiconfigurator's vLLM GEMM tables
-# (torch's bf16 matmul as vLLM calls it), rows with m >= 2,048 and n, k >= 4,096, median of
-# 2 m n k / (latency x peak): H100 SXM 0.81, H200 0.79, B200 0.70, GB200 0.63 (the B200's throughput
-# against a 2,500 TFLOP/s datasheet), A100 SXM 0.90 (vLLM 0.14), L40S 0.64, RTX PRO 6000 Server 0.80 (vLLM
-# 0.24); the same tables' TensorRT-LLM and SGLang rows agree within 0.05-0.12 and rank the GPUs alike
-# (L40S 0.52-0.57, B200 0.65-0.66, A100 0.78-0.84). The A100 40 GB is the same GA100 at the same 400 W and
-# clocks, and a compute-bound GEMM never waits on the memory that sets the two apart. `python -m
-# benchmarks.kernel_efficiency` prints each figure; docs/sources.md, "GEMM compute by GPU".
-GEMM_COMPUTE = {"h100-sxm": 0.81, "h200-sxm": 0.79, "b200-sxm": 0.70, "gb200": 0.63, "a100-80gb": 0.90,
-                "a100-40gb": 0.90, "l40s": 0.64, "rtx-pro-6000-server": 0.80}
-GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name), gemm_compute=GEMM_COMPUTE.get(name))
+# How each GPU NVIDIA measured runs its 16-bit GEMMs where compute matters, from aiconfigurator's vLLM GEMM
+# tables (torch's bf16 matmul as vLLM calls it; `python -m benchmarks.kernel_efficiency` prints each figure;
+# docs/sources.md, "GEMM compute by GPU"):
+# - the share of the datasheet dense peak large GEMMs sustain (m >= 2,048, n and k >= 4,096, median of
+#   2 m n k / (latency x peak)). The peak is quoted at the boost clock; under a sustained tensor-core load
+#   a GPU runs at the clock its power limit allows (the L40S's 350 W holds its 142 SMs well below boost).
+#   The same package's TensorRT-LLM and SGLang tables rank the GPUs alike (L40S 0.52-0.57, B200 0.65-0.66,
+#   A100 0.78-0.84, H100 0.76-0.77).
+# - the ridge exponent p of (compute^p + memory^p)^(1/p) that zeroes the median error of the rows within
+#   0.5-2x of the ridge (Efficiencies.gemm_ridge_exponent): how well the GPU's GEMMs overlap their tile loads
+#   with the MMAs; Hopper's TMA pipelines overlap best, the A100's the least (1.47x max() on the ridge).
+# (compute share, ridge exponent); the A100 40 GB is the same GA100 at the same 400 W and clocks as the
+# 80 GB part the table measured.
+GEMM_FIGURES = {"h100-sxm": (0.81, 2.85), "h200-sxm": (0.79, 2.6), "b200-sxm": (0.70, 2.05), "gb200": (0.63, 2.4),
+                "a100-80gb": (0.90, 1.15), "a100-40gb": (0.90, 1.15), "l40s": (0.64, 2.6),
+                "rtx-pro-6000-server": (0.80, 2.2)}
+GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name),
+                      gemm_compute=GEMM_FIGURES.get(name, (None, None))[0],
+                      gemm_ridge_exponent=GEMM_FIGURES.get(name, (None, None))[1])
         for name, g in GPUS.items()}
 # Other spellings people use for the same parts, and the names nvidia-smi reports (lower case, spaces as
 # hyphens): "NVIDIA H100 80GB HBM3" is the SXM5 part, "NVIDIA A100-SXM4-80GB" the 80 GB SXM4 one

@@ -15,6 +15,8 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       compute_capability: "8.9"        # NVIDIA's major.minor (optional; which attention kernels vLLM picks)
       gemm_compute: 0.64               # share of the bf16 peak large GEMMs sustain, measured (optional;
                                        # default: the catalog GPU's own, else the prior's pooled 0.79)
+      gemm_ridge_exponent: 2.6         # near the ridge a GEMM takes (compute^p + memory^p)^(1/p) (optional;
+                                       # default: the catalog GPU's own, else 3)
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ FIGURES = ("memory_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "host_
 PRECISIONS = {"bf16": "bf16_flops_per_s", "fp16": "bf16_flops_per_s", "fp8": "fp8_flops_per_s",
               "fp4": "fp4_flops_per_s"}
 KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes",
-        "compute_capability", "gemm_compute", *FIGURES, *PRECISIONS.values()}
+        "compute_capability", "gemm_compute", "gemm_ridge_exponent", *FIGURES, *PRECISIONS.values()}
 
 
 def _positive(key: str, v) -> float:
@@ -111,10 +113,14 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
     for field in ("bf16_flops_per_s", "fp8_flops_per_s", "fp4_flops_per_s"):
         if field in spec:
             values[field] = _positive(f"{key}.{field}", spec[field])
-    if base and values["bf16_flops_per_s"] != base.bf16_flops_per_s:
-        values["gemm_compute"] = None   # the base's measured share was of its own peak, not of this one
+    if base and (values["bf16_flops_per_s"], values["hbm_bytes_per_s"]) != (base.bf16_flops_per_s,
+                                                                           base.hbm_bytes_per_s):
+        # the base's GEMM figures were measured against its own peak and bandwidth, not these
+        values["gemm_compute"] = values["gemm_ridge_exponent"] = None
     if spec.get("gemm_compute") is not None:
         values["gemm_compute"] = _share(f"{key}.gemm_compute", spec["gemm_compute"])
+    if spec.get("gemm_ridge_exponent") is not None:
+        values["gemm_ridge_exponent"] = _positive(f"{key}.gemm_ridge_exponent", spec["gemm_ridge_exponent"])
     if "bf16_flops_per_s" not in values:
         raise CatalogError(f"{key}.dense_flops_per_s.bf16: required (the dense BF16/FP16 tensor-core peak)")
     kind = spec.get("interconnect_kind", values.get("interconnect_kind", "nvlink"))

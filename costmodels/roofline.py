@@ -78,12 +78,13 @@ class Efficiencies:
     scaled_mm_memory: float = 0.73
     # Near the ridge a GEMM's memory and compute time overlap imperfectly (tile loads against MMA, the
     # pipeline's fill and drain), so it takes longer than the larger of the two: time = (compute^p +
-    # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time between 0.5 and 2 run
-    # a median 9% (H100, vLLM 0.24, 4,824 rows), 13% (H200), 22% (B200), 41% (A100) over max(); the exponent
-    # that zeroes the median there is 2.95 on H100, 2.55 H200, 1.7 B200, 1.3 A100, 1.7 on the RTX PRO 6000
-    # Server (vLLM 0.19's own GEMMs; `python -m benchmarks.kernel_efficiency`); 3 is the H100's, the most
-    # conservative but the RTX 4090's (10.8: its GEMMs reach 1.0 of its datasheet compute, so the prior
-    # overprices that side on it throughout).
+    # memory^p)^(1/p). aiconfigurator's bf16 GEMM tables with compute / memory time (each GPU's own compute
+    # share) between 0.5 and 2 run a median 9% (H100, vLLM 0.24, 4,874 rows), 13% (H200), 18% (B200), 13%
+    # (L40S), 47% (A100) over max(); the exponent that zeroes the median there is each measured GPU's own
+    # (`GPU.gemm_ridge_exponent`, costmodels/catalog.py GEMM_FIGURES: 2.85 H100 ... 1.15 A100). For a GPU
+    # without one, 3: about the H100's, the most conservative of them but the RTX 4090's (12 in vLLM 0.19's
+    # own GEMMs: they reach 0.99 of its datasheet compute; `python -m benchmarks.kernel_efficiency`). The
+    # fused MoE kernels keep 3 (their figures were measured with it).
     # At compute = memory it is 1.26x max(); at a ratio of 0.5 or 2, 1.04x.
     gemm_ridge_exponent: float = 3.0
     # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
@@ -143,8 +144,12 @@ class Efficiencies:
     frontend: FrontendLatency = HTTP_FRONTEND
 
     def gemm_compute_on(self, gpu: GPU) -> float:
-        """The 16-bit GEMMs' compute share on `gpu`: its own measured figure, else the pooled one."""
+        """The dense GEMMs' compute share on `gpu`: its own measured figure, else the pooled one."""
         return gpu.gemm_compute if gpu.gemm_compute is not None else self.gemm_compute
+
+    def gemm_ridge_exponent_on(self, gpu: GPU) -> float:
+        """The dense GEMMs' ridge exponent on `gpu`: its own measured figure, else the pooled one."""
+        return gpu.gemm_ridge_exponent if gpu.gemm_ridge_exponent is not None else self.gemm_ridge_exponent
 
 
 class RooflineCostModel:
@@ -177,7 +182,7 @@ class RooflineCostModel:
         # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
         # format, and of one in the activations' 16-bit dtype (the router, the LM head)
         self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
-        gemm_compute = eff.gemm_compute_on(gpu)
+        gemm_compute, self._gemm_ridge_p = eff.gemm_compute_on(gpu), eff.gemm_ridge_exponent_on(gpu)
         self._gemm_kinds = {
             True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
@@ -236,7 +241,8 @@ class RooflineCostModel:
                 "tp_link": {"kind": self.gpu.interconnect_kind, "efficiency": self.tp_link.efficiency,
                             "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()},
-                "eff_gemm_compute": self.eff.gemm_compute_on(self.gpu)}   # the GPU's own figure where it has one
+                # the GPU's own figures where it has them (costmodels/catalog.py GEMM_FIGURES)
+                "eff_gemm_compute": self.eff.gemm_compute_on(self.gpu), "eff_gemm_ridge_exponent": self._gemm_ridge_p}
 
     def gemm_sides_s(self, m: float, n: int, k: int, quantized: bool = True) -> tuple[float, float]:
         """(compute seconds, memory seconds) of one linear layer over `m` tokens, weights [n, k]: in the
@@ -248,7 +254,7 @@ class RooflineCostModel:
 
     def _gemm_s(self, m: float, n: int, k: int, quantized: bool = True) -> float:
         e = self.eff
-        return _ridge(*self.gemm_sides_s(m, n, k, quantized), e.gemm_ridge_exponent) + e.gemm_fixed_s
+        return _ridge(*self.gemm_sides_s(m, n, k, quantized), self._gemm_ridge_p) + e.gemm_fixed_s
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`

@@ -62,7 +62,7 @@ def test_gemm_compute_is_the_gpus_own_measured_share():
     from costmodels.catalog import get_model
     from costmodels.roofline import Efficiencies, RooflineCostModel
     l40s = get_gpu("l40s")
-    assert l40s.gemm_compute == 0.64 and get_gpu("mi300x").gemm_compute is None
+    assert (l40s.gemm_compute, l40s.gemm_ridge_exponent) == (0.64, 2.6) and get_gpu("mi300x").gemm_compute is None
     model = RooflineCostModel(get_model("llama-3.1-8b"), l40s)
     compute_s, _ = model.gemm_sides_s(4096, 14336, 4096)
     assert compute_s == pytest.approx(2 * 4096 * 14336 * 4096 / (362e12 * 0.64))
@@ -73,6 +73,14 @@ def test_gemm_compute_is_the_gpus_own_measured_share():
     derated = {"base": "l40s", "name": "x", "dense_flops_per_s": {"bf16": 300e12}}
     assert resolve_point({**POINT, "hardware": derated}).gpu.gemm_compute is None
     assert resolve_point({**POINT, "hardware": {**derated, "gemm_compute": 0.7}}).gpu.gemm_compute == 0.7
+    slower = resolve_point({**POINT, "hardware": {"base": "l40s", "name": "x", "hbm_bytes_per_s": 700e9}}).gpu
+    assert (slower.gemm_compute, slower.gemm_ridge_exponent) == (None, None)
+    assert resolve_point({**POINT, "hardware": {**RTX4090, "gemm_ridge_exponent": 2}}).gpu.gemm_ridge_exponent == 2
+    # near the ridge the GPU's own exponent: an A100's GEMMs overlap loads and MMAs worse than an H100's
+    a100 = RooflineCostModel(get_model("llama-3.1-8b"), get_gpu("a100-80gb"))
+    compute_s, memory_s = a100.gemm_sides_s(166, 14336, 4096)
+    assert a100._gemm_s(166, 14336, 4096) == pytest.approx(
+        (compute_s ** 1.15 + memory_s ** 1.15) ** (1 / 1.15) + Efficiencies().gemm_fixed_s)
 
 
 @pytest.mark.parametrize("hardware, names", [
@@ -86,6 +94,7 @@ def test_gemm_compute_is_the_gpus_own_measured_share():
     ({**RTX4090, "colour": "green"}, "hardware.colour"),
     ({**RTX4090, "gemm_compute": 1.2}, "hardware.gemm_compute"),
     ({**RTX4090, "gemm_compute": 0}, "hardware.gemm_compute"),
+    ({**RTX4090, "gemm_ridge_exponent": -1}, "hardware.gemm_ridge_exponent"),
     ({"base": "h900"}, "hardware.base"),
     ("h900", "hardware"),
     ("/nonexistent/gpu.yaml", "hardware"),
