@@ -117,3 +117,19 @@ def test_bad_gpu_and_a_model_that_does_not_fit_exit_2(tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0]
+
+
+def test_the_hardware_page_lists_each_gpus_measured_gemm_figures():
+    """docs/hardware.md's catalog table shows what each GPU's GEMMs rest on: its own figures, or the pooled."""
+    import re
+    from pathlib import Path
+    from costmodels.roofline import Efficiencies
+    e = Efficiencies()
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(
+        r"^\| `([a-z0-9-]+)`.*\| ([^|]+) \|$", (Path(__file__).parents[1] / "docs" / "hardware.md").read_text(), re.M)}
+    for name, g in GPUS.items():
+        if g.gemm_compute is None:
+            expected = f"- ({e.gemm_compute:.2f} / {e.gemm_ridge_exponent:g})"
+        else:
+            expected = f"{g.gemm_compute:.2f} / {g.gemm_ridge_exponent:g}"
+        assert rows[name] == expected, name
