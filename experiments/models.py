@@ -26,7 +26,9 @@ def listing(show_hf: bool) -> dict:
                "kv_heads": m.num_kv_heads, "family": m.family, "max_model_len": m.max_model_len,
                "params_b": round(m.num_params / 1e9, 2)} for m in MODELS.values()]
     gpus = [{"name": g.name, "memory_gb": round(g.memory_bytes / 1e9), "bf16_tflops": round(g.bf16_flops_per_s / 1e12),
-             "hbm_tb_per_s": round(g.hbm_bytes_per_s / 1e12, 2)} for g in GPUS.values()]
+             "hbm_tb_per_s": round(g.hbm_bytes_per_s / 1e12, 2),
+             # the share of that peak large GEMMs sustain, measured on the GPU (None: the prior's pooled share)
+             "gemm_compute": g.gemm_compute} for g in GPUS.values()]
     hf = packaged_hf_ids()
     return {"models": models, "gpus": gpus, "profiles": shipped_profiles(),
             "aic_installed": aic_configs_dir() is not None, "hf_ids": hf if show_hf else [], "num_hf_ids": len(hf),
@@ -41,7 +43,9 @@ def text(data: dict) -> str:
     lines += ["  aliases: the Instruct / Chat / base names of these, with or without 'Meta-' and the organisation "
               "(meta-llama/Llama-3.1-8B-Instruct is llama-3.1-8b)", "", "GPUs (hardware: NAME):"]
     lines += [f"  {g['name']:10s} {g['memory_gb']:>4} GB, {g['bf16_tflops']:>5} dense BF16 TFLOP/s, "
-              f"{g['hbm_tb_per_s']} TB/s HBM" for g in data["gpus"]]
+              f"{g['hbm_tb_per_s']} TB/s HBM"
+              + (f"; large GEMMs at {g['gemm_compute']:.2f} of that peak (measured)" if g["gemm_compute"] else "")
+              for g in data["gpus"]]
     lines += ["", "Measured profiles shipped (chosen automatically for the same architecture, GPU, TP, dtype):"]
     lines += [f"  {p}" for p in data["profiles"]] or ["  none"]
     lines.append("")

@@ -42,6 +42,8 @@ def test_models_command_lists_models_gpus_profiles_and_says_how_to_get_hf_ids(ca
     for name in ("llama-3.1-8b", "qwen2.5-7b", "h200-sxm", "l4", "llama-3-8b__h200-sxm__tp1__bf16"):
         assert name in out
     assert "Hugging Face ids" in out and "aliases" in out
+    # what a GPU's GEMMs rest on: its own measured share of the peak where it has one
+    assert "l40s" in out and "large GEMMs at 0.64 of that peak (measured)" in out
 
 
 def test_models_command_lists_the_extras_hf_ids_when_installed(capsys):
