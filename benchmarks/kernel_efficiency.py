@@ -138,7 +138,7 @@ def scaled_mm_lines(root: Path) -> list[str]:
 
 
 def gemm_compute_lines(root: Path) -> list[str]:
-    """bf16 GEMMs where compute-bound (costmodels/catalog.py GEMM_COMPUTE, Efficiencies.gemm_compute): per GPU
+    """bf16 GEMMs where compute-bound (costmodels/catalog.py GEMM_FIGURES, Efficiencies.gemm_compute): per GPU
     and framework table (vLLM's first), rows with m >= 2,048 and n, k >= 4,096, the median of
     2 m n k / (latency x the datasheet 16-bit peak), beside the catalog's figure for that GPU."""
     lines = []

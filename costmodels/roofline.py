@@ -34,7 +34,7 @@ class Efficiencies:
     what large transfers reach, the fixed time the kernel's ramp and tail (DRAM latency, the split-KV
     combine, the last wave), so small kernels reach a lower fraction, as measured."""
     # bf16 GEMMs where compute-bound, of the datasheet dense peak, for a GPU without a measured figure of
-    # its own (`GPU.gemm_compute`, costmodels/catalog.py GEMM_COMPUTE, wins where there is one): the median
+    # its own (`GPU.gemm_compute`, costmodels/catalog.py GEMM_FIGURES, wins where there is one): the median
     # of nine measurements, aiconfigurator's vLLM GEMM tables (m >= 2,048; H100 0.81, H200 0.79, B200 0.70,
     # GB200 0.63, A100 0.90, L40S 0.64, RTX PRO 6000 Server 0.80) and vLLM 0.19's own Llama-3.1-8B GEMMs at
     # 2,048 tokens (LLMServingSim profiler: RTX 4090 0.99, RTX PRO 6000 Server 0.75).
@@ -182,11 +182,11 @@ class RooflineCostModel:
         # (weight bytes, peak, compute and memory efficiency) of a GEMM whose weights are in the deployment's
         # format, and of one in the activations' 16-bit dtype (the router, the LM head)
         self.scaled_mm = COMPUTE_DTYPE[fmt] == "fp8" and bool(gpu.fp8_flops_per_s)
-        gemm_compute, self._gemm_ridge_p = eff.gemm_compute_on(gpu), eff.gemm_ridge_exponent_on(gpu)
+        self._gemm_compute, self._gemm_ridge_p = eff.gemm_compute_on(gpu), eff.gemm_ridge_exponent_on(gpu)
         self._gemm_kinds = {
-            True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else gemm_compute,
+            True: (self.wb, self.peak_flops, eff.scaled_mm_compute if self.scaled_mm else self._gemm_compute,
                    eff.scaled_mm_memory if self.scaled_mm else eff.gemm_memory),
-            False: (self.dt, gpu.peak_flops_per_s("bf16"), gemm_compute, eff.gemm_memory)}
+            False: (self.dt, gpu.peak_flops_per_s("bf16"), self._gemm_compute, eff.gemm_memory)}
         # the attention runs at the 16-bit rate whatever the weights' and the cache's format (attention_compute)
         self.attention_peak_flops = gpu.peak_flops_per_s("bf16")
         self.heads = m.num_heads // tp
@@ -242,7 +242,7 @@ class RooflineCostModel:
                             "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()},
                 # the GPU's own figures where it has them (costmodels/catalog.py GEMM_FIGURES)
-                "eff_gemm_compute": self.eff.gemm_compute_on(self.gpu), "eff_gemm_ridge_exponent": self._gemm_ridge_p}
+                "eff_gemm_compute": self._gemm_compute, "eff_gemm_ridge_exponent": self._gemm_ridge_p}
 
     def gemm_sides_s(self, m: float, n: int, k: int, quantized: bool = True) -> tuple[float, float]:
         """(compute seconds, memory seconds) of one linear layer over `m` tokens, weights [n, k]: in the
