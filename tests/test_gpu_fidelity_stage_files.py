@@ -162,3 +162,56 @@ def test_needed_columns_under_the_names_run_tables_give_them(tmp_path):
     pd.DataFrame([{**row, "HW": "L40S"}]).to_csv(f, index=False)
     r = read_stage_file(f).iloc[0]
     assert (r["profile"], r["tensor_parallel_size"], row_settings(r)["gpu"]) == ("general", 1, "l40s")
+
+
+# The deployments of the public vLLM 0.15.1 runs on H100, A100 80GB and L40S that inference-sim published
+# beside the ones in ../shared (their configuration columns: inference-sim/sim-to-real-accuracy-validation,
+# results/cluster_2000req/error_records.csv, and its EXPERIMENT_FIGURE_INCLUSION.md for the FP8 Llama-4-Scout
+# runs; no figure of theirs is used here): (model, GPU, TP, DP, precision, budget, memory share, KV offload).
+PUBLIC_RUN_DEPLOYMENTS = [
+    ("codellama/CodeLlama-34b-Instruct-hf", "H100", 2, None, "FP16", 2048, 0.9, True),
+    ("meta-llama/Llama-2-70b-hf", "H100", 4, None, "FP16", 2048, 0.9, True),
+    ("mistralai/Mixtral-8x7B-v0.1", "H100", 2, 1, "FP16", 2048, 0.9, True),
+    ("Qwen/Qwen3-14B", "H100", 1, None, "FP16", 2048, 0.9, False),
+    ("meta-llama/Llama-3.1-8B-Instruct", "H100", 1, None, "FP16", 1024, 0.9, False),
+    ("meta-llama/Llama-3.1-8B-Instruct", "H100", 1, None, "FP16", 8192, 0.95, False),
+    ("meta-llama/Llama-3.1-8B-Instruct", "H100", 2, None, "FP16", 2048, 0.9, False),
+    ("mistralai/Mixtral-8x7B-v0.1", "H100", 2, 1, "FP16", 1024, 0.95, False),
+    ("mistralai/Mixtral-8x7B-v0.1", "H100", 4, 1, "FP16", 8192, 0.9, False),
+    ("mistralai/Mixtral-8x7B-v0.1", "H100", 2, 2, "FP16", 2048, 0.9, False),
+    ("mistralai/Mixtral-8x22B-Instruct-v0.1", "H100", 8, 1, "FP16", 2048, 0.9, False),
+    ("mistralai/Mixtral-8x22B-v0.1", "H100", 8, 1, "FP16", 2048, 0.9, False),
+    ("Qwen/Qwen3-14B", "A100-80GB", 1, None, "FP16", 2048, 0.9, False),
+    ("meta-llama/Llama-3.1-8B-Instruct", "A100-80GB", 1, None, "FP16", 2048, 0.9, False),
+    ("codellama/CodeLlama-34b-Instruct-hf", "A100-80GB", 2, None, "FP16", 2048, 0.9, False),
+    ("meta-llama/Llama-2-70b-hf", "A100-80GB", 4, None, "FP16", 2048, 0.9, False),
+    ("mistralai/Mixtral-8x7B-v0.1", "A100-80GB", 2, 1, "FP16", 2048, 0.9, False),
+    ("Qwen/Qwen3-14B", "L40S", 1, None, "FP16", 2048, 0.9, False),
+    ("meta-llama/Llama-3.1-8B-Instruct", "L40S", 1, None, "FP16", 2048, 0.9, False),
+    ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "H100", 2, 1, "FP8", 2048, 0.9, False),
+    ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "H100", 2, 4, "FP8", 2048, 0.9, False),
+    ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "A100-80GB", 2, 1, "FP8", 2048, 0.9, False)]
+
+
+@pytest.mark.parametrize("model, gpu, tp, dp, precision, budget, share, offload", PUBLIC_RUN_DEPLOYMENTS)
+def test_every_public_run_deployment_replays_and_fits(tmp_path, model, gpu, tp, dp, precision, budget, share,
+                                                     offload):
+    """A stage of each deployment, in a file written as the run tables write it, replays on its own GPU with
+    its own settings (no reason to skip it), and the KV pool vLLM would size holds a whole 4,096-token
+    sequence on every rank: the model fits as it did for vLLM."""
+    from experiments.config import resolve_point
+    from experiments.simulate import memory_plan
+    from fidelity.vllm_stages import read_stage_file
+    f = tmp_path / "vllm-0.15.1-public-stages.csv"
+    pd.DataFrame([{**{k: v for k, v in STAGE.items() if k != "tensor_parallel_size"}, "model": model, "hardware": gpu,
+                   "tp": tp, "dp": dp, "precision": precision, "max_num_batched_tokens": budget,
+                   "gpu_mem_util": share, "cpu_offload": offload}]).to_csv(f, index=False)
+    row = read_stage_file(f).iloc[0]
+    s = row_settings(row)
+    assert not s.get("skipped") and s["max_num_batched_tokens"] == budget
+    assert (s["data_parallel_size"], s["gpu_memory_utilization"], s["kv_offload_gb"] > 0) == (dp or 1, share, offload)
+    point = gpu_fidelity.stage_point(row, 60.0, s)
+    cfg = resolve_point(point)
+    assert cfg.gpu.name == catalog_gpu(gpu)[0] and cfg.tensor_parallel_size == tp
+    assert cfg.deployment.weight_format(cfg.model) == ("fp8" if precision == "FP8" else "fp16")
+    assert memory_plan(cfg).kv_capacity_tokens >= 4096
