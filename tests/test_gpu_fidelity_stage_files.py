@@ -190,7 +190,14 @@ PUBLIC_RUN_DEPLOYMENTS = [
     ("meta-llama/Llama-3.1-8B-Instruct", "L40S", 1, None, "FP16", 2048, 0.9, False),
     ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "H100", 2, 1, "FP8", 2048, 0.9, False),
     ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "H100", 2, 4, "FP8", 2048, 0.9, False),
-    ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "A100-80GB", 2, 1, "FP8", 2048, 0.9, False)]
+    ("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "A100-80GB", 2, 1, "FP8", 2048, 0.9, False),
+    # the other models inference-sim's training notes name (Mistral-7B at TP 1 and 2; the rest at the TP this
+    # file gives their peers: a 34B model on two H100s, a 70B on four)
+    ("mistralai/Mistral-7B-Instruct-v0.3", "H100", 1, None, "FP16", 2048, 0.9, False),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "H100", 2, None, "FP16", 2048, 0.9, False),
+    ("Qwen/Qwen2.5-7B-Instruct", "H100", 1, None, "FP16", 2048, 0.9, False),
+    ("01-ai/Yi-34B-Chat", "H100", 2, None, "FP16", 2048, 0.9, False),
+    ("meta-llama/Llama-3.1-70B-Instruct", "H100", 4, None, "FP16", 2048, 0.9, False)]
 
 
 @pytest.mark.parametrize("model, gpu, tp, dp, precision, budget, share, offload", PUBLIC_RUN_DEPLOYMENTS)
