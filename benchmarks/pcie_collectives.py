@@ -1,4 +1,4 @@
-"""The PCIe all-reduce figures of costmodels/collectives.py, refitted from NVIDIA aiconfigurator's NCCL tables.
+"""The PCIe all-reduce figures of costmodels/collectives.py, refitted from NVIDIA aiconfigurator's tables.
 
     python -m benchmarks.pcie_collectives
 
@@ -6,7 +6,9 @@ For each PCIe GPU whose aiconfigurator-core package ships an NCCL table (`system
 <version>/nccl_perf.parquet`: RTX PRO 6000 Server, L40S), and each TP size, it fits `latency + ring bytes /
 bandwidth` to the bf16 all-reduce rows of 256 kB to 64 MB (least squares on relative error, as the NVLink
 figure was fitted) and prints the latency, the bandwidth, its fraction of the catalog's per-direction link
-and the worst relative error. Without the `[aic]` extra it says so and exits 0.
+and the worst relative error. Then the same fit of vLLM's own TP 2 all-reduce through its dispatch under CUDA
+graphs (`comm/vllm/<version>/custom_allreduce_perf.parquet`, backend `vllm_graph`), below its custom kernel's
+8 MiB buffer and above it (NCCL's). Without the `[aic]` extra it says so and exits 0.
 """
 from __future__ import annotations
 
@@ -51,6 +53,18 @@ def main(argv=None) -> int:
                 latency, bw, worst = fit(ring, g["latency"].to_numpy() * 1e-3)   # the table's latency is ms
                 print(f"{name} NCCL {path.parent.name} TP{tp}: {latency * 1e6:.1f} us + ring bytes at "
                       f"{bw / 1e9:.1f} GB/s = {bw / link:.3f} of {link / 1e9:.0f} GB/s (worst {worst:.1%})")
+    buffer = 8 * 1024 * 1024   # vLLM's custom all-reduce buffer on GPUs without a CUSTOM_ALL_REDUCE_MAX_SIZES entry
+    for name, folder in TABLES.items():
+        for path in sorted((root / folder / "comm" / "vllm").glob("*/custom_allreduce_perf.parquet")):
+            t = pd.read_parquet(path)
+            t = t[(t["backend"] == "vllm_graph") & (t["num_gpus"] == 2)]
+            link = GPUS[name].interconnect_bytes_per_s
+            ring = t["message_size"].to_numpy() * 2.0   # TP 2: the ring moves the message once each way
+            for what, lo, hi in (("below 8 MiB", 256e3, buffer - 1), ("8 MiB and more", buffer, 64e6)):
+                latency, bw, worst = fit(ring, t["latency"].to_numpy() * 1e-3, lo, hi)
+                print(f"{name} vLLM {path.parent.name} all-reduce (graph) TP2, {what}: {latency * 1e6:.1f} us + "
+                      f"ring bytes at {bw / 1e9:.1f} GB/s = {bw / link:.3f} of {link / 1e9:.0f} GB/s "
+                      f"(worst {worst:.1%})")
     return 0
 
 

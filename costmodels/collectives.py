@@ -14,10 +14,11 @@ The interconnect kinds (`GPU.interconnect_kind`, a catalog entry's or the user's
   the GPUs).
 - `pcie`: PCIe with GPU peer-to-peer (P2P) access: data centre and workstation cards (L4, L40S, A10G,
   RTX PRO 6000, H100 PCIe without its bridge) on a host whose IOMMU and PCIe ACS let P2P traffic go from
-  GPU to GPU. vLLM 0.19 runs its custom all-reduce at TP 2 on such a pair and NCCL at TP > 2
-  (custom_all_reduce.py: "not supported on more than two PCIe-only GPUs"). No sourced timing of vLLM's
-  custom kernel over PCIe exists; both move the same ring bytes over the same link at TP 2, so NCCL's
-  measured figures price both.
+  GPU to GPU. vLLM runs its custom all-reduce at TP 2 on such a pair below its 8 MiB buffer (the SM 8.x and
+  12.x parts have no entry in `CUSTOM_ALL_REDUCE_MAX_SIZES`, so the default size holds) and NCCL above it
+  and at TP > 2 (custom_all_reduce.py: "not supported on more than two PCIe-only GPUs"). The custom kernel
+  moves the same ring bytes as NCCL at about NCCL's rate, but one kernel reading the peer's buffer starts in
+  about 4 us where NCCL's ring protocol takes 13-20 (`PCIE_CUSTOM_TP2`).
 - `pcie_host`: PCIe without P2P: each GPU's data is staged through host memory (NCCL's SHM transport).
   NVIDIA disables P2P on GeForce cards (RTX 4090), and the Linux kernel turns PCIe ACS on whenever the
   IOMMU is on, which sends peer traffic up to the root complex; vLLM then finds no P2P (`_can_p2p`) and
@@ -59,13 +60,21 @@ MiB = 1024 * 1024
 NVLINK = {2: LinkCollective(0.50, 3.9e-6, 64 * MiB, LinkCollective(0.77, 103e-6)),
           4: LinkCollective(0.60, 6.6e-6, 32 * MiB, LinkCollective(0.79, 50e-6)),
           8: LinkCollective(0.78, 9.5e-6, 64 * MiB, LinkCollective(1.05, 93e-6))}
-# PCIe with P2P, by TP size. TP 2: the median of three NCCL tables, each a pair of GPUs on one host under CUDA
-# graphs: aiconfigurator's RTX PRO 6000 Server (NCCL 2.29.2) 0.559 of 64 GB/s + 12.9 us, its L40S (NCCL
-# 2.27.3) 0.632 of 32 GB/s + 19.6 us, LLMServingSim's two RTX PRO 6000 Server with ACS and IOMMU off (vLLM's
-# PyNcclCommunicator) 0.588 + 14.2 us. TP 4 and 8: aiconfigurator's RTX PRO 6000 Server (the only PCIe table
-# with all three sizes): the GPUs' rings share the root complex's and switches' uplinks, 0.415 + 29.8 us and
-# 0.394 + 73.5 us.
-PCIE_P2P = {2: LinkCollective(0.59, 14.2e-6), 4: LinkCollective(0.415, 29.8e-6), 8: LinkCollective(0.394, 73.5e-6)}
+# NCCL over PCIe with P2P, by GPU count. 2: the median of three NCCL tables, each a pair of GPUs on one host
+# under CUDA graphs: aiconfigurator's RTX PRO 6000 Server (NCCL 2.29.2) 0.559 of 64 GB/s + 12.9 us, its L40S
+# (NCCL 2.27.3) 0.632 of 32 GB/s + 19.6 us, LLMServingSim's two RTX PRO 6000 Server with ACS and IOMMU off
+# (vLLM's PyNcclCommunicator) 0.588 + 14.2 us. 4 and 8: aiconfigurator's RTX PRO 6000 Server (the only PCIe
+# table with all three sizes): the GPUs' rings share the root complex's and switches' uplinks, 0.415 + 29.8
+# us and 0.394 + 73.5 us.
+PCIE_P2P_NCCL = {2: LinkCollective(0.59, 14.2e-6), 4: LinkCollective(0.415, 29.8e-6),
+                 8: LinkCollective(0.394, 73.5e-6)}
+# vLLM's own TP 2 all-reduce over PCIe with P2P, through its dispatch under CUDA graphs (aiconfigurator's vLLM
+# custom_allreduce tables, backend vllm_graph, messages of 256 kB to 8 MiB): L40S (vLLM 0.14 and 0.22, one
+# measurement) 0.581 of 32 GB/s + 3.9 us, RTX PRO 6000 Server (vLLM 0.24) 0.645 of 64 GB/s + 4.8 us; their
+# mean. Above 8 MiB the same tables time NCCL (0.59 + 8 us, 0.57 + 15 us): `PCIE_P2P_NCCL[2]`. vLLM 0.19's RTX
+# PRO 6000 Server table is a host without P2P (0.24 + 22 us, the custom kernel refused: `PCIE_HOST`'s regime).
+# `python -m benchmarks.pcie_collectives`.
+PCIE_CUSTOM_TP2 = LinkCollective(0.61, 4.4e-6, 8 * MiB, PCIE_P2P_NCCL[2])
 # PCIe through host memory: LLMServingSim's calibration of two RTX PRO 6000 Server (PCIe 5.0 x16) before their
 # host's ACS and IOMMU were turned off: 16.1 GB/s = 0.252 of 64 GB/s + 9.5 us (10 kB: 16.2 us). P2P-disabled
 # copies between two RTX 5090 at PCIe 5.0 x8 reach 15 GB/s each way when both directions run, and P2P-off
@@ -78,7 +87,7 @@ def allreduce_link(kind: str, tp: int, multicast: bool = False) -> LinkCollectiv
     """The latency and efficiency of one all-reduce across `tp` GPUs over an interconnect of `kind`;
     `multicast`: the NVLink switch reduces in the fabric (NVLS: Hopper and later, `nvls_multicast`)."""
     if kind == "pcie":
-        return PCIE_P2P[max(k for k in PCIE_P2P if k <= tp)] if tp >= 2 else PCIE_P2P[2]
+        return PCIE_CUSTOM_TP2 if tp <= 2 else PCIE_P2P_NCCL[max(k for k in PCIE_P2P_NCCL if k <= tp)]
     if kind == "pcie_host":
         return PCIE_HOST
     size = max(k for k in NVLINK if k <= max(tp, 2))   # nvlink, infinity_fabric
@@ -87,9 +96,12 @@ def allreduce_link(kind: str, tp: int, multicast: bool = False) -> LinkCollectiv
 
 def collective_link(kind: str, gpus: int) -> LinkCollective:
     """NCCL's other collectives among `gpus` GPUs (EP's all-gathers and reduce-scatters, one GPU's send to
-    another): over PCIe the all-reduce's figures (NCCL's own tables); over NVLink the TP 4 all-reduce's, which
-    NCCL's all-reduce reaches there too (0.60 of the link in aiconfigurator's H100 NCCL 2.27 table)."""
-    return allreduce_link(kind, gpus) if kind in ("pcie", "pcie_host") else NVLINK[4]
+    another): over PCIe NCCL's all-reduce figures (its own tables; vLLM's custom kernel is an all-reduce
+    only); over NVLink the TP 4 all-reduce's, which NCCL's all-reduce reaches there too (0.60 of the link in
+    aiconfigurator's H100 NCCL 2.27 table)."""
+    if kind == "pcie":
+        return PCIE_P2P_NCCL[max(k for k in PCIE_P2P_NCCL if k <= max(gpus, 2))]
+    return PCIE_HOST if kind == "pcie_host" else NVLINK[4]
 
 
 def nvls_multicast(gpu) -> bool:

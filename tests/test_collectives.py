@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from costmodels.catalog import GPUS, ModelShape
-from costmodels.collectives import NVLINK, allreduce_link, collective_link, nvls_multicast, ring_allreduce_s
+from costmodels.collectives import (NVLINK, PCIE_HOST, PCIE_P2P_NCCL, MiB, allreduce_link, collective_link,
+                                   nvls_multicast, ring_allreduce_s)
 from costmodels.profile import ProfileCostModel
 from costmodels.roofline import RooflineCostModel
 from experiments.config import ConfigError, resolve_point
@@ -24,14 +25,17 @@ def test_one_megabyte_at_tp2_by_interconnect_kind():
     mb = 1e6   # per GPU; at TP 2 the ring moves 2 x (2 - 1) / 2 = 1x of it each way
     # NVLink on an H100 (450 GB/s a direction), vLLM's custom all-reduce at TP 2: 1e6 / (450e9 x 0.50) + 3.9 us
     assert ring_allreduce_s(mb, 2, 450e9, allreduce_link("nvlink", 2, True)) == pytest.approx(8.3444e-6, rel=1e-4)
-    # PCIe 5.0 x16 with P2P (64 GB/s): 1e6 / (64e9 x 0.59) + 14.2 us = 26.48 + 14.2 us
-    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie", 2)) == pytest.approx(40.683e-6, rel=1e-4)
+    # PCIe 5.0 x16 with P2P (64 GB/s), vLLM's custom all-reduce below 8 MiB: 1e6 / (64e9 x 0.61) + 4.4 us
+    assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie", 2)) == pytest.approx(30.015e-6, rel=1e-4)
+    # from 8 MiB vLLM hands it to NCCL: 16 MiB / (64e9 x 0.59) + 14.2 us = 444.31 + 14.2 us
+    assert ring_allreduce_s(16 * MiB, 2, 64e9, allreduce_link("pcie", 2)) == pytest.approx(458.51e-6, rel=1e-4)
     # the same link through host memory: 1e6 / (64e9 x 0.252) + 9.5 us = 62.00 + 9.5 us
     assert ring_allreduce_s(mb, 2, 64e9, allreduce_link("pcie_host", 2)) == pytest.approx(71.504e-6, rel=1e-4)
     # PCIe at TP 4: the ring moves 1.5 MB each way, 1.5e6 / (64e9 x 0.415) + 29.8 us
     assert ring_allreduce_s(mb, 4, 64e9, allreduce_link("pcie", 4)) == pytest.approx(86.276e-6, rel=1e-4)
-    # TP 3 takes TP 2's figures, TP 16 TP 8's; one GPU has nothing to reduce
-    assert allreduce_link("pcie", 3) == allreduce_link("pcie", 2)
+    # TP 3 takes NCCL's TP 2 figures (vLLM refuses its custom kernel on more than two PCIe GPUs), TP 16 TP 8's;
+    # one GPU has nothing to reduce
+    assert allreduce_link("pcie", 3) is PCIE_P2P_NCCL[2]
     assert allreduce_link("pcie", 16) == allreduce_link("pcie", 8)
     assert ring_allreduce_s(mb, 1, 64e9, allreduce_link("pcie", 1)) == 0.0
     assert allreduce_link("infinity_fabric", 8) is NVLINK[4]
@@ -74,6 +78,9 @@ def test_nvlink_all_reduce_by_tp_size_and_multicast():
     # EP's all-gathers and reduce-scatters and PP's sends are NCCL's, at the TP 4 figure over NVLink
     assert tp8.ep_link is NVLINK[4] and tp8.p2p_link is NVLINK[4]
     assert collective_link("pcie", 4) == allreduce_link("pcie", 4)
+    # over PCIe the other collectives are NCCL's at every size: vLLM's custom kernel is an all-reduce only
+    assert collective_link("pcie", 2) is PCIE_P2P_NCCL[2] is allreduce_link("pcie", 2).beyond
+    assert collective_link("pcie_host", 8) is PCIE_HOST
 
 
 def test_a_decode_step_on_two_rtx_pro_6000_by_kind():
@@ -81,8 +88,9 @@ def test_a_decode_step_on_two_rtx_pro_6000_by_kind():
     def allreduce_ms(kind):
         gpu = dataclasses.replace(GPUS["rtx-pro-6000-server"], interconnect_kind=kind)
         return RooflineCostModel(QWEN3_32B, gpu, tp=2).step_terms_s(decode=[1000] * 128)["allreduce"] * 1e3
-    # 128 x (1,310,720 / (64e9 x 0.59) + 14.2 us) = 128 x 48.91 us
-    assert allreduce_ms("pcie") == pytest.approx(6.261, rel=1e-3)
+    # 128 x (1,310,720 / (64e9 x 0.61) + 4.4 us) = 128 x 37.97 us: vLLM's custom kernel (NCCL's ring protocol
+    # would take 128 x 48.91 us)
+    assert allreduce_ms("pcie") == pytest.approx(4.860, rel=1e-3)
     # 128 x (1,310,720 / (64e9 x 0.252) + 9.5 us) = 128 x 90.77 us
     assert allreduce_ms("pcie_host") == pytest.approx(11.619, rel=1e-3)
 
