@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from commandline.parser import Parser  # noqa: E402
 from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
-from costmodels.collectives import NVLINK, MiB  # noqa: E402
+from costmodels.collectives import MiB, allreduce_link, nvlink_ampere, nvls_multicast  # noqa: E402
 
 TABLE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200-sxm", "a100_sxm": "a100-80gb",
               "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000-server"}
@@ -85,16 +85,22 @@ def tables(root: Path) -> None:
     for g, label, path, backend in (
             ("h100_sxm", "vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
             ("h100_sxm", "NCCL 2.27 all-reduce", "nccl/2.27.3/nccl_perf.parquet", None),
-            ("h200_sxm", "vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph")):
+            ("h200_sxm", "vLLM custom all-reduce (graph)", "vllm/0.24.0/custom_allreduce_perf.parquet", "vllm_graph"),
+            ("a100_sxm", "vLLM custom all-reduce (graph)", "vllm/0.14.0/custom_allreduce_perf.parquet", "vllm_graph")):
         comm = Path(root) / g / "comm"
         if not (comm / path).exists():
             continue
         t = pd.read_parquet(comm / path)
         t = t[t.backend == backend] if backend else t[(t.op_name == "all_reduce") & (t.nccl_dtype == "half")]
+        gpu = GPUS[TABLE_GPUS[g]]
         for tp in (2, 4, 8):
-            ranges = [("", 256e3, 64e6)]
-            if backend:   # vLLM's dispatch hands larger messages to NCCL (costmodels/collectives.py NVLINK)
-                ranges.append((f", {NVLINK[tp].beyond_bytes / MiB:.0f} MiB and more", NVLINK[tp].beyond_bytes, 1e12))
+            # vLLM's dispatch hands larger messages to NCCL (costmodels/collectives.py NVLINK, NVLINK_AMPERE)
+            limit = allreduce_link("nvlink", tp, nvls_multicast(gpu), nvlink_ampere(gpu)).beyond_bytes
+            # Hopper's pair below the limit was fitted over 256 kB-64 MB (its limits sit at 32-64 MiB); the
+            # A100's custom kernel stops at 8 MiB, far inside that range
+            ranges = [("", 256e3, limit - 1 if nvlink_ampere(gpu) else 64e6)]
+            if backend:
+                ranges.append((f", {limit / MiB:.0f} MiB and more", limit, 1e12))
             for what, low, high in ranges:
                 s = t[(t.num_gpus == tp) & (t.message_size * 2 >= low) & (t.message_size * 2 <= high)]
                 if len(s):

@@ -7,8 +7,9 @@ The interconnect kinds (`GPU.interconnect_kind`, a catalog entry's or the user's
   (vllm/distributed/device_communicators/all_reduce_utils.py, 0.15-0.32): on Hopper its custom all-reduce
   (captured in the CUDA graphs) up to 64 MiB at TP 2, 32 MiB at TP 4 and 256 KiB at TP 8, PyTorch's
   symmetric-memory multimem all-reduce at TP 6-8 up to 64 MiB (NVSwitch's multicast, NVLS, reduces in the
-  switch: fewer bytes per GPU than a ring), NCCL beyond. GPUs without NVLS (A100's NVLink 3: custom up to
-  8 MiB, then NCCL) keep the TP 4 figure at TP 6-8.
+  switch: fewer bytes per GPU than a ring), NCCL beyond. Other NVLink GPUs without NVLS keep the TP 4
+  figure at TP 6-8. The A100's NVLink 3 has its own (`NVLINK_AMPERE`): custom up to 8 MiB at every TP size,
+  then NCCL.
 - `infinity_fabric`: AMD MI300X/MI325X's xGMI mesh. No sourced ROCm all-reduce table was found, so it keeps
   the NVLink figures without multicast (a fully connected mesh of point-to-point links, as NVSwitch is to
   the GPUs).
@@ -52,7 +53,7 @@ MiB = 1024 * 1024
 # vLLM's own dispatch, above), fitted over 256 kB-64 MB (`python -m benchmarks.kernel_efficiency`, 1-4% median
 # error): 0.50 + 3.9 us at TP 2, 0.59 + 6.6 us at TP 4 (vLLM 0.19's table 0.61: 0.60 here), 0.78 + 9.5 us at TP 8;
 # the H200's 0.52 / 0.62 / 0.83, vLLM 0.19's H100 0.50 / 0.61 / 0.78. vLLM 0.14's H100 table is slower at TP 8
-# (0.64 + 11.6 us), A100's NVLink 3 at TP 8 0.58 + 12.3 us (vLLM 0.14, no multicast). Beyond the custom kernel's
+# (0.64 + 11.6 us; docs/fidelity/gpu/README.md item 18 says why). Beyond the custom kernel's
 # and symmetric memory's limits (64 MiB at TP 2 and 8, 32 MiB at TP 4: a chunk of 4,096+ tokens of an 8,192-wide
 # model) vLLM runs NCCL, which the same tables time at 0.77 + 103 us, 0.79 + 50 us and 1.05 + 93 us (H200 0.75,
 # 0.79, 1.07) of the ring figure (over 1 at TP 8: NCCL's NVLS algorithm reduces in the switch and moves fewer
@@ -60,6 +61,17 @@ MiB = 1024 * 1024
 NVLINK = {2: LinkCollective(0.50, 3.9e-6, 64 * MiB, LinkCollective(0.77, 103e-6)),
           4: LinkCollective(0.60, 6.6e-6, 32 * MiB, LinkCollective(0.79, 50e-6)),
           8: LinkCollective(0.78, 9.5e-6, 64 * MiB, LinkCollective(1.05, 93e-6))}
+# NVLink 3 on Ampere (A100), by TP size: vLLM's dispatch differs there. SM 8.0 has no entry in
+# `CUSTOM_ALL_REDUCE_MAX_SIZES` and no symmetric-memory path (all_reduce_utils.py lists 9.0 and 10.x), so the
+# custom kernel runs below its default 8 MiB buffer at every TP size and NCCL above it. aiconfigurator's A100
+# table (vLLM 0.14, through vLLM's dispatch under CUDA graphs), fitted as above on each side of 8 MiB: 0.70 +
+# 5.4 us, 0.60 + 8.7 us and 0.86 + 15.1 us below; 0.65 + 45 us, 0.73 + 62 us and 0.74 + 70 us from 8 MiB
+# (`python -m benchmarks.kernel_efficiency`). Against Hopper's figures on the A100's link a 1 MB decode
+# message at TP 4 takes 17.0 us, not 14.9, and a 2,048-token chunk of an 8,192-wide model (32 MiB) 292 us,
+# not 262.
+NVLINK_AMPERE = {2: LinkCollective(0.70, 5.4e-6, 8 * MiB, LinkCollective(0.65, 45e-6)),
+                 4: LinkCollective(0.60, 8.7e-6, 8 * MiB, LinkCollective(0.73, 62e-6)),
+                 8: LinkCollective(0.86, 15.1e-6, 8 * MiB, LinkCollective(0.74, 70e-6))}
 # NCCL over PCIe with P2P, by GPU count. 2: the median of three NCCL tables, each a pair of GPUs on one host
 # under CUDA graphs: aiconfigurator's RTX PRO 6000 Server (NCCL 2.29.2) 0.559 of 64 GB/s + 12.9 us, its L40S
 # (NCCL 2.27.3) 0.632 of 32 GB/s + 19.6 us, LLMServingSim's two RTX PRO 6000 Server with ACS and IOMMU off
@@ -83,14 +95,17 @@ PCIE_CUSTOM_TP2 = LinkCollective(0.61, 4.4e-6, 8 * MiB, PCIE_P2P_NCCL[2])
 PCIE_HOST = LinkCollective(0.252, 9.5e-6)
 
 
-def allreduce_link(kind: str, tp: int, multicast: bool = False) -> LinkCollective:
+def allreduce_link(kind: str, tp: int, multicast: bool = False, ampere: bool = False) -> LinkCollective:
     """The latency and efficiency of one all-reduce across `tp` GPUs over an interconnect of `kind`;
-    `multicast`: the NVLink switch reduces in the fabric (NVLS: Hopper and later, `nvls_multicast`)."""
+    `multicast`: the NVLink switch reduces in the fabric (NVLS: Hopper and later, `nvls_multicast`);
+    `ampere`: NVLink 3 GPUs, where vLLM dispatches by other limits (`NVLINK_AMPERE`, `nvlink_ampere`)."""
     if kind == "pcie":
         return PCIE_CUSTOM_TP2 if tp <= 2 else PCIE_P2P_NCCL[max(k for k in PCIE_P2P_NCCL if k <= tp)]
     if kind == "pcie_host":
         return PCIE_HOST
     size = max(k for k in NVLINK if k <= max(tp, 2))   # nvlink, infinity_fabric
+    if kind == "nvlink" and ampere:
+        return NVLINK_AMPERE[size]
     return NVLINK[4 if size == 8 and not multicast else size]
 
 
@@ -102,6 +117,12 @@ def collective_link(kind: str, gpus: int) -> LinkCollective:
     if kind == "pcie":
         return PCIE_P2P_NCCL[max(k for k in PCIE_P2P_NCCL if k <= max(gpus, 2))]
     return PCIE_HOST if kind == "pcie_host" else NVLINK[4]
+
+
+def nvlink_ampere(gpu) -> bool:
+    """Whether the GPUs are NVLink 3 Ampere parts (compute capability 8.x over NVLink: the A100)."""
+    cc = gpu.compute_capability
+    return gpu.interconnect_kind == "nvlink" and cc is not None and cc.split(".")[0] == "8"
 
 
 def nvls_multicast(gpu) -> bool:

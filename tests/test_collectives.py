@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from costmodels.catalog import GPUS, ModelShape
-from costmodels.collectives import (NVLINK, PCIE_HOST, PCIE_P2P_NCCL, MiB, allreduce_link, collective_link,
-                                   nvls_multicast, ring_allreduce_s)
+from costmodels.collectives import (NVLINK, NVLINK_AMPERE, PCIE_HOST, PCIE_P2P_NCCL, MiB, allreduce_link,
+                                   collective_link, nvlink_ampere, nvls_multicast, ring_allreduce_s)
 from costmodels.profile import ProfileCostModel
 from costmodels.roofline import RooflineCostModel
 from experiments.config import ConfigError, resolve_point
@@ -54,7 +54,8 @@ def test_h100_nvlink_all_reduce_is_the_same_price_bitwise_at_tp4():
 
 def test_nvlink_all_reduce_by_tp_size_and_multicast():
     """A 2,048-token step's message for a 8,192-wide model (33.5 MB) on H100s: TP 8 runs vLLM's multimem
-    all-reduce (the switch reduces), A100s at TP 8 have no NVLS and keep the TP 4 figure."""
+    all-reduce (the switch reduces); A100s have no NVLS and no symmetric memory, and vLLM hands anything from
+    8 MiB to NCCL there, at the A100 table's own figures."""
     message = 2048 * 8192 * 2
     h100 = GPUS["h100-sxm"]
     assert nvls_multicast(h100) and not nvls_multicast(GPUS["a100-80gb"])
@@ -62,11 +63,17 @@ def test_nvlink_all_reduce_by_tp_size_and_multicast():
     # ring bytes 33,554,432 x 2 x 7 / 8 = 58,720,256: / (450e9 x 0.78) + 9.5 us = 167.30 + 9.5 us
     tp8 = RooflineCostModel(QWEN3_32B, h100, tp=8)
     assert ring_allreduce_s(message, 8, 450e9, tp8.tp_link) == pytest.approx(176.80e-6, rel=1e-4)
-    # the same on A100s' NVLink 3 (300 GB/s a direction) at TP 4's figures; the message is 32 MiB, TP 4's
-    # limit, so NCCL's: / (300e9 x 0.79) + 50 us = 247.76 + 50 us
+    # the same on A100s' NVLink 3 (300 GB/s a direction): past 8 MiB, NCCL at the A100 table's TP 8 figure,
+    # / (300e9 x 0.74) + 70 us = 264.51 + 70 us
     a100 = RooflineCostModel(QWEN3_32B, GPUS["a100-80gb"], tp=8)
-    assert a100.tp_link is NVLINK[4]
-    assert ring_allreduce_s(message, 8, 300e9, a100.tp_link) == pytest.approx(297.76e-6, rel=1e-4)
+    assert a100.tp_link is NVLINK_AMPERE[8] and nvlink_ampere(GPUS["a100-40gb"]) and not nvlink_ampere(h100)
+    assert ring_allreduce_s(message, 8, 300e9, a100.tp_link) == pytest.approx(334.51e-6, rel=1e-4)
+    # at TP 4 a 1 MB decode message at the custom kernel's A100 figure, 1.5e6 / (300e9 x 0.60) + 8.7 us
+    tp4 = allreduce_link("nvlink", 4, False, True)
+    assert ring_allreduce_s(1e6, 4, 300e9, tp4) == pytest.approx(17.033e-6, rel=1e-4)
+    # PCIe and AMD's fabric are not NVLink 3, whatever the flag
+    assert allreduce_link("infinity_fabric", 4, False, True) is NVLINK[4]
+    assert not nvlink_ampere(GPUS["a10g"]) and not nvlink_ampere(GPUS["mi300x"])
     # TP 2 at vLLM's custom kernel's own figure; TP 6 takes TP 4's, TP 16 TP 8's
     assert RooflineCostModel(QWEN3_32B, h100, tp=2).tp_link is NVLINK[2]
     assert allreduce_link("nvlink", 6, True) is NVLINK[4] and allreduce_link("nvlink", 16, True) is NVLINK[8]
