@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from commandline.parser import Parser  # noqa: E402
 from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
-from costmodels.collectives import MiB, allreduce_link, nvlink_ampere, nvls_multicast  # noqa: E402
+from costmodels.collectives import MiB, gpu_allreduce_link, nvlink_ampere  # noqa: E402
 
 TABLE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200-sxm", "a100_sxm": "a100-80gb",
               "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000-server"}
@@ -95,7 +95,7 @@ def tables(root: Path) -> None:
         gpu = GPUS[TABLE_GPUS[g]]
         for tp in (2, 4, 8):
             # vLLM's dispatch hands larger messages to NCCL (costmodels/collectives.py NVLINK, NVLINK_AMPERE)
-            limit = allreduce_link("nvlink", tp, nvls_multicast(gpu), nvlink_ampere(gpu)).beyond_bytes
+            limit = gpu_allreduce_link(gpu, tp).beyond_bytes
             # Hopper's pair below the limit was fitted over 256 kB-64 MB (its limits sit at 32-64 MiB); the
             # A100's custom kernel stops at 8 MiB, far inside that range
             ranges = [("", 256e3, limit - 1 if nvlink_ampere(gpu) else 64e6)]

@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from commandline.parser import Parser
     from costmodels.aic import tables_root
     from costmodels.catalog import GPUS
+    from costmodels.collectives import PCIE_CUSTOM_TP2
     Parser(prog="python -m benchmarks.pcie_collectives", description=__doc__.split("\n\n")[0]).parse_args(argv)
     root = tables_root()
     if root is None:
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
                 latency, bw, worst = fit(ring, g["latency"].to_numpy() * 1e-3)   # the table's latency is ms
                 print(f"{name} NCCL {path.parent.name} TP{tp}: {latency * 1e6:.1f} us + ring bytes at "
                       f"{bw / 1e9:.1f} GB/s = {bw / link:.3f} of {link / 1e9:.0f} GB/s (worst {worst:.1%})")
-    buffer = 8 * 1024 * 1024   # vLLM's custom all-reduce buffer on GPUs without a CUSTOM_ALL_REDUCE_MAX_SIZES entry
+    buffer = PCIE_CUSTOM_TP2.beyond_bytes   # vLLM's custom all-reduce buffer (costmodels/collectives.py)
     for name, folder in TABLES.items():
         for path in sorted((root / folder / "comm" / "vllm").glob("*/custom_allreduce_perf.parquet")):
             t = pd.read_parquet(path)

@@ -109,6 +109,11 @@ def allreduce_link(kind: str, tp: int, multicast: bool = False, ampere: bool = F
     return NVLINK[4 if size == 8 and not multicast else size]
 
 
+def gpu_allreduce_link(gpu, tp: int) -> LinkCollective:
+    """`allreduce_link` for `tp` GPUs of kind `gpu` (catalog.GPU): its interconnect, NVLS and NVLink 3."""
+    return allreduce_link(gpu.interconnect_kind, tp, nvls_multicast(gpu), nvlink_ampere(gpu))
+
+
 def collective_link(kind: str, gpus: int) -> LinkCollective:
     """NCCL's other collectives among `gpus` GPUs (EP's all-gathers and reduce-scatters, one GPU's send to
     another): over PCIe NCCL's all-reduce figures (its own tables; vLLM's custom kernel is an all-reduce

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
-from costmodels.collectives import allreduce_link, nvlink_ampere, nvls_multicast, ring_allreduce_s
+from costmodels.collectives import gpu_allreduce_link, ring_allreduce_s
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
 
@@ -266,7 +266,7 @@ class ProfileCostModel:
         what they cross (costmodels/collectives.py)."""
         if self.tp == 1:
             return 0.0
-        link = allreduce_link(self.gpu.interconnect_kind, self.tp, nvls_multicast(self.gpu), nvlink_ampere(self.gpu))
+        link = gpu_allreduce_link(self.gpu, self.tp)
         message = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
         return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, link)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv
 from costmodels.catalog import GPU, ModelShape
-from costmodels.collectives import allreduce_link, collective_link, nvlink_ampere, nvls_multicast, ring_allreduce_s
+from costmodels.collectives import collective_link, gpu_allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels import deployment as _deployment
@@ -220,7 +220,7 @@ class RooflineCostModel:
                                          kv_rate, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
-        self.tp_link = allreduce_link(gpu.interconnect_kind, tp, nvls_multicast(gpu), nvlink_ampere(gpu))
+        self.tp_link = gpu_allreduce_link(gpu, tp)
         self.p2p_link = collective_link(gpu.interconnect_kind, 2)   # one GPU to one other
         self.ep_link = collective_link(gpu.interconnect_kind, max(2, d.data_parallel_size))
         # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
