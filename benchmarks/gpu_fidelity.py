@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 from commandline.argtypes import positive_float  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
-from fidelity.vllm_stages import (StageFileError, data_parallel, read_stage_file, row_problem,  # noqa: E402
-                                  row_settings, stage_files, stage_profile)
+from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, read_stage_file,  # noqa: E402
+                                  row_problem, row_settings, stage_files, stage_profile)
 
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
@@ -174,6 +174,16 @@ def saturated(ttft_p99_ms: float, failed_fraction: float = 0.0) -> bool:
     return ttft_p99_ms / 1e3 > SATURATED_TTFT_P99_S or failed_fraction > 0.01
 
 
+def real_class(r: pd.Series) -> str:
+    """The run's side of the knee: saturated when its TTFT p99 or its failed share says so (either is enough),
+    sustained when its TTFT p99 is known and neither does, unknown when the file has no TTFT p99 and no
+    failures to tell (such a stage counts in no class comparison)."""
+    p99, failed = r["ttft_p99_ms"], r["failed"]
+    if saturated(p99 if pd.notna(p99) else 0.0, failed / max(r["sent"], 1) if pd.notna(failed) else 0.0):
+        return "saturated"
+    return "unknown" if pd.isna(p99) else "sustained"
+
+
 # stages.csv's columns besides the metrics: what each row replayed and with which engine settings
 SETTING_COLUMNS = ("stage_file", "gpu", "tensor_parallel_size", "data_parallel_size", "max_num_batched_tokens",
                    "max_num_seqs", "dtype", "weights", "gpu_memory_utilization", "kv_offload_gb", "max_model_len",
@@ -207,16 +217,14 @@ def stage_rows(r: pd.Series, models: list[str], max_stage_s: float) -> list[dict
                  "stage_file": r.get("stage_file", ""), "skipped": problem} for name in models]
     settings, profile = row_settings(r), stage_profile(r)
     real_m = {"ttft_mean_ms": r["ttft_mean_ms"], "ttft_p99_ms": r["ttft_p99_ms"],
-              "per_token_ms": r["per_token_ms_counted"], "e2e_mean_ms": r["e2e_mean_ms"],
+              "per_token_ms": measured_per_token_ms(r), "e2e_mean_ms": r["e2e_mean_ms"],
               "e2e_p99_ms": r["e2e_p99_ms"], "throughput_tok_s": r["output_tok_per_s"]}
     out = stage_output(r, profile)
     if r["model"] == "meta-llama/Llama-2-7b-hf" and profile["requested_output"] is not None:
         # counted outputs unreliable: per token and throughput from the requested length
         real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
         real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
-    real_sat = saturated(r["ttft_p99_ms"], r["failed"] / max(r["sent"], 1))
-    base = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"],
-            "real_class": "saturated" if real_sat else "sustained"}
+    base = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"], "real_class": real_class(r)}
     for k in METRICS:
         base[f"real_{k}"] = float(real_m[k])
     described = {**{k: settings[k] for k in SETTING_COLUMNS if k in settings}, "stage_file": r.get("stage_file", ""),
@@ -360,7 +368,8 @@ def replayed(stages: pd.DataFrame) -> pd.DataFrame:
     """The rows that were simulated (not skipped)."""
     if "skipped" not in stages.columns:
         return stages
-    return stages[stages["skipped"].fillna("").astype(str) == ""]
+    why = stages["skipped"]
+    return stages[why.isna() | (why.astype(str) == "")]
 
 
 def summary(stages: pd.DataFrame, by: tuple[str, ...] = ("cost_model",)) -> pd.DataFrame:
@@ -371,7 +380,7 @@ def summary(stages: pd.DataFrame, by: tuple[str, ...] = ("cost_model",)) -> pd.D
     for key, g in replayed(stages).groupby(list(by), sort=False):
         ok = g[g["real_class"] == "sustained"]
         row = {**dict(zip(by, key if isinstance(key, tuple) else (key,))), "stages": len(g),
-               "wrong_class": int((g["real_class"] != g["sim_class"]).sum())}
+               "wrong_class": int(((g["real_class"] != g["sim_class"]) & (g["real_class"] != "unknown")).sum())}
         for k in METRICS:
             e = ok[f"err_{k}"].abs().dropna()
             row[f"{k} median|err|"] = float(e.median()) if len(e) else math.nan

@@ -18,11 +18,14 @@ import pandas as pd
 
 from costmodels.catalog import GPU_ALIASES, GPUS, CatalogError, get_gpu
 
-# What the stage replay needs of every row (the H100 file's columns)
+# What the stage replay needs of every row to rebuild its load (the H100 file's columns)
 REQUIRED = ("experiment", "model", "profile", "tensor_parallel_size", "stage", "requested_rate_per_s", "sent",
-            "failed", "prompt_tokens_mean", "output_tokens_counted_mean", "ttft_mean_ms", "ttft_p99_ms",
-            "e2e_mean_ms", "e2e_p99_ms", "per_token_ms_counted", "output_tok_per_s")
+            "prompt_tokens_mean", "output_tokens_counted_mean")
 NUMERIC = tuple(c for c in REQUIRED if c not in ("experiment", "model", "profile", "stage"))
+# What the run measured, compared with the replay: a file needs one of them; a column it lacks, or an empty
+# cell (a stage whose every request timed out has no latency), leaves that comparison out, not the stage
+MEASURED = ("failed", "ttft_mean_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_p99_ms", "per_token_ms_counted",
+            "output_tok_per_s")
 # Other names the run tables give a needed column (inference-perf's workload, the experiment configs' TP key)
 REQUIRED_ALIASES = {"profile": ("workload", "workload_profile"),
                     "tensor_parallel_size": ("tp", "tensor_parallelism", "tp_size"),
@@ -117,13 +120,31 @@ def read_stage_file(path: Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise StageFileError(f"{path}: missing column {missing[0]!r} (a stage file has {', '.join(REQUIRED)})")
+    if not any(c in table.columns for c in MEASURED):
+        raise StageFileError(f"{path}: no measured column (one of {', '.join(MEASURED)}): nothing to compare")
+    for c in MEASURED:   # absent: not measured; a cell that is not a number: not measured either
+        table[c] = pd.to_numeric(table[c], errors="coerce") if c in table.columns else math.nan
     table.insert(0, "stage_file", path.name)
     return table
 
 
+def measured_per_token_ms(row: pd.Series) -> float:
+    """The run's per-token time: its `per_token_ms_counted`, else (E2E mean - TTFT mean) / (output - 1), the
+    definition that column has (../shared/real-runs/README.md); NaN when neither is there."""
+    v = row.get("per_token_ms_counted", math.nan)
+    if pd.notna(v):
+        return float(v)
+    e2e, ttft, out = (row.get(c, math.nan) for c in ("e2e_mean_ms", "ttft_mean_ms", "output_tokens_counted_mean"))
+    if pd.isna(e2e) or pd.isna(ttft) or pd.isna(out) or float(out) <= 1:
+        return math.nan
+    return (float(e2e) - float(ttft)) / (float(out) - 1)
+
+
 def row_problem(row: pd.Series) -> str:
     """Why a row's own figures cannot be replayed ('' when they can): a needed figure empty or not a number,
-    a tensor-parallel size or rate that is not positive."""
+    a tensor-parallel size or rate that is not positive, no measured figure to compare with."""
+    if all(pd.isna(row.get(c, math.nan)) for c in MEASURED):
+        return "no measured figure (" + ", ".join(MEASURED) + " all empty)"
     for col in NUMERIC:
         try:
             v = float(row[col])

@@ -97,6 +97,46 @@ def test_a_stage_file_without_a_needed_column_is_one_line(tmp_path, capsys):
         assert e.value.code == 2 and err.count("\n") == 1 and ("'sent'" in err or "missing.csv" in err)
 
 
+def test_a_figure_the_run_did_not_measure_leaves_out_its_comparison_not_the_stage(tmp_path):
+    """Stage files of other runs may lack a figure (a column, or a cell: a stage whose every request timed out
+    has no latency): the stage is still replayed and classed, only that comparison is left out; per token
+    falls back to its definition, (E2E - TTFT) / (output - 1)."""
+    drop = ("per_token_ms_counted", "e2e_p99_ms")
+    stage = {**{k: v for k, v in STAGE.items() if k not in drop}, "model": "meta-llama/Llama-3.1-8B-Instruct"}
+    rows = [{**stage, "experiment": "measured"},
+            {**stage, "experiment": "all-timed-out", "ok": 0, "failed": 1200, "ttft_mean_ms": None,
+             "ttft_p99_ms": None, "e2e_mean_ms": None, "output_tok_per_s": 0},
+            {**stage, "experiment": "no-knee-figures", "failed": None, "ttft_p99_ms": None}]
+    path = tmp_path / "vllm-0.15.1-h100-more-stages.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    out = tmp_path / "out"
+    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
+                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
+    s = pd.read_csv(out / "stages.csv").set_index("run")
+    assert s["skipped"].isna().all() and (s["sim_per_token_ms"] > 0).all()
+    assert s.loc["measured", "real_per_token_ms"] == pytest.approx((2057.6 - 27.1) / (210 - 1))
+    assert s["real_e2e_p99_ms"].isna().all() and s["err_e2e_p99_ms"].isna().all()
+    assert list(s["real_class"]) == ["sustained", "saturated", "unknown"]
+    assert s.loc["all-timed-out", ["real_ttft_mean_ms", "err_ttft_mean_ms", "real_per_token_ms"]].isna().all()
+    # the stage with no knee figure counts in no class comparison, whatever the simulator said of it
+    assert gpu_fidelity.summary(s.reset_index())["wrong_class"].iloc[0] == int(s.loc["all-timed-out", "sim_class"] != "saturated")
+
+
+def test_a_stage_file_that_measured_nothing_is_one_line(tmp_path, capsys):
+    from fidelity.vllm_stages import MEASURED
+    path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
+    pd.DataFrame([{k: v for k, v in STAGE.items() if k not in MEASURED}]).to_csv(path, index=False)
+    with pytest.raises(SystemExit) as e:
+        gpu_fidelity.main(["--stages", str(path), "--out", str(tmp_path / "out"), "--shared", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "no measured column" in err
+    pd.DataFrame([{**STAGE, **{k: None for k in MEASURED}}]).to_csv(path, index=False)   # columns, no figures
+    out = tmp_path / "out"
+    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
+                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
+    assert "no measured figure" in pd.read_csv(out / "stages.csv")["skipped"].iloc[0]
+
+
 @pytest.mark.skipif(H100_FILE is None, reason="no ../shared/real-runs")
 def test_the_h100_file_replays_as_its_readme_says():
     table = pd.read_csv(H100_FILE).assign(stage_file=H100_FILE.name)
