@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from commandline.argtypes import positive_float  # noqa: E402
+from commandline.exits import run_main  # noqa: E402
+from commandline.interrupts import raise_if_interrupted  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, read_stage_file,  # noqa: E402
@@ -193,12 +195,19 @@ STAGE_COLUMNS = (["run", "stage", "rate", "cost_model", "cost_model_kind", "num_
                  + list(SETTING_COLUMNS))
 
 
-def file_stages(tables: list[pd.DataFrame], models: list[str], max_stage_s: float) -> pd.DataFrame:
-    """Every row of every stage file, simulated once per cost model (or skipped, saying why)."""
+def file_stages(tables: list[pd.DataFrame], models: list[str], max_stage_s: float,
+                keep: Path | None = None) -> pd.DataFrame:
+    """Every row of every stage file, simulated once per cost model (or skipped, saying why). With `keep`,
+    each stage's rows are appended to that CSV as the stage finishes, so an interrupted run keeps them."""
     rows = []
     for table in tables:
         for _, r in table.iterrows():
-            rows += stage_rows(r, models, max_stage_s)
+            done = stage_rows(r, models, max_stage_s)
+            if keep is not None:
+                pd.DataFrame(done, columns=STAGE_COLUMNS).to_csv(keep, mode="a" if rows else "w", header=not rows,
+                                                                 index=False)
+            rows += done
+            raise_if_interrupted()   # a Ctrl-C swallowed during the stage (commandline/interrupts.py)
     return pd.DataFrame(rows, columns=STAGE_COLUMNS)
 
 
@@ -484,8 +493,8 @@ def main(argv=None) -> int:
     stages = runs = pd.DataFrame()
     with tempfile.TemporaryDirectory() as work:   # the layer profiles fitted for the LLMServingSim runs
         if tables:
-            stages = file_stages(tables, models, a.max_stage_s)
-            stages.to_csv(out / "stages.csv", index=False)
+            stages = file_stages(tables, models, a.max_stage_s, keep=out / "stages.csv")
+            stages.to_csv(out / "stages.csv", index=False)   # the whole table at once: one dtype per column
         if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
             runs = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
@@ -499,4 +508,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, kept="the stages replayed so far are in stages.csv under --out")

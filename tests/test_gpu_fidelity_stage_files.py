@@ -122,6 +122,27 @@ def test_a_figure_the_run_did_not_measure_leaves_out_its_comparison_not_the_stag
     assert gpu_fidelity.summary(s.reset_index())["wrong_class"].iloc[0] == int(s.loc["all-timed-out", "sim_class"] != "saturated")
 
 
+def test_an_interrupted_replay_keeps_the_stages_it_finished(tmp_path, monkeypatch, capsys):
+    from commandline.exits import guarded
+    path = tmp_path / "vllm-0.15.1-h100-more-stages.csv"
+    pd.DataFrame([{**STAGE, "experiment": f"run-{i}"} for i in range(3)]).to_csv(path, index=False)
+    replay, calls = gpu_fidelity.stage_rows, []
+
+    def ctrl_c_in_the_second_stage(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return replay(*args)
+    monkeypatch.setattr(gpu_fidelity, "stage_rows", ctrl_c_in_the_second_stage)
+    out = tmp_path / "out"
+    argv = ["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out), "--models", "roofline",
+            "--max-stage-s", "2", "--sets", "h100"]
+    assert guarded(gpu_fidelity.main, argv, kept="kept") == 130
+    kept = pd.read_csv(out / "stages.csv")
+    assert list(kept["run"]) == ["run-0"] and kept["sim_per_token_ms"].iloc[0] > 0
+    assert "interrupted: kept" in capsys.readouterr().err
+
+
 def test_a_stage_file_that_measured_nothing_is_one_line(tmp_path, capsys):
     from fidelity.vllm_stages import MEASURED
     path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
