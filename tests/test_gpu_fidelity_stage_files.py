@@ -58,6 +58,20 @@ def test_an_fp8_checkpoint_is_simulated_with_fp8_weights():
     assert plain.deployment.weight_format(plain.model) == "fp16"
 
 
+def replay_args(tmp_path, rows: list[dict], name: str) -> list[str]:
+    """gpu_fidelity's arguments replaying `rows`, written as a stage file `name`, with the prior, 2 s a stage."""
+    path = tmp_path / name
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return ["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(tmp_path / "out"),
+            "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]
+
+
+def replay(tmp_path, rows: list[dict], name: str) -> pd.DataFrame:
+    """The stages.csv of replaying `rows` (replay_args), by run."""
+    assert gpu_fidelity.main(replay_args(tmp_path, rows, name)) == 0
+    return pd.read_csv(tmp_path / "out" / "stages.csv").set_index("run")
+
+
 def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
     rows = [{**STAGE, "experiment": "a100-row", "gpu": "A100-80GB", "max_num_batched_tokens": 1024},
             {**STAGE, "experiment": "l40s-row"},                               # the GPU from the file's name
@@ -65,12 +79,8 @@ def test_rows_on_other_gpus_with_their_own_settings(tmp_path, capsys):
             {**STAGE, "experiment": "unknown-model-row", "model": "acme/Nonexistent-7B"},
             {**STAGE, "experiment": "too-big-row", "model": "meta-llama/Llama-2-70b-hf"},   # 138 GB on 48 GB
             {**STAGE, "experiment": "no-tp-row", "tensor_parallel_size": None}]
-    path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    out = tmp_path / "out"
-    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
-                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
-    s = pd.read_csv(out / "stages.csv").set_index("run")
+    path, out = tmp_path / "vllm-0.15.1-l40s-stages.csv", tmp_path / "out"
+    s = replay(tmp_path, rows, path.name)
     assert s.loc["a100-row", "gpu"] == "a100-80gb" and s.loc["a100-row", "max_num_batched_tokens"] == 1024
     assert s.loc["l40s-row", "gpu"] == "l40s" and s.loc["l40s-row", "max_num_batched_tokens"] == 2048
     assert (s.loc[["a100-row", "l40s-row"], "stage_file"] == path.name).all()
@@ -107,12 +117,7 @@ def test_a_figure_the_run_did_not_measure_leaves_out_its_comparison_not_the_stag
             {**stage, "experiment": "all-timed-out", "ok": 0, "failed": 1200, "ttft_mean_ms": None,
              "ttft_p99_ms": None, "e2e_mean_ms": None, "output_tok_per_s": 0},
             {**stage, "experiment": "no-knee-figures", "failed": None, "ttft_p99_ms": None}]
-    path = tmp_path / "vllm-0.15.1-h100-more-stages.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    out = tmp_path / "out"
-    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
-                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
-    s = pd.read_csv(out / "stages.csv").set_index("run")
+    s = replay(tmp_path, rows, "vllm-0.15.1-h100-more-stages.csv")
     assert s["skipped"].isna().all() and (s["sim_per_token_ms"] > 0).all()
     assert s.loc["measured", "real_per_token_ms"] == pytest.approx((2057.6 - 27.1) / (210 - 1))
     assert s["real_e2e_p99_ms"].isna().all() and s["err_e2e_p99_ms"].isna().all()
@@ -124,21 +129,17 @@ def test_a_figure_the_run_did_not_measure_leaves_out_its_comparison_not_the_stag
 
 def test_an_interrupted_replay_keeps_the_stages_it_finished(tmp_path, monkeypatch, capsys):
     from commandline.exits import guarded
-    path = tmp_path / "vllm-0.15.1-h100-more-stages.csv"
-    pd.DataFrame([{**STAGE, "experiment": f"run-{i}"} for i in range(3)]).to_csv(path, index=False)
-    replay, calls = gpu_fidelity.stage_rows, []
+    stage_rows, calls = gpu_fidelity.stage_rows, []
 
     def ctrl_c_in_the_second_stage(*args):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return replay(*args)
+        return stage_rows(*args)
     monkeypatch.setattr(gpu_fidelity, "stage_rows", ctrl_c_in_the_second_stage)
-    out = tmp_path / "out"
-    argv = ["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out), "--models", "roofline",
-            "--max-stage-s", "2", "--sets", "h100"]
+    argv = replay_args(tmp_path, [{**STAGE, "experiment": f"run-{i}"} for i in range(3)], "vllm-0.15.1-h100-stages.csv")
     assert guarded(gpu_fidelity.main, argv, kept="kept") == 130
-    kept = pd.read_csv(out / "stages.csv")
+    kept = pd.read_csv(tmp_path / "out" / "stages.csv")
     assert list(kept["run"]) == ["run-0"] and kept["sim_per_token_ms"].iloc[0] > 0
     assert "interrupted: kept" in capsys.readouterr().err
 
@@ -151,11 +152,8 @@ def test_a_stage_file_that_measured_nothing_is_one_line(tmp_path, capsys):
         gpu_fidelity.main(["--stages", str(path), "--out", str(tmp_path / "out"), "--shared", str(tmp_path)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "no measured column" in err
-    pd.DataFrame([{**STAGE, **{k: None for k in MEASURED}}]).to_csv(path, index=False)   # columns, no figures
-    out = tmp_path / "out"
-    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(out),
-                              "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]) == 0
-    assert "no measured figure" in pd.read_csv(out / "stages.csv")["skipped"].iloc[0]
+    s = replay(tmp_path, [{**STAGE, **{k: None for k in MEASURED}}], path.name)   # the columns, no figures
+    assert "no measured figure" in s["skipped"].iloc[0]
 
 
 @pytest.mark.skipif(H100_FILE is None, reason="no ../shared/real-runs")
