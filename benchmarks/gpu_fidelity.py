@@ -53,8 +53,8 @@ from commandline.exits import run_main  # noqa: E402
 from commandline.interrupts import raise_if_interrupted  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
-from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, read_stage_file,  # noqa: E402
-                                  row_problem, row_settings, stage_files, stage_profile)
+from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, per_token_ms,  # noqa: E402
+                                  read_stage_file, row_problem, row_settings, stage_files, stage_profile)
 
 # ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
 SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
@@ -231,7 +231,7 @@ def stage_rows(r: pd.Series, models: list[str], max_stage_s: float) -> list[dict
     out = stage_output(r, profile)
     if r["model"] == "meta-llama/Llama-2-7b-hf" and profile["requested_output"] is not None:
         # counted outputs unreliable: per token and throughput from the requested length
-        real_m["per_token_ms"] = (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / (out - 1)
+        real_m["per_token_ms"] = per_token_ms(r["e2e_mean_ms"], r["ttft_mean_ms"], out)
         real_m["throughput_tok_s"] = r["output_tok_per_s"] * out / r["output_tokens_counted_mean"]
     base = {"run": r["experiment"], "stage": r["stage"], "rate": r["requested_rate_per_s"], "real_class": real_class(r)}
     for k in METRICS:

@@ -100,7 +100,7 @@ def allreduce_link(kind: str, tp: int, multicast: bool = False, ampere: bool = F
     `multicast`: the NVLink switch reduces in the fabric (NVLS: Hopper and later, `nvls_multicast`);
     `ampere`: NVLink 3 GPUs, where vLLM dispatches by other limits (`NVLINK_AMPERE`, `nvlink_ampere`)."""
     if kind == "pcie":
-        return PCIE_CUSTOM_TP2 if tp <= 2 else PCIE_P2P_NCCL[max(k for k in PCIE_P2P_NCCL if k <= tp)]
+        return PCIE_CUSTOM_TP2 if tp <= 2 else collective_link(kind, tp)   # NCCL at TP > 2
     if kind == "pcie_host":
         return PCIE_HOST
     size = max(k for k in NVLINK if k <= max(tp, 2))   # nvlink, infinity_fabric

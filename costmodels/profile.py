@@ -8,6 +8,7 @@ per-request overheads (explicit fields, refittable against engine traces) absorb
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from bisect import bisect_right
@@ -261,14 +262,18 @@ class ProfileCostModel:
         t += sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_LAYER.items())
         return t + self._allreduce_s(num_tokens) + self.overheads.per_layer_s
 
+    @functools.cached_property
+    def tp_link(self):
+        """What the TP all-reduce crosses (costmodels/collectives.py), derived once from the GPU and TP size."""
+        return gpu_allreduce_link(self.gpu, self.tp)
+
     def _allreduce_s(self, num_tokens: int) -> float:
         """Two all-reduces per layer under TP; not in the kernel tables, so the roofline prior's terms for
         what they cross (costmodels/collectives.py)."""
         if self.tp == 1:
             return 0.0
-        link = gpu_allreduce_link(self.gpu, self.tp)
         message = num_tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
-        return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, link)
+        return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, self.tp_link)
 
     def step_time_s(self, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
                     num_logits: int | None = None) -> float:

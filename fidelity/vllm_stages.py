@@ -128,16 +128,21 @@ def read_stage_file(path: Path) -> pd.DataFrame:
     return table
 
 
+def per_token_ms(e2e_mean_ms, ttft_mean_ms, output_tokens) -> float:
+    """(E2E mean - TTFT mean) / (output - 1), the runs' per-token time (../shared/real-runs/README.md); NaN
+    when a figure is missing or the output is a single token."""
+    if pd.isna(e2e_mean_ms) or pd.isna(ttft_mean_ms) or pd.isna(output_tokens) or float(output_tokens) <= 1:
+        return math.nan
+    return (float(e2e_mean_ms) - float(ttft_mean_ms)) / (float(output_tokens) - 1)
+
+
 def measured_per_token_ms(row: pd.Series) -> float:
-    """The run's per-token time: its `per_token_ms_counted`, else (E2E mean - TTFT mean) / (output - 1), the
-    definition that column has (../shared/real-runs/README.md); NaN when neither is there."""
+    """The run's per-token time: its `per_token_ms_counted`, else `per_token_ms` of its E2E, TTFT and counted
+    output means (the definition that column has); NaN when neither is there."""
     v = row.get("per_token_ms_counted", math.nan)
     if pd.notna(v):
         return float(v)
-    e2e, ttft, out = (row.get(c, math.nan) for c in ("e2e_mean_ms", "ttft_mean_ms", "output_tokens_counted_mean"))
-    if pd.isna(e2e) or pd.isna(ttft) or pd.isna(out) or float(out) <= 1:
-        return math.nan
-    return (float(e2e) - float(ttft)) / (float(out) - 1)
+    return per_token_ms(*(row.get(c, math.nan) for c in ("e2e_mean_ms", "ttft_mean_ms", "output_tokens_counted_mean")))
 
 
 def row_problem(row: pd.Series) -> str:
