@@ -199,6 +199,98 @@ def prefill_attention_lines(root: Path) -> list[str]:
     return lines
 
 
+def prefill_tile_time_s(rows, gpu, eff: float, overhead: float, fixed_s: float) -> np.ndarray:
+    """Prefill attention priced tile by tile, as the prior prices it (costmodels/attention_kernel.py
+    `prefill_compute_s`): `rows` of (sequences, new tokens, cached tokens, query heads, KV heads, head dim),
+    each a batch of equal sequences."""
+    from costmodels.attention_kernel import prefill_compute_s, prefill_tile_shape, tile_seconds
+    out = []
+    for b, n, c, h, kvh, d in rows:
+        tiles = prefill_tile_shape(gpu, int(d))
+        tile_s = tile_seconds(tiles, int(d), gpu.bf16_flops_per_s * eff / gpu.sm_count)
+        out.append(prefill_compute_s([(int(n), int(c))] * int(b), tiles, gpu.sm_count, int(h), float(kvh), tile_s,
+                                     overhead) + fixed_s)
+    return np.array(out)
+
+
+def prefill_flops_time_s(rows, gpu) -> np.ndarray:
+    """The same rows priced by FLOPs and bytes alone (the prior before tiles, and still for GPUs without an SM
+    count): causal FLOPs at Efficiencies.attention_compute of the 16-bit peak, Q, O and KV bytes at
+    attention_memory of DRAM, plus the 2 us launch."""
+    from costmodels.roofline import Efficiencies
+    e = Efficiencies()
+    out = []
+    for b, n, c, h, kvh, d in rows:
+        flops = 4.0 * d * h * b * n * (c + (n + 1) / 2)
+        bytes_ = 2.0 * (2 * b * n * h * d + b * (c + n) * 2 * kvh * d)
+        out.append(max(flops / (gpu.bf16_flops_per_s * e.attention_compute), bytes_ / (gpu.hbm_bytes_per_s *
+                                                                                         e.attention_memory)) + e.kernel_launch_s)
+    return np.array(out)
+
+
+def prefill_tile_lines(root: Path | None, shared: Path | None) -> list[str]:
+    """Prefill (context) attention tile by tile (Efficiencies.attention_tiles): per source, the share of a
+    streaming multiprocessor's 16-bit peak one tile
+    runs at, the tiles' worth of work each query tile adds (loading its queries, the softmax's last
+    rescale, writing its output) and a fixed time, least squares on the log of the latency; then the
+    medians over each kernel's sources (FlashAttention 2 and 3). Sources: the newest vLLM context-attention table of each GPU NVIDIA timed
+    with FlashAttention (full attention, bf16 cache, head dim 128, 8-64 heads, prompts of 32+ tokens: a
+    chunk vLLM schedules), and vLLM 0.19's own prefill-chunk timings after 0-16,384 cached tokens on an
+    RTX 4090 and an RTX PRO 6000 Server (LLMServingSim profiler, attention.csv, Llama-3.1-8B)."""
+    from scipy.optimize import least_squares
+    sources = []
+    kernels = {"h100_sxm": "vllm_flash_attn_fa3", "h200_sxm": "vllm_flash_attn_fa3", "a100_sxm": "vllm_flash_attn",
+               "l40s": "vllm_flash_attn_fa2", "rtx_pro_6000_server": "vllm_flash_attn_fa2"}
+    for g, kernel in kernels.items() if root is not None else ():
+        paths = sorted(glob.glob(f"{root}/{g}/attention/vllm/*/context_attention_perf.parquet"))
+        if not paths:
+            continue
+        d = pd.read_parquet(paths[-1])
+        d = d[(d.kernel_source == kernel) & (d.head_dim == 128) & (d.kv_cache_dtype == "bfloat16") & (d.isl >= 32)
+              & d.num_heads.isin([8, 16, 32, 64])]
+        if "window_size" in d:
+            d = d[d.window_size == 0]
+        rows = list(zip(d.batch_size, d.isl, [0] * len(d), d.num_heads, d.num_key_value_heads, d.head_dim))
+        sources.append((f"{TABLE_GPUS[g]} (aiconfigurator vllm {paths[-1].split('/')[-2]}, {kernel})",
+                        GPUS[TABLE_GPUS[g]], rows, d.latency.to_numpy() * 1e-3))
+    base = shared / "real-runs" / "llmservingsim" / "profiler_perf" if shared is not None else None
+    for g, name in PROFILER_GPUS.items() if base is not None else ():
+        path = base / f"{g}_Llama-3.1-8B_bf16" / "tp1" / "attention.csv"
+        if not path.exists():
+            continue
+        a = pd.read_csv(path)
+        a = a[(a.n_decode == 0) & (a.prefill_chunk > 0)]
+        rows = list(zip([1] * len(a), a.prefill_chunk, a.kv_prefill, [32] * len(a), [8] * len(a), [128] * len(a)))
+        sources.append((f"{name} (vLLM 0.19 eager, chunks after 0-16,384 cached tokens)", GPUS[name], rows,
+                        a.time_us.to_numpy() * 1e-6))
+    lines, fits = [], []
+    for label, gpu, rows, lat in sources:
+        def residual(p, rows=rows, gpu=gpu, lat=lat):
+            return np.log(prefill_tile_time_s(rows, gpu, p[0], p[1], p[2] * 1e-6)) - np.log(lat)
+        fit_ = least_squares(residual, [0.6, 1.0, 5.0], bounds=([0.05, 0.0, 0.0], [3.0, 20.0, 100.0])).x
+        err = np.abs(np.exp(residual(fit_)) - 1)
+        fits.append(fit_)
+        lines.append(f"{label} prefill attention by tiles ({len(lat)} rows): {fit_[0]:.2f} of an SM's 16-bit peak, "
+                     f"+{fit_[1]:.2f} tiles a query tile, +{fit_[2]:.1f} us (median |err| {np.median(err):.0%}, "
+                     f"p90 {np.percentile(err, 90):.0%})")
+    from costmodels.attention_kernel import prefill_tile_shape
+    kernel_of = [prefill_tile_shape(gpu, 128).kernel for _, gpu, _, _ in sources]
+    pooled = {}
+    for k in sorted(set(kernel_of)):
+        mine = [f for f, kk in zip(fits, kernel_of) if kk == k]
+        pooled[k] = (float(np.median([f[0] for f in mine])), float(np.median([f[1] for f in mine])))
+        lines.append(f"prefill attention by tiles, {k}, median of {len(mine)} sources: {pooled[k][0]:.2f} of an SM's "
+                     f"peak, +{pooled[k][1]:.2f} tiles a query tile (Efficiencies.attention_tiles)")
+    for (label, gpu, rows, lat), k in zip(sources, kernel_of):   # the pooled constants, 2 us launch, as priced
+        err = prefill_tile_time_s(rows, gpu, *pooled[k], 2e-6) / lat - 1
+        flops = prefill_flops_time_s(rows, gpu) / lat - 1
+        lines.append(f"  {label}: with the {k} medians, median |err| {np.median(np.abs(err)):.0%} "
+                     f"(median {np.median(err):+.0%}, p90 |err| {np.percentile(np.abs(err), 90):.0%}); by FLOPs "
+                     f"alone {np.median(np.abs(flops)):.0%} (median {np.median(flops):+.0%}, p90 "
+                     f"{np.percentile(np.abs(flops), 90):.0%})")
+    return lines
+
+
 def fp8_kv_decode_lines(root: Path) -> list[str]:
     """Paged decode attention over an FP8 KV cache against a bf16 one, the same table (m: KV bytes read):
     the rate at which the kernel streams the cache where it is large (512 MB or more a layer), in bytes a
@@ -451,7 +543,7 @@ def profiler(shared: Path) -> None:
 
 
 PRIOR_BEFORE = dict(gemm_memory=0.75, gemm_fixed_s=2e-6, attention_memory=0.70, decode_attention_fixed_s=2e-6,
-                    elementwise_memory=0.60, l2_speedup=1.0)   # the constants this prior replaced
+                    elementwise_memory=0.60, l2_speedup=1.0, attention_tiles=())   # the constants this prior replaced
 
 
 def op_comparison(shared: Path) -> str:
@@ -488,6 +580,10 @@ def op_comparison(shared: Path) -> str:
             meas = att[(att.prefill_chunk == 0) & (att.n_decode == nd) & (att.kv_decode == kv)].time_us.iloc[0]
             add(f"decode attention, context {kv}", nd, meas,
                 lambda m, nd=nd, kv=kv: m._decode_attention_s(float(nd * kv), nd) / model.num_layers)
+        for chunk, cached in ((64, 0), (512, 0), (2048, 0), (16, 4096), (512, 4096), (2048, 16384)):
+            meas = att[(att.n_decode == 0) & (att.prefill_chunk == chunk) & (att.kv_prefill == cached)].time_us.iloc[0]
+            add(f"prefill attention, {cached} cached", chunk, meas,
+                lambda m, chunk=chunk, cached=cached: m._prefill_attention_s([(chunk, cached)]))
         for t in (64, 512, 2048):   # a layer has two norms, one rotary, one SiLU*mul
             one = lambda layer, t=t: dense[(dense.layer == layer) & (dense.tokens == t)].time_us.iloc[0]  # noqa: E731
             add("elementwise (2 norms, rotary, silu_mul)", t, 2 * one("layernorm") + one("rotary_emb") + one("act_fn"),
@@ -520,7 +616,10 @@ def main(argv=None) -> int:
         print("aiconfigurator-core not installed: table fits skipped")
     shared = Path(a.shared) if a.shared else next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared")
                                                    if (p / "real-runs").is_dir()), None)
-    if shared is not None and (shared / "real-runs").is_dir():
+    have_shared = shared is not None and (shared / "real-runs").is_dir()
+    for text in prefill_tile_lines(Path(root) if root is not None else None, shared if have_shared else None):
+        print(text)
+    if have_shared:
         profiler(shared)
         if a.compare:
             print(op_comparison(shared))

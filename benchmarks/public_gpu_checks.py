@@ -11,7 +11,8 @@ Each point is replayed through `experiments.simulate` with each cost model: `roo
 prior), `default` (what a plain run picks: the [aic] tables when installed and they cover the GPU, else the
 prior) and, on GPUs where vLLM runs FlashAttention 2, `roofline-no-fa2-mix`: the prior with the GPU
 described without a compute capability (`hardware: {base: a100-80gb, compute_capability: null}`), which
-leaves out only the mixed prefill+decode re-read term (costmodels/attention_kernel.py).
+leaves out the FlashAttention 2 kernel's two terms (costmodels/attention_kernel.py): the mixed
+prefill+decode re-reads and the prefill attention tile by tile (priced by FLOPs instead).
 It prints real vs simulated per metric and the errors (simulated / real - 1); `--out DIR` writes
 points.csv (one row per point and cost model) and report.md.
 

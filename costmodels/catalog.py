@@ -34,6 +34,8 @@ class GPU:
                                             # None: the prior's pooled figure (Efficiencies.gemm_compute)
     gemm_ridge_exponent: float | None = None  # how its GEMMs overlap loads and MMAs near the ridge, from the
                                               # same table; None: Efficiencies.gemm_ridge_exponent
+    sm_count: int | None = None   # streaming multiprocessors: how many FlashAttention tiles run at once
+                                  # (costmodels/attention_kernel.py); None: not known, prefill attention by FLOPs
 
     def peak_flops_per_s(self, compute_dtype: str) -> float:
         """Tensor-core peak for GEMMs whose inputs are `compute_dtype` (bf16, fp8, fp4 or int8), falling back
@@ -120,9 +122,15 @@ _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sx
 GEMM_FIGURES = {"h100-sxm": (0.81, 2.85), "h200-sxm": (0.79, 2.6), "b200-sxm": (0.70, 2.05), "gb200": (0.63, 2.4),
                 "a100-80gb": (0.90, 1.15), "a100-40gb": (0.90, 1.15), "l40s": (0.64, 2.6),
                 "rtx-pro-6000-server": (0.80, 2.2)}
+# Streaming multiprocessors of the NVIDIA parts (CUDA cores per SM: 64 on the A100's GA100, 128 on Ada,
+# Hopper and Blackwell; docs/sources.md, "SM counts"). The A10G, H20 and the datacenter Blackwell parts
+# (whose prefill runs FlashInfer's kernels, not FlashAttention's) are left out.
+SM_COUNTS = {"a100-40gb": 108, "a100-80gb": 108, "h100-sxm": 132, "h100-pcie": 114, "h100-nvl": 132, "h200-sxm": 132,
+             "l4": 58, "l40": 142, "l40s": 142, "rtx-4090": 128, "rtx-pro-6000": 188, "rtx-pro-6000-server": 188}
 GPUS = {name: replace(g, host_memory_bytes=_HOST_MEMORY_PER_GPU.get(name),
                       gemm_compute=GEMM_FIGURES.get(name, (None, None))[0],
-                      gemm_ridge_exponent=GEMM_FIGURES.get(name, (None, None))[1])
+                      gemm_ridge_exponent=GEMM_FIGURES.get(name, (None, None))[1],
+                      sm_count=SM_COUNTS.get(name))
         for name, g in GPUS.items()}
 # Other spellings people use for the same parts, and the names nvidia-smi reports (lower case, spaces as
 # hyphens): "NVIDIA H100 80GB HBM3" is the SXM5 part, "NVIDIA A100-SXM4-80GB" the 80 GB SXM4 one

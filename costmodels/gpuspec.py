@@ -13,6 +13,8 @@ JSON file holding that mapping. Bad figures are one-line CatalogErrors naming th
       l2_bytes: 72e6                   # last-level cache (optional)
       host_memory_bytes: 256e9         # host memory per GPU (optional; the ceiling of engine.kv_offload)
       compute_capability: "8.9"        # NVIDIA's major.minor (optional; which attention kernels vLLM picks)
+      sm_count: 128                    # streaming multiprocessors (optional; with compute_capability, prefill
+                                       # attention is priced tile by tile as FlashAttention runs it)
       gemm_compute: 0.64               # share of the bf16 peak large GEMMs sustain, measured (optional;
                                        # default: the catalog GPU's own, else the prior's pooled 0.79)
       gemm_ridge_exponent: 2.6         # near the ridge a GEMM takes (compute^p + memory^p)^(1/p) (optional;
@@ -33,7 +35,7 @@ FIGURES = ("memory_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "host_
 PRECISIONS = {"bf16": "bf16_flops_per_s", "fp16": "bf16_flops_per_s", "fp8": "fp8_flops_per_s",
               "fp4": "fp4_flops_per_s"}
 KEYS = {"name", "base", "dense_flops_per_s", "interconnect_kind", "l2_bytes", "host_memory_bytes",
-        "compute_capability", "gemm_compute", "gemm_ridge_exponent", *FIGURES, *PRECISIONS.values()}
+        "compute_capability", "gemm_compute", "gemm_ridge_exponent", "sm_count", *FIGURES, *PRECISIONS.values()}
 
 
 def _positive(key: str, v) -> float:
@@ -133,7 +135,17 @@ def gpu_from_mapping(spec: dict, key: str = "hardware") -> GPU:
         values["host_memory_bytes"] = _positive(f"{key}.host_memory_bytes", spec["host_memory_bytes"])
     if "compute_capability" in spec:
         values["compute_capability"] = _compute_capability(f"{key}.compute_capability", spec["compute_capability"])
+    if spec.get("sm_count") is not None:
+        values["sm_count"] = _count(f"{key}.sm_count", spec["sm_count"])
     return GPU(**values)
+
+
+def _count(key: str, v) -> int:
+    """A positive whole number (1, 132, "132"; not 1.5 or true)."""
+    n = _positive(key, v)
+    if n != int(n):
+        raise CatalogError(f"{key}: expected a whole number, got {v!r}")
+    return int(n)
 
 
 def _share(key: str, v) -> float:

@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv
+from costmodels.attention_kernel import (fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv, prefill_compute_s,
+                                        prefill_tile_shape, tile_seconds)
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import collective_link, gpu_allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -101,6 +102,23 @@ class Efficiencies:
     # 0.41 L40S, 0.50 RTX PRO 6000 Server), so the attention is priced at the 16-bit peak whatever the cache
     # (`python -m benchmarks.kernel_efficiency`, "prefill attention" lines).
     attention_compute: float = 0.53
+    # ... and tile by tile, where the GPU's FlashAttention kernel and SM count are known
+    # (costmodels/attention_kernel.py): a prefill chunk runs as query tiles of 64 (FA2) or 128 (FA3) rows,
+    # each a CTA that walks the KV in tiles, one CTA per SM at a time; the FLOPs of a padded tile run at the
+    # kernel's first figure times one SM's share of the 16-bit peak, and each query tile adds its second
+    # figure in tiles' worth (loading its queries, the softmax's last rescale, writing its output). So a
+    # short chunk after a long cached prefix, whose few query tiles leave most SMs idle while each walks the
+    # whole prefix, costs what its longest tile does on FA2 (FA3 splits the walk), and short prompts pay
+    # their padded diagonal tiles. Least squares on log latency per source, then the median per kernel:
+    # FA2, NVIDIA's vLLM context-attention tables (head dim 128, bf16 cache, prompts of 32+) A100 0.56 of
+    # an SM and +1.42 tiles, L40S 0.51 / +1.38, RTX PRO 6000 Server 0.58 / +1.57, and vLLM 0.19's own chunks
+    # after 0-16,384 cached tokens (LLMServingSim profiler) RTX 4090 0.81 / +1.58, RTX PRO 6000 Server
+    # 0.53 / +1.88; FA3, the same tables, H100 0.66 / +3.61 and H200 0.65 / +3.30 (a larger tile and a
+    # deeper pipeline to fill and drain). Against the same rows the medians err 8-13% (median |err|; RTX
+    # 4090 +50%: the card runs above its rated clock, as its GEMMs do) where FLOPs alone at
+    # attention_compute err 20-55%, too fast (`python -m benchmarks.kernel_efficiency`, "prefill attention
+    # by tiles" lines).
+    attention_tiles: tuple[tuple[str, float, float], ...] = (("fa2", 0.56, 1.57), ("fa3", 0.66, 3.45))
     # Paged decode attention (FlashAttention), the same fit over batch x context: H100 0.85 + 13.5 us per
     # kernel, H200 0.81 + 14.5 us, B200 0.87 + 10.5 us (aiconfigurator vLLM 0.24 generation_attention;
     # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 Server
@@ -219,6 +237,13 @@ class RooflineCostModel:
         self._decode_attention_consts = (flops_per_ctx, self.attention_peak_flops * e.attention_compute,
                                          kv_rate, e.decode_attention_fixed_s)
         self.num_sliding = m.num_sliding_layers if m.sliding_window else 0
+        # FlashAttention's prefill tiles on this GPU (None: priced by FLOPs; MLA runs other kernels)
+        tiles = None if m.is_mla else prefill_tile_shape(gpu, m.head_dim, d.kv_format())
+        rates = {kernel: (rate, overhead) for kernel, rate, overhead in e.attention_tiles}
+        self._prefill_tile = tiles if tiles is not None and tiles.kernel in rates else None
+        if self._prefill_tile:
+            rate, self._tile_overhead = rates[tiles.kernel]
+            self._tile_s = tile_seconds(tiles, m.head_dim, self.attention_peak_flops * rate / gpu.sm_count)
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
         self.tp_link = gpu_allreduce_link(gpu, tp)
         self.p2p_link = collective_link(gpu.interconnect_kind, 2)   # one GPU to one other
@@ -276,8 +301,12 @@ class RooflineCostModel:
         else:
             flops = 4.0 * m.head_dim * self.heads * pairs
             bytes_ = dt * float(sum(2 * n * self.q_dim for n, _ in prefill)) + self.kv_dt * kv_tokens * self.kv_dim
-        return max(flops / (self.attention_peak_flops * e.attention_compute),
-                   bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+        if self._prefill_tile is None:
+            compute_s = flops / (self.attention_peak_flops * e.attention_compute)
+        else:   # tile by tile (Efficiencies.attention_tiles)
+            compute_s = prefill_compute_s(prefill, self._prefill_tile, self.gpu.sm_count, self.heads,
+                                          self._kv_heads, self._tile_s, self._tile_overhead, window)
+        return max(compute_s, bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
 
     def _decode_attention_s(self, context_sum, num_seqs: int):
         """Paged decode attention over every layer: stream every sequence's K and V (or MLA latent) once;

@@ -62,14 +62,24 @@ def test_o_proj_input_is_quantised_by_a_kernel_of_its_own():
 def test_attention_runs_at_the_16_bit_rate_whatever_the_weights_or_the_cache():
     # NVIDIA's vLLM context-attention tables run no faster over an FP8 cache (FlashAttention 3 on Hopper:
     # 0.49 of the 16-bit peak against 0.54 over a bf16 one), so neither FP8 weights nor an FP8 cache move
-    # the prefill attention off the 16-bit peak. 2,048 causal tokens, 32 heads of 128, one layer:
-    # 4 x 128 x 32 x 2,048 x 1,024.5 FLOP = 34.4 GFLOP at 0.53 of 989 TFLOP/s, + one launch.
+    # the prefill attention off the 16-bit rate. 2,048 causal tokens, 32 heads of 128 over 8 KV heads, one
+    # layer, tile by tile on the H100 (FA3: 128 x 128 tiles, the 4 query heads of a KV head packed into a
+    # tile, so 64 query tiles of 32 positions whose KV tiles sum to 552; 132 SMs): 8 KV heads x (552 + 64 x
+    # 3.45) / 132 SMs = 46.8 tiles of 4 x 128 x 128 x 128 FLOP at 0.66 of 989 / 132 TFLOP/s, + one launch;
+    # on the B200 (FlashInfer) by FLOPs at 0.53.
+    from costmodels.attention_kernel import prefill_compute_s, prefill_tile_shape, tile_seconds
     e = Efficiencies()
     prefill = [(2048, 0)]
-    expected = 4.0 * 128 * 32 * 2048 * (2048 + 1) / 2 / (989e12 * e.attention_compute) + e.kernel_launch_s
+    tiles = prefill_tile_shape(GPUS["h100-sxm"], 128)
+    (_, rate, overhead), = [t for t in e.attention_tiles if t[0] == "fa3"]
+    expected = prefill_compute_s(prefill, tiles, 132, 32, 8, tile_seconds(tiles, 128, 989e12 * rate / 132),
+                                 overhead) + e.kernel_launch_s
+    assert expected == pytest.approx(8 * (552 + 64 * overhead) / 132 * 4 * 128 ** 3 / (989e12 * rate / 132)
+                                     + e.kernel_launch_s, rel=1e-12)
     for quantization, kv in ((None, "auto"), ("fp8", "auto"), (None, "fp8"), ("fp8", "fp8")):
         assert model("h100-sxm", quantization, kv)._prefill_attention_s(prefill) == pytest.approx(expected, rel=1e-12)
-    assert e.attention_compute == 0.53
+    flops = 4.0 * 128 * 32 * 2048 * (2048 + 1) / 2 / (2250e12 * e.attention_compute) + e.kernel_launch_s
+    assert model("b200-sxm")._prefill_attention_s(prefill) == pytest.approx(flops, rel=1e-12)
     assert model("b200-sxm", kv="fp8")._prefill_attention_s(prefill) == model("b200-sxm")._prefill_attention_s(prefill)
 
 

@@ -95,6 +95,8 @@ def test_gemm_compute_is_the_gpus_own_measured_share():
     ({**RTX4090, "gemm_compute": 1.2}, "hardware.gemm_compute"),
     ({**RTX4090, "gemm_compute": 0}, "hardware.gemm_compute"),
     ({**RTX4090, "gemm_ridge_exponent": -1}, "hardware.gemm_ridge_exponent"),
+    ({**RTX4090, "sm_count": 0}, "hardware.sm_count"),
+    ({**RTX4090, "sm_count": 127.5}, "hardware.sm_count"),
     ({"base": "h900"}, "hardware.base"),
     ("h900", "hardware"),
     ("/nonexistent/gpu.yaml", "hardware"),
