@@ -31,7 +31,9 @@ def kernel_s(cost, family: str, a, b) -> float | None:
         return None
     if family == "gemm":
         return cost.gemm[a](b)
-    return (cost.prefill_attn if family == "prefill_attn" else cost.decode_attn)(a, b)
+    if family == "prefill_attn":   # a sequences of b tokens each
+        return cost.prefill_layer_s([(int(b), 0)] * int(a))
+    return cost.decode_attn(a, b)
 
 
 def compare(a, b) -> list[tuple[str, float | None, float | None]]:

@@ -27,6 +27,7 @@ from calibration import measurements
 from calibration.holdout import BAD_FIT_RC, add_quality_options, bad_fit_lines, bad_fits, holdout_limits
 from calibration.loggrid_fit import choose_knots, errors, fit_loggrid, monotone, split_interior
 from calibration.overheads import fit_overheads, prior_family
+from calibration.prefill_tiles import fit_prefill_tiles
 from commandline.exits import refuse, run_main
 from commandline.outputs import OutputError, out_dir, out_file
 from commandline.parser import Parser
@@ -248,6 +249,28 @@ def _add_model_families(families: dict, sources: dict, fitted: dict, model: Mode
         sources["allreduce"] = f"measured (NCCL, {tp} GPUs)"
 
 
+def _prefill_by_tiles(families: dict, sources: dict, report: dict, plots: dict, frame: pd.DataFrame,
+                      model: ModelShape, tp: int, gpu: str) -> None:
+    """Prefill attention as FlashAttention's tiles on this GPU (calibration/prefill_tiles.py) where that
+    predicts the held-out timings better than the sequences x equivalent-length grid: a chunk after a
+    cached prefix, which the grid cannot tell from a fresh prompt of the same work. The report keeps the
+    grid's error beside it."""
+    if model.is_mla or "prefill_attn" not in report:
+        return
+    heads, kv_heads, head_dim = attention_heads(model, tp)
+    tiles = fit_prefill_tiles(frame, GPUS.get(gpu), heads, kv_heads, head_dim, HELD_OUT_FRACTION)
+    if tiles is None:
+        return
+    fit, tile_report, plot_data = tiles
+    grid = report["prefill_attn"]
+    if grid["held_out_median_ape"] is not None and grid["held_out_median_ape"] <= tile_report["held_out_median_ape"]:
+        return
+    families["prefill_attn_tiles"] = fit.to_dict()
+    sources["prefill_attn"] = "measured (FlashAttention tiles: calibration/prefill_tiles.py)"
+    report["prefill_attn"] = {**tile_report, "grid_held_out_median_ape": grid["held_out_median_ape"]}
+    plots["prefill_attn"] = plot_data
+
+
 def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: str | None = None):
     """(profile dict, report dict, plot data) from successful measurement rows and their metadata."""
     model = get_model(meta["model"]) if "model_shape" not in meta else ModelShape(**meta["model_shape"])
@@ -262,8 +285,9 @@ def build_profile(frame: pd.DataFrame, meta: dict, source: str, gpu_override: st
     families = gemm_curves(fitted["gemm"], model, tp)
     sources = {"gemm": "measured"}
     _add_model_families(families, sources, fitted, model, tp, source)
+    _prefill_by_tiles(families, sources, report, plots, frame, model, tp, gpu)
     for name in ("prefill_attn", "decode_attn", "sampling"):
-        if name in families:   # MLA attention, above
+        if name in families or (name == "prefill_attn" and "prefill_attn_tiles" in families):  # MLA, tiles
             continue
         if name in fitted:
             families[name], sources[name] = fitted[name].to_dict(), "measured"

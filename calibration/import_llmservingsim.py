@@ -134,6 +134,8 @@ def mixed_attention_grid(attention: pd.DataFrame) -> LogGrid | None:
     dec = a[a["prefill_chunk"] == 0].set_index(["n_decode", "kv_decode"])["time_us"]
     pre = a[a["n_decode"] == 0].set_index("prefill_chunk")["time_us"]
     mixed = a[(a["prefill_chunk"] > 0) & (a["n_decode"] > 0)]
+    if not len(mixed):   # (an empty frame's boolean masks below would select columns, not rows)
+        return None
     pow2 = lambda v: v > 0 and (int(v) & (int(v) - 1)) == 0   # noqa: E731
     mixed = mixed[mixed["n_decode"].map(pow2) & mixed["kv_decode"].map(pow2) & mixed["prefill_chunk"].map(pow2)]
     extra = {}

@@ -138,8 +138,11 @@ def split_interior(points: np.ndarray, held_out_fraction: float, seed: int = 0) 
     a held-out point is never a row's smallest or largest, and both its row neighbours stay in the fit:
     the fitted grid (the one the profile keeps) then has every measured edge and never a gap of two
     sizes, and each held-out point tests an interpolation between measured neighbours, which is all the
-    profile is asked inside its grid. Fewer are held out where a family has too few such points."""
+    profile is asked inside its grid. Fewer are held out where a family has too few such points. An axis
+    every point shares (one batch size) makes no rows: the split then runs along the next axis."""
     points = np.asarray(points, dtype=float)
+    while points.shape[1] > 1 and np.all(points[:, 0] == points[0, 0]):
+        points = points[:, 1:]
     n = len(points)
     _, row = np.unique(points[:, 1:], axis=0, return_inverse=True)
     row = row.ravel()

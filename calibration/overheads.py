@@ -10,7 +10,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from costmodels.catalog import DTYPE_BYTES, ModelShape, get_gpu
-from costmodels.profile import LogGrid, ProfileCostModel, decode_coords, prefill_coords
+from costmodels.profile import LogGrid, ProfileCostModel, decode_coords
 from costmodels.roofline import Efficiencies
 
 PRIOR_M_KNOTS = np.array([1, 4, 16, 64, 256, 1024, 4096, 16384, 65536], dtype=float)
@@ -44,7 +44,7 @@ def _layer_kernels_s(cm: ProfileCostModel, prefill: list, decode: list) -> float
     pf = np.asarray(prefill, dtype=float).reshape(-1, 2)
     t = cm.dense_layer_s(int(pf[:, 0].sum()) + len(decode))
     if len(pf):
-        t += cm.prefill_attn(*prefill_coords(pf[:, 0], pf[:, 1]))
+        t += cm.prefill_layer_s([(int(n), int(c)) for n, c in pf])
     if decode:
         t += cm.decode_attn(*decode_coords(np.asarray(decode, dtype=float)))
     return t

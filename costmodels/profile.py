@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from costmodels.attention_kernel import PrefillTileFit
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
 from costmodels.collectives import gpu_allreduce_link, ring_allreduce_s
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
@@ -197,7 +198,11 @@ class ProfileCostModel:
         self.async_scheduling = bool(profile.get("async_scheduling", gpu is not None))
         fam = profile["families"]
         self.gemm = {op: LogGrid.from_dict(fam[f"gemm_{op}"]) for op in (*GEMM_OPS, "lm_head")}
-        self.prefill_attn = LogGrid.from_dict(fam["prefill_attn"])
+        # Prefill attention: FlashAttention's tiles as fitted on the profile's GPU (calibration/prefill_tiles.py)
+        # where the profile has them, else the grid over sequences x equivalent length.
+        self.prefill_tiles = PrefillTileFit.from_dict(fam["prefill_attn_tiles"]) if "prefill_attn_tiles" in fam else None
+        self.prefill_attn = LogGrid.from_dict(fam["prefill_attn"]) if self.prefill_tiles is None else None
+        self._heads = attention_heads(model, tp)[:2]
         self.decode_attn = LogGrid.from_dict(fam["decode_attn"])
         # What a step mixing prefill chunks with decodes adds to its two attention parts, per layer, over
         # (decodes, mean decode context, prefill tokens), where the profile measured it (vLLM's one varlen
@@ -292,8 +297,7 @@ class ProfileCostModel:
             num_logits = num_seqs
         layer = self.dense_layer_s(num_tokens)
         if new:
-            b, length = prefill_coords(new, [c for _, c in prefill])
-            layer += self._prefill_slice(b).scalar(length)   # self.prefill_attn(b, length), bitwise
+            layer += self.prefill_layer_s(prefill)
         if num_decode:
             layer += self._decode_slice(num_decode).scalar(decode_context_sum / num_decode)  # decode_coords
             if new and self.mixed_attn is not None:
@@ -321,6 +325,13 @@ class ProfileCostModel:
         if num_logits:
             step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
         return step
+
+    def prefill_layer_s(self, prefill: Sequence[tuple[int, int]]) -> float:
+        """One layer's prefill attention over (new tokens, cached tokens) chunks."""
+        if self.prefill_tiles is not None:
+            return self.prefill_tiles.layer_s(prefill, *self._heads)
+        b, length = prefill_coords([n for n, _ in prefill], [c for _, c in prefill])
+        return self._prefill_slice(b).scalar(length)   # self.prefill_attn(b, length), bitwise
 
     def _prefill_slice(self, num_seqs: float) -> GridSlice:
         """The prefill-attention grid at `num_seqs` sequences (its first axis), a function of the equivalent

@@ -128,3 +128,54 @@ def test_against_nvidias_context_attention_tables():
         err = np.abs(priced / (d.latency.to_numpy() * 1e-3) - 1)
         assert len(err) > 50 and np.median(err) < 0.20, (gpu, np.median(err))
 
+
+def test_a_profile_fits_its_prefill_timings_as_tiles(tmp_path):
+    """An LLMServingSim profiler folder whose prefill chunks after 0-16,384 cached tokens follow FlashAttention 2's
+    tiles on an RTX 4090: the profile keeps the tile fit (its held-out error far below the grid's, which
+    cannot tell a chunk after a prefix from a fresh prompt of the same work) and prices with it."""
+    import json
+
+    import pandas as pd
+
+    from calibration import import_llmservingsim as imp
+    from costmodels.attention_kernel import PrefillTileFit
+    from costmodels.profile import profile_cost_model
+    from tests.test_import_llmservingsim import write_profiler
+    truth = PrefillTileFit(prefill_tile_shape(get_gpu("rtx-4090"), 128), 128, 4.0e-6, 1.6, 2e-6)
+    folder = write_profiler(tmp_path / "p")
+    att = pd.read_csv(folder / "tp1" / "attention.csv")
+    rng = np.random.default_rng(3)
+    chunks = [(c, kv, 0, 0, truth.layer_s([(c, kv)], 32, 8) * 1e6 * rng.uniform(0.98, 1.02))
+              for c in (16, 32, 64, 128, 256, 512, 1024, 2048) for kv in (0, 16, 128, 512, 2048, 8192, 16384)]
+    att = pd.concat([att[att["prefill_chunk"] == 0], pd.DataFrame(chunks, columns=att.columns)])
+    att.to_csv(folder / "tp1" / "attention.csv", index=False)
+    out = tmp_path / "prof.json"
+    assert imp.main([str(folder), "--out", str(tmp_path / "m"), "--fit", str(out)]) == 0
+    profile = json.loads(out.read_text())
+    report = profile["fit_report"]["prefill_attn"]
+    assert "prefill_attn_tiles" in profile["families"] and "prefill_attn" not in profile["families"]
+    assert report["held_out_median_ape"] < 3 < 15 < report["grid_held_out_median_ape"]
+    cm = profile_cost_model(profile, LLAMA, get_gpu("rtx-4090"))
+    for chunk in ((16, 16384), (512, 0), (2048, 4096)):
+        assert cm.prefill_layer_s([chunk]) == pytest.approx(truth.layer_s([chunk], 32, 8), rel=0.05)
+    assert cm.step_time_s(prefill=[(16, 16384)]) - cm.step_time_s(prefill=[(16, 0)]) == pytest.approx(
+        32 * (truth.layer_s([(16, 16384)], 32, 8) - truth.layer_s([(16, 0)], 32, 8)), rel=0.05)
+
+
+def test_tiles_only_where_they_predict_better():
+    """Fresh prompts only (NVIDIA's tables: batch x prompt, nothing cached) are what the grid's coordinates
+    describe exactly: the profile keeps the grid there; so it does on a device without FlashAttention."""
+    import pandas as pd
+
+    from calibration.fit import HELD_OUT_FRACTION, fit_family, family_points
+    from calibration.prefill_tiles import fit_prefill_tiles
+    truth_gpu = get_gpu("h100-sxm")
+    cm = RooflineCostModel(LLAMA, truth_gpu, deployment=Deployment(dtype="bf16"))
+    rows = [{"family": "prefill_attn", "batch_size": b, "new_tokens": n, "cached_tokens": 0, "num_heads": 32,
+             "num_kv_heads": 8, "head_dim": 128, "latency_s": cm._prefill_attention_s([(n, 0)] * b) * (1 + 0.1 * (n < 100))}
+            for b in (1, 2, 4, 8, 16) for n in (32, 64, 128, 256, 512, 1024, 2048, 4096)]
+    frame = pd.DataFrame(rows).assign(op="", num_gpus=np.nan, m=np.nan, n=np.nan, k=np.nan)
+    assert fit_prefill_tiles(frame, None, 32, 8, 128, HELD_OUT_FRACTION) is None
+    tiles = fit_prefill_tiles(frame, truth_gpu, 32, 8, 128, HELD_OUT_FRACTION)
+    _, grid_report, _ = fit_family(family_points(frame, LLAMA, 1)["prefill_attn"])
+    assert tiles is not None and grid_report["held_out_median_ape"] <= tiles[1]["held_out_median_ape"]
