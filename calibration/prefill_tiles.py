@@ -63,4 +63,3 @@ def fit_prefill_tiles(frame: pd.DataFrame, gpu: GPU | None, heads: int, kv_heads
               f"{tiles.block_n} on {gpu.sm_count} SMs: {p[0]:.3g} us a tile, +{p[1]:.2f} tiles a query tile, "
               f"+{p[2]:.2f} us"}
     return fit, report, (measured, predicted, held)
-

@@ -1,4 +1,6 @@
-"""Which FlashAttention path vLLM's attention backend takes on a GPU, where that changes what a step costs.
+"""Which FlashAttention path vLLM's attention backend takes on a GPU, where that changes what a step costs:
+the decodes' re-reads in a mixed step (below) and how a prefill chunk is tiled (`prefill_tile_shape`,
+`prefill_compute_s`: query tiles as CTAs walking their keys, one CTA per SM at a time).
 
 vLLM's FLASH_ATTN backend runs one varlen kernel over every request of a step, prefill chunks and decodes
 together (vllm/v1/attention/backends/flash_attn.py). On FlashAttention 2, the version vLLM picks on every
@@ -47,7 +49,6 @@ def fp8_kv_decode_on_chip_bound(gpu: GPU, kv_format: str) -> bool:
     DRAM bandwidth, where their bf16 caches stream at 0.87 and 0.82 of DRAM. Blackwell's FlashInfer kernels,
     Ada's and the RTX PRO 6000's stream an FP8 cache at about their bf16 share (0.77-0.91)."""
     return kv_format == "fp8" and _major(gpu) == 9
-
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class PrefillTileFit:
         if min(fit.sm_count, fit.tile_s, tiles.block_m, tiles.block_n) <= 0 or fit.overhead < 0 or fit.fixed_s < 0:
             raise ValueError(f"prefill_attn_tiles: non-positive figure in {d}")
         return fit
+
 
 def prefill_tiles(prefill, block_m: float, block_n: int, window: int | None = None) -> tuple[float, int, float]:
     """(KV tiles summed over every query tile, number of query tiles, KV tiles of the longest query tile) of

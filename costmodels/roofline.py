@@ -267,7 +267,10 @@ class RooflineCostModel:
                             "latency_s": self.tp_link.latency_s},
                 **{f"eff_{k}": v for k, v in asdict(self.eff).items()},
                 # the GPU's own figures where it has them (costmodels/catalog.py GEMM_FIGURES)
-                "eff_gemm_compute": self._gemm_compute, "eff_gemm_ridge_exponent": self._gemm_ridge_p}
+                "eff_gemm_compute": self._gemm_compute, "eff_gemm_ridge_exponent": self._gemm_ridge_p,
+                "prefill_attention": (f"{self._prefill_tile.kernel} tiles of {self._prefill_tile.block_m} x "
+                                      f"{self._prefill_tile.block_n} on {self.gpu.sm_count} SMs"
+                                      if self._prefill_tile else "by FLOPs (no FlashAttention tiles known here)")}
 
     def gemm_sides_s(self, m: float, n: int, k: int, quantized: bool = True) -> tuple[float, float]:
         """(compute seconds, memory seconds) of one linear layer over `m` tokens, weights [n, k]: in the
