@@ -179,3 +179,20 @@ def test_tiles_only_where_they_predict_better():
     tiles = fit_prefill_tiles(frame, truth_gpu, 32, 8, 128, HELD_OUT_FRACTION)
     _, grid_report, _ = fit_family(family_points(frame, LLAMA, 1)["prefill_attn"])
     assert tiles is not None and grid_report["held_out_median_ape"] <= tiles[1]["held_out_median_ape"]
+
+
+def test_a_malformed_tile_family_is_one_line_naming_the_profile():
+    from costmodels.catalog import CatalogError
+    from costmodels.profile import profile_cost_model, read_profile
+    from costmodels.selection import PROFILES_DIR
+    profile = read_profile(PROFILES_DIR / "llama-3-8b__h100-sxm__tp1__bf16.json")
+    tiles = {"kernel": "fa3", "block_m": 128, "block_n": 128, "pack_gqa": True, "split_kv": True, "sm_count": 132,
+             "tile_s": 2e-6, "overhead": 3.0, "fixed_s": 1e-5}
+    good = dict(profile, families={**profile["families"], "prefill_attn_tiles": tiles})
+    cm = profile_cost_model(good, get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    assert cm.prefill_layer_s([(16, 0)]) > tiles["fixed_s"]
+    for bad in ({**tiles, "tile_s": -1.0}, {k: v for k, v in tiles.items() if k != "sm_count"}):
+        with pytest.raises(CatalogError) as e:
+            profile_cost_model(dict(profile, families={**profile["families"], "prefill_attn_tiles": bad}),
+                               get_model("llama-3-8b"), get_gpu("h100-sxm"), source="p.json")
+        assert str(e.value).startswith("p.json: malformed profile") and "\n" not in str(e.value)
