@@ -215,16 +215,19 @@ def prefill_tile_time_s(rows, gpu, eff: float, overhead: float, fixed_s: float) 
 
 def prefill_flops_time_s(rows, gpu) -> np.ndarray:
     """The same rows priced by FLOPs and bytes alone (the prior before tiles, and still for GPUs without an SM
-    count): causal FLOPs at Efficiencies.attention_compute of the 16-bit peak, Q, O and KV bytes at
-    attention_memory of DRAM, plus the 2 us launch."""
-    from costmodels.roofline import Efficiencies
-    e = Efficiencies()
+    count): the roofline with no tile figures, at each row's heads and head dim."""
+    from dataclasses import replace
+    from costmodels.catalog import get_model
+    from costmodels.deployment import Deployment
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    base, by_flops, priced = get_model("llama-3.1-8b"), Efficiencies(attention_tiles=()), {}
     out = []
     for b, n, c, h, kvh, d in rows:
-        flops = 4.0 * d * h * b * n * (c + (n + 1) / 2)
-        bytes_ = 2.0 * (2 * b * n * h * d + b * (c + n) * 2 * kvh * d)
-        out.append(max(flops / (gpu.bf16_flops_per_s * e.attention_compute), bytes_ / (gpu.hbm_bytes_per_s *
-                                                                                         e.attention_memory)) + e.kernel_launch_s)
+        key = (int(h), int(kvh), int(d))
+        if key not in priced:
+            priced[key] = RooflineCostModel(replace(base, num_heads=key[0], num_kv_heads=key[1], head_dim=key[2]),
+                                            gpu, deployment=Deployment(dtype="bf16"), eff=by_flops)
+        out.append(priced[key]._prefill_attention_s([(int(n), int(c))] * int(b)))
     return np.array(out)
 
 

@@ -286,30 +286,34 @@ class RooflineCostModel:
 
     def _prefill_attention_s(self, prefill: Sequence[tuple[int, int]], window: int | None = None) -> float:
         """Varlen flash attention, causal over the new tokens, full over the cached ones (at most `window`
-        keys per query on sliding-window layers, counted exactly: `_window_pairs`). MLA prefill runs it on the up-projected K/V (head dim
-        nope + rope, value dim v) after decompressing the cached latent. The sums are of integers and
-        half-integers, exact in float64 in any order."""
+        keys per query on sliding-window layers, counted exactly: `_window_pairs`), its compute tile by tile
+        where the GPU's FlashAttention kernel is known (costmodels/attention_kernel.py), else by FLOPs. MLA
+        prefill runs it on the up-projected K/V (head dim nope + rope, value dim v) after decompressing the
+        cached latent. The sums are of integers and half-integers, exact in float64 in any order."""
         m, e, dt = self.model, self.eff, self.dt
-        if window is None:
-            pairs = float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
-        else:
-            pairs = float(sum(_window_pairs(n, c, window) for n, c in prefill))
         kv_tokens = float(sum(c + n for n, c in prefill))
         if m.is_mla:
             qk, v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-            flops = 2.0 * self.heads * (qk + v) * pairs
+            flops = 2.0 * self.heads * (qk + v) * self._prefill_pairs(prefill, window)
             cached = float(sum(c for _, c in prefill))   # latent -> per-head K_nope, V for the cached tokens
             flops += 2.0 * cached * m.kv_lora_rank * self.heads * (m.qk_nope_head_dim + v)
             bytes_ = dt * float(sum(n for n, _ in prefill)) * self.heads * (qk + v) + self.kv_dt * kv_tokens * self.kv_dim
         else:
-            flops = 4.0 * m.head_dim * self.heads * pairs
+            flops = None if self._prefill_tile else 4.0 * m.head_dim * self.heads * self._prefill_pairs(prefill, window)
             bytes_ = dt * float(sum(2 * n * self.q_dim for n, _ in prefill)) + self.kv_dt * kv_tokens * self.kv_dim
-        if self._prefill_tile is None:
+        if flops is not None:
             compute_s = flops / (self.attention_peak_flops * e.attention_compute)
         else:   # tile by tile (Efficiencies.attention_tiles)
             compute_s = prefill_compute_s(prefill, self._prefill_tile, self.gpu.sm_count, self.heads,
                                           self._kv_heads, self._tile_s, self._tile_overhead, window)
         return max(compute_s, bytes_ / (self.gpu.hbm_bytes_per_s * e.attention_memory)) + e.kernel_launch_s
+
+    @staticmethod
+    def _prefill_pairs(prefill, window: int | None) -> float:
+        """(query, key) pairs of causal attention over new tokens after cached ones, windowed if `window`."""
+        if window is None:
+            return float(sum(n * (c + (n + 1) / 2.0) for n, c in prefill))
+        return float(sum(_window_pairs(n, c, window) for n, c in prefill))
 
     def _decode_attention_s(self, context_sum, num_seqs: int):
         """Paged decode attention over every layer: stream every sequence's K and V (or MLA latent) once;
