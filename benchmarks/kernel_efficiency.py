@@ -471,15 +471,54 @@ def mixed_excess(att: pd.DataFrame) -> pd.DataFrame:
     return m.dropna(subset=["excess_s"])
 
 
+def empty_query_tiles(m: pd.DataFrame, gpu) -> np.ndarray:
+    """Llama-3.1-8B (32 query heads): the empty CTAs a mixed row's FlashAttention 2 grid holds per SM: every
+    decode gets the chunk's chunk / 64 query tiles a head, all but one past its single query."""
+    return (m.n_decode * 32 * (np.ceil(m.prefill_chunk / 64) - 1) / gpu.sm_count).to_numpy()
+
+
+def empty_query_tile_seconds(att: pd.DataFrame, gpu) -> tuple[float, int]:
+    """(seconds per empty CTA and SM, rows): least squares of the mixed rows' excess over the same decodes'
+    excess beside a 16-token chunk, against their empty CTAs per SM, at decode contexts of 16-64 (no KV to
+    speak of moves: the excess is the grid's) and 8+ decodes (Efficiencies.empty_query_tile_s)."""
+    m = mixed_excess(att)
+    m = m[(m.kv_decode <= 64) & (m.n_decode >= 8)]
+    base = m[m.prefill_chunk == 16].set_index(["n_decode", "kv_decode"]).excess_s
+    extra = m.excess_s.to_numpy() - np.array([base.get((n, k), np.nan) for n, k in zip(m.n_decode, m.kv_decode)])
+    x = empty_query_tiles(m, gpu)
+    keep = (x > 0) & np.isfinite(extra)
+    return float((extra[keep] * x[keep]).sum() / (x[keep] ** 2).sum()), int(keep.sum())
+
+
+def mixed_kernel_errors(att: pd.DataFrame, name: str, eff=None) -> np.ndarray:
+    """The mixed rows with 8+ decodes priced as the measured decode-only and prefill-only kernels plus the
+    prior's excess for one layer (`_varlen_excess_s`, with `eff`'s constants): priced / measured - 1."""
+    from costmodels.catalog import get_model
+    from costmodels.roofline import Efficiencies, RooflineCostModel
+    model = get_model("llama-3.1-8b")
+    cm = RooflineCostModel(model, GPUS[name], 1, "bf16", eff=eff or Efficiencies())
+    a = att[att.kv_prefill == 0]
+    dec = a[a.prefill_chunk == 0].set_index(["n_decode", "kv_decode"]).time_us
+    pre = a[a.n_decode == 0].set_index("prefill_chunk").time_us
+    m = mixed_excess(att)
+    m = m[m.n_decode >= 8]
+    priced = [dec[(n, k)] + pre[c] + 1e6 * cm._varlen_excess_s([(c, 0)], n, float(n * k)) / model.num_layers
+              for c, n, k in zip(m.prefill_chunk, m.n_decode, m.kv_decode)]
+    return np.asarray(priced) / m.time_us.to_numpy() - 1
+
+
 def mixed_reread_speeds(att: pd.DataFrame, gpu) -> np.ndarray:
     """Llama-3.1-8B (32 query heads over 8 KV heads): the rate, as a multiple of attention_memory x HBM, at
     which a mixed step's 3 re-reads of each KV head's decode slice ran, over the rows with 8+ decodes at
-    context 256+ whose slice (one KV head's K and V) fits in L2 (costmodels/attention_kernel.py)."""
+    context 256+ whose slice (one KV head's K and V) fits in L2 (costmodels/attention_kernel.py), after the
+    grid's empty query tiles (Efficiencies.empty_query_tile_s)."""
     from costmodels.roofline import Efficiencies
+    e = Efficiencies()
     m = mixed_excess(att)
     kv_bytes = m.n_decode * m.kv_decode * 2 * 8 * 128 * 2.0   # one layer's decode KV
-    keep = (kv_bytes / 8 <= gpu.l2_bytes) & (m.n_decode >= 8) & (m.kv_decode >= 256) & (m.excess_s > 0)
-    return (3 * kv_bytes[keep] / m.excess_s[keep] / (gpu.hbm_bytes_per_s * Efficiencies().attention_memory)).to_numpy()
+    rereads_s = m.excess_s - empty_query_tiles(m, gpu) * e.empty_query_tile_s
+    keep = (kv_bytes / 8 <= gpu.l2_bytes) & (m.n_decode >= 8) & (m.kv_decode >= 256) & (rereads_s > 0)
+    return (3 * kv_bytes[keep] / rereads_s[keep] / (gpu.hbm_bytes_per_s * e.attention_memory)).to_numpy()
 
 
 def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
@@ -501,7 +540,7 @@ def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
 
 def profiler(shared: Path) -> None:
     base = shared / "real-runs" / "llmservingsim" / "profiler_perf"
-    speeds = []
+    speeds, empties = [], []
     for g, name in PROFILER_GPUS.items():
         d = base / f"{g}_Llama-3.1-8B_bf16" / "tp1"
         if not d.is_dir():
@@ -536,9 +575,23 @@ def profiler(shared: Path) -> None:
             moved = 2048 * 4 * 4096 * 2.0
             print(f"{name} fused add+RMSNorm at 2,048 tokens ({moved / 1e6:.0f} MB): "
                   f"{moved / (norm.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
-        v = mixed_reread_speeds(pd.read_csv(d / "attention.csv"), GPUS[name])
+        att = pd.read_csv(d / "attention.csv")
+        per_cta, n = empty_query_tile_seconds(att, GPUS[name])
+        empties.append(per_cta)
+        print(f"{name} empty query tiles of FlashAttention 2's varlen grid ({n} rows): {per_cta * 1e6:.3f} us a "
+              "CTA per SM")
+        v = mixed_reread_speeds(att, GPUS[name])
         speeds.append(v)
         print(f"{name} mixed-step KV re-reads from L2 ({len(v)} rows): median {np.median(v):.1f}x attention_memory x HBM")
+        from costmodels.roofline import Efficiencies
+        for label, eff in (("the prior", None), ("re-reads alone, before the grid's empty tiles",
+                                                 Efficiencies(empty_query_tile_s=0.0, mixed_reread_l2_speedup=4.7))):
+            err = mixed_kernel_errors(att, name, eff)
+            print(f"  {name} mixed-step attention kernel, 8+ decodes ({len(err)} rows), {label}: median |err| "
+                  f"{np.median(np.abs(err)):.1%} (median {np.median(err):+.1%}, p90 |err| {np.percentile(np.abs(err), 90):.1%})")
+    if empties:
+        print(f"empty query tiles, both GPUs: median {np.median(empties) * 1e6:.2f} us a CTA per SM "
+              "(Efficiencies.empty_query_tile_s)")
     if speeds:
         v = np.concatenate(speeds)
         print(f"mixed-step KV re-reads from L2, both GPUs ({len(v)} rows): median {np.median(v):.1f}x "
@@ -592,12 +645,14 @@ def op_comparison(shared: Path) -> str:
             add("elementwise (2 norms, rotary, silu_mul)", t, 2 * one("layernorm") + one("rotary_emb") + one("act_fn"),
                 lambda m, t=t: m._elementwise_s(t, model.intermediate_size))
         excess = mixed_excess(att)
-        for nd, kv in ((8, 1024), (32, 1024), (128, 256), (128, 1024), (128, 4096)):   # with a 16-token chunk
-            meas = excess[(excess.n_decode == nd) & (excess.kv_decode == kv) & (excess.prefill_chunk == 16)]
+        for nd, kv, chunk in ((8, 1024, 16), (32, 1024, 16), (128, 256, 16), (128, 1024, 16), (128, 4096, 16),
+                              (64, 256, 2048), (64, 1024, 2048)):
+            meas = excess[(excess.n_decode == nd) & (excess.kv_decode == kv) & (excess.prefill_chunk == chunk)]
             if len(meas):   # the prior before this term priced none of it
-                add(f"mixed-step attention excess, context {kv}", nd, meas.excess_s.iloc[0] * 1e6,
-                    lambda m, nd=nd, kv=kv: (m._mixed_rereads_s(float(nd * kv)) / model.num_layers
-                                             if m.eff != priors["before"].eff else 0.0))
+                add(f"mixed-step attention excess, context {kv}, {chunk:,}-token chunk", nd, meas.excess_s.iloc[0] * 1e6,
+                    lambda m, nd=nd, kv=kv, chunk=chunk: (
+                        m._varlen_excess_s([(chunk, 0)], nd, float(nd * kv)) / model.num_layers
+                        if m.eff != priors["before"].eff else 0.0))
         out.append(f"### {name}: vLLM 0.19.0, Llama-3.1-8B, one layer (eager-mode timings, launch included)\n\n"
                    + md_table(pd.DataFrame(rows)))
     return "\n\n".join(out)

@@ -15,6 +15,12 @@ profiler, attention.csv, docs/fidelity/gpu/kernels.md): 128 decodes at context 1
 chunk take 2.35x the decode-only kernel on an RTX 4090 and 1.66x on an RTX PRO 6000, the excess growing
 with decodes x context. FA3 and FA4 pack grouped query heads in mixed batches too (pack_gqa), ROCm runs
 its own kernels: no such excess there.
+
+The same FA2 kernel sizes its grid by the step's longest query: `num_m_block = (seqlen_q + kBlockM - 1) /
+kBlockM` with `seqlen_q` the batch's max_seqlen_q, times sequences times query heads
+(src/flash_fwd_launch_template.h, run_flash_splitkv_fwd), and a CTA past its own sequence's queries exits at
+once. Beside a 2,048-token chunk every decode launches 31 such empty CTAs a query head: vLLM 0.19's kernel
+takes 0.35 us an empty CTA per SM on both GPUs (the roofline's `_varlen_excess_s`).
 """
 from __future__ import annotations
 

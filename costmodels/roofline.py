@@ -141,9 +141,18 @@ class Efficiencies:
     # A mixed prefill+decode step on FlashAttention 2 reads each KV head's slice of the decodes' cache once
     # per query head sharing it (costmodels/attention_kernel.py); the re-reads of a slice that fits in L2
     # come from L2 at this multiple of the DRAM figure (attention_memory x HBM). vLLM 0.19's mixed attention
-    # rows (LLMServingSim profiler, 804 rows with 8+ decodes at context 256+ whose slice fits in L2, kernel
-    # minus the decode-only and prefill-only kernels): median 4.7 (RTX 4090 3.3, RTX PRO 6000 Server 6.2).
-    mixed_reread_l2_speedup: float = 4.7
+    # rows (LLMServingSim profiler, 786 rows with 8+ decodes at context 256+ whose slice fits in L2, kernel
+    # minus the decode-only and prefill-only kernels and the grid's empty tiles, below): median 5.7 (RTX 4090
+    # 3.8, RTX PRO 6000 Server 7.1).
+    mixed_reread_l2_speedup: float = 5.7
+    # FlashAttention 2's varlen kernel launches max(query length) / 64 query tiles for every sequence and head
+    # of the step (`num_m_block` from `max_seqlen_q`), and a tile past its sequence's queries exits at once:
+    # beside a long chunk every decode (and every shorter chunk) adds such empty CTAs, each holding an SM for
+    # its launch and exit. vLLM 0.19's mixed attention rows (LLMServingSim profiler, decode context 16-64 and
+    # 8+ decodes, where no KV moves: the excess over the 16-token chunk's against empty CTAs / SMs), least
+    # squares: 0.354 us a CTA on the RTX 4090, 0.351 us on the RTX PRO 6000 Server
+    # (`python -m benchmarks.kernel_efficiency`, "empty query tiles").
+    empty_query_tile_s: float = 0.35e-6
     # The TP all-reduce, EP's collectives and PP's sends: costmodels/collectives.py, by interconnect and size.
     kernel_launch_s: float = 2.0e-6      # per kernel, with CUDA graphs (a few microseconds each)
     # CPU time real engines add (scheduling, input prep, sampling bookkeeping, detokenisation):
@@ -176,7 +185,8 @@ class RooflineCostModel:
 
     A step is `sum over layers (attention GEMMs + attention + MLP or MoE (router, shared experts, routed
     experts) + elementwise + all-reduce + all-to-all) + embedding + LM head and sampling`, the GPU's (a step
-    mixing prefill chunks with decodes adds the decodes' KV re-reads on FlashAttention 2 GPUs,
+    mixing prefill chunks with decodes, or chunks of unequal length, adds what one varlen kernel over them
+    costs on FlashAttention 2 GPUs: the decodes' KV re-reads and the grid's empty query tiles,
     `mixed_attention`: costmodels/attention_kernel.py), and
     `per_step_s + per_request_s x sequences`, the CPU's; with async scheduling (vLLM V1's default on CUDA)
     the step takes the larger of the two, else their sum. `step_terms_s` returns each term (the overlap as
@@ -244,6 +254,9 @@ class RooflineCostModel:
         if self._prefill_tile:
             rate, self._tile_overhead = rates[tiles.kernel]
             self._tile_s = tile_seconds(tiles, m.head_dim, self.attention_peak_flops * rate / gpu.sm_count)
+        # FlashAttention 2's varlen grid: the query heads' empty tiles beside a longer chunk, per CTA over the SMs
+        self._empty_tile_s = (e.empty_query_tile_s * self.heads / gpu.sm_count
+                              if self._prefill_tile and self._prefill_tile.kernel == "fa2" else 0.0)
         # what the TP all-reduce, the EP all-to-all and the PP sends cross (costmodels/collectives.py)
         self.tp_link = gpu_allreduce_link(gpu, tp)
         self.p2p_link = collective_link(gpu.interconnect_kind, 2)   # one GPU to one other
@@ -332,6 +345,19 @@ class RooflineCostModel:
         windowed = maximum(flops_per_ctx * ctx / compute_rate,
                            (self.kv_dt * (ctx * self.kv_dim) + q_bytes) / memory_rate) + launch_s
         return (self.model.num_layers - self.num_sliding) * full + self.num_sliding * windowed
+
+    def _varlen_excess_s(self, prefill, num_decode: int, context_sum: float) -> float:
+        """What one FlashAttention 2 varlen kernel over a step's chunks and decodes costs beyond pricing each
+        on its own, over all layers: the decodes' KV re-reads beside a chunk (`_mixed_rereads_s`) and the
+        grid's empty query tiles (every sequence gets the longest one's `max(new) / block_m` tiles a head;
+        those past its own queries exit at once, `Efficiencies.empty_query_tile_s` each). 0 elsewhere."""
+        t = self._mixed_rereads_s(context_sum) if num_decode else 0.0
+        if self._empty_tile_s and (num_decode or len(prefill) > 1):
+            bm = self._prefill_tile.block_m
+            longest = -(-max(n for n, _ in prefill) // bm)
+            used = sum(-(-n // bm) for n, _ in prefill) + num_decode
+            t += self.model.num_layers * ((len(prefill) + num_decode) * longest - used) * self._empty_tile_s
+        return t
 
     def _mixed_rereads_s(self, context_sum: float) -> float:
         """A step with prefill chunks and decodes on FlashAttention 2 (costmodels/attention_kernel.py): the
@@ -445,8 +471,8 @@ class RooflineCostModel:
             attention += self._prefill_attention_total_s(prefill)
         if num_decode:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
-            if prefill:
-                attention += self._mixed_rereads_s(float(decode_context_sum))
+        if prefill:
+            attention += self._varlen_excess_s(prefill, num_decode, float(decode_context_sum))
         return self._step_s(num_tokens, num_seqs, num_logits, attention)
 
     def _prefill_attention_total_s(self, prefill) -> float:
@@ -533,7 +559,7 @@ class RooflineCostModel:
         t = self._layer_terms_s(num_tokens)
         t["prefill_attention"] = self._prefill_attention_total_s(prefill) if prefill else 0.0
         t["decode_attention"] = float(self._decode_attention_s(float(sum(decode)), len(decode))) if decode else 0.0
-        t["mixed_attention"] = self._mixed_rereads_s(float(sum(decode))) if decode and prefill else 0.0
+        t["mixed_attention"] = self._varlen_excess_s(prefill, len(decode), float(sum(decode))) if prefill else 0.0
         t["lm_head_sampling"] = self._head_s(num_seqs if num_logits is None else num_logits)
         t["per_step"], t["per_request"] = self.eff.per_step_s, self.eff.per_request_s * num_seqs
         if self.eff.async_scheduling:  # the CPU terms hide behind the GPU's (see Efficiencies)
@@ -569,8 +595,8 @@ class RooflineCostModel:
             layers += self._prefill_attention_total_s(prefill)
         if decode:
             layers += float(self._decode_attention_s(float(sum(decode)), len(decode)))
-            if prefill:
-                layers += self._mixed_rereads_s(float(sum(decode)))
+        if prefill:
+            layers += self._varlen_excess_s(prefill, len(decode), float(sum(decode)))
         stages = [layers * n / self.model.num_layers for n in _deployment.stage_layers(self.model.num_layers, pp)]
         stages[0] += embed
         stages[-1] += self._head_s(num_seqs if num_logits is None else num_logits)

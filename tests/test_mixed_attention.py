@@ -53,23 +53,24 @@ def test_a_compute_capability_that_is_not_major_minor_is_one_line_naming_the_key
 def test_rereads_from_l2_when_a_kv_heads_slice_fits():
     # 8 decodes at context 1,024 on an RTX 4090: one layer's decode KV is 2 B x 8,192 tokens x 2,048 (K and V
     # of 8 heads of 128) = 33,554,432 B; one KV head's slice 4.19 MB fits its 72 MB L2, so each of the 3
-    # re-reads runs at 1,008e9 x 0.85 x 4.7 = 4.02696e12 B/s: 8.3324 us, x 3 x 32 layers = 0.79991 ms.
+    # re-reads runs at 1,008e9 x 0.85 x 5.7 = 4.88376e12 B/s: 6.8706 us, x 3 x 32 layers = 0.65958 ms. The
+    # 16-token chunk has one query tile, as every decode: no empty tiles.
     cm = RooflineCostModel(LLAMA, get_gpu("rtx-4090"))
     t = cm.step_terms_s(prefill=[(16, 0)], decode=[1024] * 8)
-    assert t["mixed_attention"] == pytest.approx(33_554_432 / 4.02696e12 * 96, rel=1e-9)
-    assert t["mixed_attention"] == pytest.approx(0.79991e-3, rel=1e-4)
+    assert t["mixed_attention"] == pytest.approx(33_554_432 / 4.88376e12 * 96, rel=1e-9)
+    assert t["mixed_attention"] == pytest.approx(0.65958e-3, rel=1e-4)
     assert sum(t.values()) == pytest.approx(cm.step_time_s(prefill=[(16, 0)], decode=[1024] * 8), rel=1e-12)
 
 
 def test_rereads_partly_from_dram_when_the_slice_outgrows_l2():
     # 128 decodes at 4,096 on an RTX 4090: 2 B x 524,288 x 2,048 = 2,147,483,648 B a layer, slice 268.4 MB; L2
-    # holds 72e6 / 268,435,456 = 0.268221 of it: per re-read 2.1475e9 x (0.268221 / 4.02696e12 + 0.731779 /
-    # 856.8e9) = 1.97708 ms, x 96 = 189.80 ms.
+    # holds 72e6 / 268,435,456 = 0.268221 of it: per re-read 2.1475e9 x (0.268221 / 4.88376e12 + 0.731779 /
+    # 856.8e9) = 1.95207 ms, x 96 = 187.40 ms.
     cm = RooflineCostModel(LLAMA, get_gpu("rtx-4090"))
     t = cm.step_terms_s(prefill=[(16, 0)], decode=[4096] * 128)
     f = 72e6 / 268_435_456
-    assert t["mixed_attention"] == pytest.approx(96 * 2_147_483_648 * (f / 4.02696e12 + (1 - f) / 856.8e9), rel=1e-9)
-    assert t["mixed_attention"] == pytest.approx(0.18980, rel=1e-4)
+    assert t["mixed_attention"] == pytest.approx(96 * 2_147_483_648 * (f / 4.88376e12 + (1 - f) / 856.8e9), rel=1e-9)
+    assert t["mixed_attention"] == pytest.approx(0.18740, rel=1e-4)
 
 
 def test_no_rereads_without_a_prefill_chunk_or_on_hopper():
@@ -80,6 +81,33 @@ def test_no_rereads_without_a_prefill_chunk_or_on_hopper():
     assert h100.step_terms_s(prefill=[(16, 0)], decode=[1024] * 8)["mixed_attention"] == 0.0
     # the fast path's sums give the same step as the lists
     assert cm.step_time_sums_s([(16, 0)], 8, 8 * 1024) == cm.step_time_s(prefill=[(16, 0)], decode=[1024] * 8)
+
+
+def test_empty_query_tiles_beside_a_longer_chunk():
+    # FlashAttention 2's varlen grid gives every sequence the longest chunk's query tiles: a 2,048-token chunk
+    # has 32 tiles of 64 rows, so each of 8 decodes adds 31 empty tiles a query head, 8 x 31 x 32 heads =
+    # 7,936 CTAs a layer, over the RTX 4090's 128 SMs at 0.35 us each: 21.7 us a layer, 0.6944 ms over 32.
+    cm = RooflineCostModel(LLAMA, get_gpu("rtx-4090"))
+    rereads = cm.step_terms_s(prefill=[(16, 0)], decode=[1024] * 8)["mixed_attention"]
+    t = cm.step_terms_s(prefill=[(2048, 0)], decode=[1024] * 8)
+    assert t["mixed_attention"] - rereads == pytest.approx(32 * 7936 / 128 * 0.35e-6, rel=1e-9)
+    assert t["mixed_attention"] - rereads == pytest.approx(0.6944e-3, rel=1e-4)
+    assert sum(t.values()) == pytest.approx(cm.step_time_s(prefill=[(2048, 0)], decode=[1024] * 8), rel=1e-12)
+    # two chunks without decodes: the 100-token one (2 tiles) gets the 2,048-token one's 32, 30 of them empty
+    two = cm.step_terms_s(prefill=[(2048, 0), (100, 0)])["mixed_attention"]
+    assert two == pytest.approx(32 * 30 * 32 / 128 * 0.35e-6, rel=1e-9)
+    # an MHA model (no re-reads: one query head a KV head) still launches them; one chunk alone has none
+    mha = RooflineCostModel(get_model("llama-2-7b"), get_gpu("a100-80gb"))
+    assert mha.step_terms_s(prefill=[(512, 0)], decode=[700] * 4)["mixed_attention"] == \
+        pytest.approx(32 * 4 * 7 * 32 / 108 * 0.35e-6, rel=1e-9)
+    assert mha.step_terms_s(prefill=[(512, 0)])["mixed_attention"] == 0.0
+    # FA3 (Hopper) and an FP8 cache (not FlashAttention 2) launch no such tiles; the sums path agrees
+    h100 = RooflineCostModel(LLAMA, get_gpu("h100-sxm"))
+    assert h100.step_terms_s(prefill=[(2048, 0)], decode=[1024] * 8)["mixed_attention"] == 0.0
+    fp8 = RooflineCostModel(LLAMA, get_gpu("l40s"), deployment=Deployment(kv_cache_dtype="fp8"))
+    assert fp8.step_terms_s(prefill=[(2048, 0)], decode=[1024] * 8)["mixed_attention"] == 0.0
+    assert cm.step_time_sums_s([(2048, 0), (100, 3)], 8, 8 * 1024) == \
+        cm.step_time_s(prefill=[(2048, 0), (100, 3)], decode=[1024] * 8)
 
 
 def _attention_rows(extra_us):
