@@ -658,6 +658,40 @@ def op_comparison(shared: Path) -> str:
     return "\n\n".join(out)
 
 
+def aic_prefill_lines(shared: Path) -> list[str]:
+    """The `[aic]` model's prefill attention against vLLM 0.19's own prefill chunks after 0-16,384 cached
+    tokens (LLMServingSim profiler) on each GPU that has NVIDIA's tables: the table at the chunk's
+    fresh-prompt equivalent alone, and as the model prices it (with the tile model's extra cost of a cached
+    prefix, costmodels/aic.py `_prefill_attention_s`)."""
+    from costmodels.aic import aic_cost_model
+    from costmodels.catalog import CatalogError, get_model
+    from costmodels.deployment import Deployment
+    from costmodels.profile import prefill_coords
+    model, out = get_model("llama-3.1-8b"), []
+    for g, name in PROFILER_GPUS.items():
+        path = shared / "real-runs" / "llmservingsim" / "profiler_perf" / f"{g}_Llama-3.1-8B_bf16" / "tp1" / "attention.csv"
+        if not path.is_file():
+            continue
+        try:
+            cm = aic_cost_model("aic", model, GPUS[name], Deployment(dtype="bf16"))
+        except (CatalogError, ValueError):
+            continue   # no NVIDIA table of this GPU
+        att = pd.read_csv(path)
+        rows = att[(att.n_decode == 0) & (att.prefill_chunk > 0)]
+        grid = cm._g.get("prefill_attn_full")
+        if grid is None:
+            continue
+        measured = rows.time_us.to_numpy() * 1e-6
+        table = np.array([grid(*prefill_coords([c], [k])) for c, k in zip(rows.prefill_chunk, rows.kv_prefill)])
+        priced = np.array([cm._prefill_attention_s([(int(c), int(k))]) for c, k in zip(rows.prefill_chunk, rows.kv_prefill)])
+        for label, v in (("the table alone", table), ("with the tile model's prefix cost (costmodels/aic.py)", priced)):
+            err = v / measured - 1
+            out.append(f"{name} [aic] prefill attention against vLLM 0.19's chunks after 0-16,384 cached tokens "
+                       f"({len(err)} rows), {label}: median |err| {np.median(np.abs(err)):.1%} (median "
+                       f"{np.median(err):+.1%}, p90 |err| {np.percentile(np.abs(err), 90):.1%})")
+    return out
+
+
 def main(argv=None) -> int:
     ap = Parser(prog="python -m benchmarks.kernel_efficiency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", help="the shared data folder (default: ../shared beside the checkout)")
@@ -679,6 +713,9 @@ def main(argv=None) -> int:
         print(text)
     if have_shared:
         profiler(shared)
+        if root is not None:
+            for text in aic_prefill_lines(shared):
+                print(text)
         if a.compare:
             print(op_comparison(shared))
     else:

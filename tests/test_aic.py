@@ -121,3 +121,29 @@ def test_the_gb200_and_rtx_pro_6000_server_tables_are_reachable_and_which_price_
     # the Workstation Edition (1,792 GB/s) is not the Server Edition the tables measured
     with pytest.raises(CatalogError, match="no kernel tables for GPU 'rtx-pro-6000'"):
         load_cost_model("aic", m, get_gpu("rtx-pro-6000"))
+
+
+def test_a_chunk_after_a_cached_prefix_pays_the_tiles_beyond_the_fresh_prompt_the_table_times():
+    # NVIDIA's context-attention tables time fresh prompts: the table prices (new, cached) at the fresh
+    # prompts of the same causal work and adds the tile model's extra cost of the prefix, keeping its own
+    # fixed time; a fresh chunk is the table's price exactly
+    from costmodels.profile import prefill_coords
+    from costmodels.roofline import RooflineCostModel
+    m = get_model("llama-3.1-8b")
+    cm = load_cost_model("aic", m, get_gpu("l40s"))
+    grid = cm._g["prefill_attn_full"]
+    assert cm._prefill_attention_s([(512, 0)]) == grid(1.0, 512.0)
+    b, length = prefill_coords([16], [4096])
+    tiles = RooflineCostModel._prefill_attention_s
+    step, fresh = tiles(cm, [(16, 4096)]), tiles(cm, [(length, 0)])
+    assert step > 3 * fresh   # FA2: one query tile a head walks the whole prefix
+    assert cm._prefill_attention_s([(16, 4096)]) == pytest.approx(grid(b, length) + step - fresh, rel=1e-12)
+    # where the tiles price the step below its fresh equivalent (FA3 splits a short chunk's walk over idle
+    # SMs; a long chunk after a moderate prefix has fewer query tiles) the table's price stands
+    h100 = load_cost_model("aic", m, get_gpu("h100-sxm"))
+    b, length = prefill_coords([16], [600])
+    assert tiles(h100, [(16, 600)]) < tiles(h100, [(length, 0)])
+    assert h100._prefill_attention_s([(16, 600)]) == h100._g["prefill_attn_full"](b, length)
+    b, length = prefill_coords([2048], [2048])
+    assert tiles(cm, [(2048, 2048)]) < tiles(cm, [(length, 0)])
+    assert cm._prefill_attention_s([(2048, 2048)]) == grid(b, length)
