@@ -338,7 +338,7 @@ class AicCostModel(RooflineCostModel):
             # query tiles, so less per-tile overhead: a long chunk after a moderate prefix) the table stands:
             # vLLM 0.19's chunks of 512-2,048 tokens after 512-8,192 run within 2% of the table's fresh
             # equivalent (median, RTX PRO 6000 Server). Over all 233 of its prefill chunks, median |error|
-            # 12.0% -> 5.3%, p90 73% -> 20% (`python -m benchmarks.kernel_efficiency`, "[aic] prefill").
+            # 12.0% -> 4.8%, p90 73% -> 17% (`python -m benchmarks.kernel_efficiency`, "[aic] prefill").
             t += max(0.0, super()._prefill_attention_s(prefill, window)
                      - super()._prefill_attention_s([(length, 0)] * int(b), window))
         return t

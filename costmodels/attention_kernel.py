@@ -24,6 +24,8 @@ takes 0.35 us an empty CTA per SM on both GPUs (the roofline's `_varlen_excess_s
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from costmodels.catalog import GPU
@@ -106,13 +108,16 @@ def prefill_compute_s(prefill, tiles: PrefillTiles, sm_count: int, heads: int, k
     KV head, packed) is a CTA that walks its keys in tiles of `tile_s` seconds each (4 x block_m x block_n x
     head dim FLOP at one SM's share of the peak times the kernel's measured rate) and adds `overhead`
     tiles' worth (loading its queries, the softmax's last rescale, writing its output); the SMs share the
-    CTAs, and without split-KV the longest CTA bounds the time."""
+    CTAs. Without split-KV no schedule beats two more bounds: the longest CTA, and the SM that runs
+    ceil(CTAs / SMs) of them, each at least as long as the shortest (a chunk after a long cached prefix,
+    whose CTAs all walk about the same keys, takes whole waves: 256 CTAs on 188 SMs take two)."""
     group = heads / kv_heads if tiles.pack_gqa and kv_heads else 1.0
-    total, units, longest = prefill_tiles(prefill, tiles.block_m / group, tiles.block_n, window)
+    total, units, longest, shortest = prefill_tiles(prefill, tiles.block_m / group, tiles.block_n, window)
     ctas = kv_heads if group > 1 else heads
     work = ctas * (total + units * overhead) / sm_count
     if not tiles.split_kv:
-        work = max(work, longest + overhead)
+        waves = -(-round(ctas * units) // sm_count)
+        work = max(work, longest + overhead, waves * (shortest + overhead))
     return work * tile_s
 
 
@@ -151,14 +156,15 @@ class PrefillTileFit:
         return fit
 
 
-def prefill_tiles(prefill, block_m: float, block_n: int, window: int | None = None) -> tuple[float, int, float]:
-    """(KV tiles summed over every query tile, number of query tiles, KV tiles of the longest query tile) of
-    one head's causal prefill attention over `prefill`, a list of (new tokens, cached tokens): query tile i
+def prefill_tiles(prefill, block_m: float, block_n: int,
+                  window: int | None = None) -> tuple[float, int, float, float]:
+    """(KV tiles summed over every query tile, number of query tiles, KV tiles of the longest and of the
+    shortest query tile) of one head's causal prefill attention over `prefill`, a list of (new tokens, cached tokens): query tile i
     of a chunk covers rows up to e_i = min((i + 1) block_m, new) and reads the c + e_i keys before them (at
     most window + block_m on a sliding-window layer), in block_n-key tiles; the last of those is partial, half
     a tile on average (block_m: positions a tile covers, fewer than its rows when grouped query heads are
     packed). Closed form, exact in float64 for integer inputs."""
-    total_keys, units, longest = 0.0, 0, 0.0
+    total_keys, units, longest, first = 0.0, 0, 0.0, math.inf
     for n, c in prefill:
         if n <= 0:
             continue
@@ -166,12 +172,15 @@ def prefill_tiles(prefill, block_m: float, block_n: int, window: int | None = No
         if window is None:
             keys = q * c + block_m * q * (q - 1) / 2 + n
             last = c + n
+            first = min(first, c + min(block_m, n))
         else:
             cap = window + block_m
             k = min(max(int(-(-(cap - c) // block_m)) - 1, 0), q - 1)   # the first q - 1 tiles below the cap
             keys = k * c + block_m * k * (k + 1) / 2 + (q - 1 - k) * cap + min(c + n, cap)
             last = min(c + n, cap)
+            first = min(first, c + min(block_m, n), cap)
         total_keys += keys
         units += q
         longest = max(longest, last / block_n + 0.5)
-    return total_keys / block_n + 0.5 * units, units, longest
+    shortest = first / block_n + 0.5 if units else 0.0
+    return total_keys / block_n + 0.5 * units, units, longest, shortest

@@ -108,17 +108,17 @@ class Efficiencies:
     # kernel's first figure times one SM's share of the 16-bit peak, and each query tile adds its second
     # figure in tiles' worth (loading its queries, the softmax's last rescale, writing its output). So a
     # short chunk after a long cached prefix, whose few query tiles leave most SMs idle while each walks the
-    # whole prefix, costs what its longest tile does on FA2 (FA3 splits the walk), and short prompts pay
-    # their padded diagonal tiles. Least squares on log latency per source, then the median per kernel:
-    # FA2, NVIDIA's vLLM context-attention tables (head dim 128, bf16 cache, prompts of 32+) A100 0.56 of
-    # an SM and +1.42 tiles, L40S 0.51 / +1.38, RTX PRO 6000 Server 0.58 / +1.57, and vLLM 0.19's own chunks
-    # after 0-16,384 cached tokens (LLMServingSim profiler) RTX 4090 0.81 / +1.58, RTX PRO 6000 Server
-    # 0.53 / +1.88; FA3, the same tables, H100 0.66 / +3.61 and H200 0.65 / +3.30 (a larger tile and a
-    # deeper pipeline to fill and drain). Against the same rows the medians err 8-13% (median |err|; RTX
-    # 4090 +50%: the card runs above its rated clock, as its GEMMs do) where FLOPs alone at
-    # attention_compute err 20-55%, too fast (`python -m benchmarks.kernel_efficiency`, "prefill attention
-    # by tiles" lines).
-    attention_tiles: tuple[tuple[str, float, float], ...] = (("fa2", 0.56, 1.57), ("fa3", 0.66, 3.45))
+    # whole prefix, costs what its longest tile does on FA2 (FA3 splits the walk), CTAs of equal walks take
+    # whole waves, and short prompts pay their padded diagonal tiles. Least squares on log latency per
+    # source, then the median per kernel: FA2, NVIDIA's vLLM context-attention tables (head dim 128, bf16
+    # cache, prompts of 32+) A100 0.56 of an SM and +1.38 tiles, L40S 0.51 / +1.28, RTX PRO 6000 Server
+    # 0.58 / +1.49, and vLLM 0.19's own chunks after 0-16,384 cached tokens (LLMServingSim profiler) RTX
+    # 4090 0.81 / +1.58, RTX PRO 6000 Server 0.56 / +2.14; FA3, the same tables, H100 0.66 / +3.61 and H200
+    # 0.65 / +3.30 (a larger tile and a deeper pipeline to fill and drain). Against the same rows the
+    # medians err 5-13% (median |err|; RTX 4090 +47%: the card runs above its rated clock, as its GEMMs do)
+    # where FLOPs alone at attention_compute err 20-55%, too fast (`python -m benchmarks.kernel_efficiency`,
+    # "prefill attention by tiles" lines).
+    attention_tiles: tuple[tuple[str, float, float], ...] = (("fa2", 0.56, 1.49), ("fa3", 0.66, 3.45))
     # Paged decode attention (FlashAttention), the same fit over batch x context: H100 0.85 + 13.5 us per
     # kernel, H200 0.81 + 14.5 us, B200 0.87 + 10.5 us (aiconfigurator vLLM 0.24 generation_attention;
     # A100, vLLM 0.14: 0.70 + 20.7 us); vLLM 0.19 on an RTX 4090 0.89 + 15.0 us, RTX PRO 6000 Server

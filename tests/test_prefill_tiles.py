@@ -20,7 +20,7 @@ LLAMA = get_model("llama-3.1-8b")   # 32 query heads over 8 KV heads of 128
 def enumerate_tiles(prefill, block_m, block_n, window=None):
     """The definition, tile by tile: query tile i ends at row min((i + 1) block_m, n) and reads the c + that
     keys before it (at most window + block_m), in block_n-key tiles, the last half a tile on average."""
-    total, units, longest = 0.0, 0, 0.0
+    total, units, longest, shortest = 0.0, 0, 0.0, math.inf
     for n, c in prefill:
         for i in range(math.ceil(n / block_m)):
             keys = c + min((i + 1) * block_m, n)
@@ -29,7 +29,8 @@ def enumerate_tiles(prefill, block_m, block_n, window=None):
             total += keys / block_n + 0.5
             units += 1
             longest = max(longest, keys / block_n + 0.5)
-    return total, units, longest
+            shortest = min(shortest, keys / block_n + 0.5)
+    return total, units, longest, shortest
 
 
 def test_closed_form_counts_the_tiles_one_by_one():
@@ -39,6 +40,7 @@ def test_closed_form_counts_the_tiles_one_by_one():
         bm, bn, window = rng.choice([64, 128, 192, 32.0]), rng.choice([64, 128]), rng.choice([None, 128, 4096])
         got, want = prefill_tiles(prefill, bm, bn, window), enumerate_tiles(prefill, bm, bn, window)
         assert got[0] == pytest.approx(want[0], abs=1e-9) and got[1] == want[1] and got[2] == pytest.approx(want[2])
+        assert got[3] == pytest.approx(want[3])
 
 
 def test_the_kernel_vllm_runs_a_prefill_with():
