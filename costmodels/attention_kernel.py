@@ -25,7 +25,6 @@ takes 0.35 us an empty CTA per SM on both GPUs (the roofline's `_varlen_excess_s
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from costmodels.catalog import GPU
@@ -159,11 +158,11 @@ class PrefillTileFit:
 def prefill_tiles(prefill, block_m: float, block_n: int,
                   window: int | None = None) -> tuple[float, int, float, float]:
     """(KV tiles summed over every query tile, number of query tiles, KV tiles of the longest and of the
-    shortest query tile) of one head's causal prefill attention over `prefill`, a list of (new tokens, cached tokens): query tile i
-    of a chunk covers rows up to e_i = min((i + 1) block_m, new) and reads the c + e_i keys before them (at
-    most window + block_m on a sliding-window layer), in block_n-key tiles; the last of those is partial, half
-    a tile on average (block_m: positions a tile covers, fewer than its rows when grouped query heads are
-    packed). Closed form, exact in float64 for integer inputs."""
+    shortest query tile) of one head's causal prefill attention over `prefill`, a list of (new tokens,
+    cached tokens): query tile i of a chunk covers rows up to e_i = min((i + 1) block_m, new) and reads the
+    c + e_i keys before them (at most window + block_m on a sliding-window layer), in block_n-key tiles; the
+    last of those is partial, half a tile on average (block_m: positions a tile covers, fewer than its rows
+    when grouped query heads are packed). Closed form, exact in float64 for integer inputs."""
     total_keys, units, longest, first = 0.0, 0, 0.0, math.inf
     for n, c in prefill:
         if n <= 0:
