@@ -80,6 +80,23 @@ def test_fa2_short_chunk_after_a_long_prefix_is_one_wave_of_whole_walks():
     assert base > 10 * flops_bound
 
 
+def test_fa2_ctas_of_equal_walks_take_whole_waves():
+    # 512 new tokens after 4,096 cached on an RTX PRO 6000 Server (188 SMs): 8 query tiles x 32 heads = 256
+    # CTAs, two waves. The shortest walks (4,096 + 64) / 128 + 0.5 = 33 KV tiles, +1.49 of overhead: 2 x
+    # 34.49 = 68.98 tiles, above the fluid share 32 x ((8 x 4,096 + 64 x 28 + 512) / 128 + 0.5 x 8 + 8 x
+    # 1.49) / 188 = 49.35 and the longest CTA's (4,608 / 128 + 0.5 + 1.49 = 37.99)
+    from costmodels.attention_kernel import prefill_compute_s, tile_seconds
+    gpu = get_gpu("rtx-pro-6000-server")
+    tiles = prefill_tile_shape(gpu, 128)
+    _, rate, overhead = next(t for t in Efficiencies().attention_tiles if t[0] == "fa2")
+    assert overhead == 1.49
+    tile_s = tile_seconds(tiles, 128, gpu.bf16_flops_per_s * rate / gpu.sm_count)
+    assert prefill_compute_s([(512, 4096)], tiles, 188, 32, 8, tile_s, overhead) == pytest.approx(68.98 * tile_s)
+    # 128 CTAs of fresh 64-token prompts are one wave of one KV tile each: the fluid share is below it
+    assert prefill_compute_s([(64, 0)] * 4, tiles, 188, 32, 8, tile_s, overhead) == \
+        pytest.approx((64 / 128 + 0.5 + overhead) * tile_s)
+
+
 def test_fa3_splits_the_walk_of_a_short_chunk():
     """FlashAttention 3 splits the KV walk over idle SMs and packs the grouped query heads: a 16-token chunk
     after 6,000 cached tokens on an H100 is bound by reading that KV, not by one CTA's walk."""
