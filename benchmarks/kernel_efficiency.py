@@ -471,10 +471,12 @@ def mixed_excess(att: pd.DataFrame) -> pd.DataFrame:
     return m.dropna(subset=["excess_s"])
 
 
-def empty_query_tiles(m: pd.DataFrame, gpu) -> np.ndarray:
-    """Llama-3.1-8B (32 query heads): the empty CTAs a mixed row's FlashAttention 2 grid holds per SM: every
-    decode gets the chunk's chunk / 64 query tiles a head, all but one past its single query."""
-    return (m.n_decode * 32 * (np.ceil(m.prefill_chunk / 64) - 1) / gpu.sm_count).to_numpy()
+def empty_ctas_per_sm(m: pd.DataFrame, gpu) -> np.ndarray:
+    """Llama-3.1-8B (32 query heads): the empty CTAs a mixed row's FlashAttention 2 grid holds per SM
+    (costmodels/attention_kernel.py `empty_query_tiles`: every decode gets the chunk's query tiles)."""
+    from costmodels.attention_kernel import empty_query_tiles
+    return np.array([32 * empty_query_tiles([int(c)], int(n), 64) / gpu.sm_count
+                     for c, n in zip(m.prefill_chunk, m.n_decode)], dtype=float)
 
 
 def empty_query_tile_seconds(att: pd.DataFrame, gpu) -> tuple[float, int]:
@@ -485,7 +487,7 @@ def empty_query_tile_seconds(att: pd.DataFrame, gpu) -> tuple[float, int]:
     m = m[(m.kv_decode <= 64) & (m.n_decode >= 8)]
     base = m[m.prefill_chunk == 16].set_index(["n_decode", "kv_decode"]).excess_s
     extra = m.excess_s.to_numpy() - np.array([base.get((n, k), np.nan) for n, k in zip(m.n_decode, m.kv_decode)])
-    x = empty_query_tiles(m, gpu)
+    x = empty_ctas_per_sm(m, gpu)
     keep = (x > 0) & np.isfinite(extra)
     return float((extra[keep] * x[keep]).sum() / (x[keep] ** 2).sum()), int(keep.sum())
 
@@ -516,7 +518,7 @@ def mixed_reread_speeds(att: pd.DataFrame, gpu) -> np.ndarray:
     e = Efficiencies()
     m = mixed_excess(att)
     kv_bytes = m.n_decode * m.kv_decode * 2 * 8 * 128 * 2.0   # one layer's decode KV
-    rereads_s = m.excess_s - empty_query_tiles(m, gpu) * e.empty_query_tile_s
+    rereads_s = m.excess_s - empty_ctas_per_sm(m, gpu) * e.empty_query_tile_s
     keep = (kv_bytes / 8 <= gpu.l2_bytes) & (m.n_decode >= 8) & (m.kv_decode >= 256) & (rereads_s > 0)
     return (3 * kv_bytes[keep] / rereads_s[keep] / (gpu.hbm_bytes_per_s * e.attention_memory)).to_numpy()
 
@@ -674,7 +676,7 @@ def aic_prefill_lines(shared: Path) -> list[str]:
             continue
         try:
             cm = aic_cost_model("aic", model, GPUS[name], Deployment(dtype="bf16"))
-        except (CatalogError, ValueError):
+        except CatalogError:
             continue   # no NVIDIA table of this GPU
         att = pd.read_csv(path)
         rows = att[(att.n_decode == 0) & (att.prefill_chunk > 0)]

@@ -101,6 +101,15 @@ def prefill_tile_shape(gpu: GPU, head_dim: int, kv_format: str = "bf16") -> Pref
     return None
 
 
+def empty_query_tiles(new_tokens, num_decode: int, block_m: int) -> int:
+    """The CTAs of one query head that FlashAttention 2's varlen grid launches past their sequence's queries:
+    every sequence (chunks of `new_tokens` each, and `num_decode` single-token decodes) gets the longest
+    chunk's ceil(max / block_m) query tiles, and uses its own ceil(new / block_m)."""
+    longest = -(-max(new_tokens) // block_m)
+    used = sum(-(-n // block_m) for n in new_tokens) + num_decode
+    return (len(new_tokens) + num_decode) * longest - used
+
+
 def prefill_compute_s(prefill, tiles: PrefillTiles, sm_count: int, heads: int, kv_heads: float, tile_s: float,
                       overhead: float, window: int | None = None) -> float:
     """One layer's prefill attention where compute-bound, tile by tile: each query tile of each head (each

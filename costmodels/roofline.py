@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.attention_kernel import (fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv, prefill_compute_s,
-                                        prefill_tile_shape, tile_seconds)
+from costmodels.attention_kernel import (empty_query_tiles, fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv,
+                                        prefill_compute_s, prefill_tile_shape, tile_seconds)
 from costmodels.catalog import GPU, ModelShape
 from costmodels.collectives import collective_link, gpu_allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
@@ -353,10 +353,8 @@ class RooflineCostModel:
         those past its own queries exit at once, `Efficiencies.empty_query_tile_s` each). 0 elsewhere."""
         t = self._mixed_rereads_s(context_sum) if num_decode else 0.0
         if self._empty_tile_s and (num_decode or len(prefill) > 1):
-            bm = self._prefill_tile.block_m
-            longest = -(-max(n for n, _ in prefill) // bm)
-            used = sum(-(-n // bm) for n, _ in prefill) + num_decode
-            t += self.model.num_layers * ((len(prefill) + num_decode) * longest - used) * self._empty_tile_s
+            empty = empty_query_tiles([n for n, _ in prefill], num_decode, self._prefill_tile.block_m)
+            t += self.model.num_layers * empty * self._empty_tile_s
         return t
 
     def _mixed_rereads_s(self, context_sum: float) -> float:
