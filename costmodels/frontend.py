@@ -17,7 +17,7 @@ reaches vLLM:
 Sweep files override it under `engine.frontend` (experiments/engine_config.py):
 
     engine:
-      frontend: {kind: http, fixed_ms: 9.0, per_1k_prompt_tokens_ms: 3.7}
+      frontend: {kind: http, fixed_ms: 7.5, per_1k_prompt_tokens_ms: 1.9}
     # or a kind alone: `frontend: http_chat`, `frontend: in_process`, `frontend: none`
 
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
@@ -64,26 +64,24 @@ class FrontendLatency:
 # per-token term: no tokeniser runs, and the token ids' hand-off to the engine core is a small share of it.
 IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_process")
 
-# HTTP (`vllm serve`, streaming): the in-process figure plus what the OpenAI-compatible server adds on top of
-# it, measured by benchmarks.frontend_latency on vLLM 0.32's CPU build with a 32k-entry byte-level BPE
-# tokenizer, prompts of 100 to 8,000 tokens (docs/fidelity/frontend.md). On a 2-core host shared with other
-# work the client-side wall-clock difference was noise (quartiles hundreds of ms wide), so the figures are
-# CPU time, the work an idle host's front end puts on the request's path:
-# - fixed 6.7 ms: the server's on-CPU time per request minus the in-process client's, the intercept of its
-#   line in the prompt's length (/v1/completions with a text prompt; a second run gave 8.1 ms). It is the
-#   HTTP request's parsing and validation (FastAPI, pydantic) and the SSE chunks' formatting and sending;
-#   the engine-core hand-off is in the in-process figure already.
-# - 3.7 ms per 1k prompt tokens: the prompt's tokenisation alone (transformers' fast tokenizer, as the
-#   server loads it; docs/fidelity/frontend/tokenize.csv). The server's own CPU time grew by 3.3 ms per 1k
-#   in the first run and 9.3 in the second: it also burns CPU while a long prefill runs, so its slope is
-#   not the front end's per-token work alone.
-# `http` is /v1/completions with a text prompt (`vllm bench serve`'s default client); `http_chat` is
-# /v1/chat/completions, whose fixed part is 11.8 ms (12.2 in the second run): the messages and the chat
-# template on top. Both are host-CPU work, so they carry to a GPU server only as far as its host CPU's
-# single-core speed matches this one's (a virtualised Intel Xeon): an assumption, not a measurement on a
-# GPU host.
-HTTP = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 6.7e-3, per_prompt_token_s=3.7e-6, kind="http")
-HTTP_CHAT = FrontendLatency(fixed_s=IN_PROCESS.fixed_s + 11.8e-3, per_prompt_token_s=3.7e-6, kind="http_chat")
+# HTTP (`vllm serve`, streaming): the wall time a request spends outside the engine core's queue and steps,
+# measured by benchmarks.frontend_latency on vLLM 0.32's CPU build with a 32k-entry byte-level BPE tokenizer,
+# one request at a time, prompts of 100 to 8,000 tokens, 15 rounds (docs/fidelity/frontend.md): the client's
+# TTFT minus the engine core's own queue and prefill time for that request (the server's /metrics
+# histograms, engine-core timestamps), so the engine's speed on a shared machine drops out. What is left is
+# the HTTP request's parsing and validation (FastAPI, pydantic), the prompt's tokenisation, the input
+# processing and the hand-offs to and from the engine core, and the first SSE chunk's formatting and
+# sending. Least squares over the per-length means (a mean TTFT holds the rare slow request too):
+# - `http` (/v1/completions with a text prompt, `vllm bench serve`'s default client):
+#   7.5 ms + 1.9 ms per 1k prompt tokens (medians: 6.1 + 2.1; an earlier run of the same command 6.1 + 2.0);
+#   the tokenizer alone takes 1.6 ms per 1k of that slope (transformers' fast tokenizer, as the server loads it).
+# - `http_chat` (/v1/chat/completions, one user message): 7.7 ms + 1.9 ms per 1k (the messages and the chat
+#   template add about 0.2 ms).
+# The same split of the in-process client gives 2.8 ms + 0.2 per 1k, beside `IN_PROCESS`'s fitted 2.3.
+# Host-CPU work, so it carries to a GPU server as far as its host CPU's single-core speed matches this one's
+# (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.
+HTTP = FrontendLatency(fixed_s=7.5e-3, per_prompt_token_s=1.9e-6, kind="http")
+HTTP_CHAT = FrontendLatency(fixed_s=7.7e-3, per_prompt_token_s=1.9e-6, kind="http_chat")
 
 NONE = FrontendLatency(fixed_s=0.0, per_prompt_token_s=0.0, kind="none")
 PRESETS = {"http": HTTP, "http_chat": HTTP_CHAT, "in_process": IN_PROCESS, "none": NONE}
