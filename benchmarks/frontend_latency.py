@@ -305,6 +305,7 @@ async def http_ttft(session, base: str, way: str, text: str, ids: list[int], out
     st = time.perf_counter()
     ttft = None
     prompt_tokens = None
+    chunks = 0
     buf = ""
     async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
         if r.status != 200:
@@ -314,12 +315,13 @@ async def http_ttft(session, base: str, way: str, text: str, ids: list[int], out
             events, buf = sse_events(buf + chunk.decode())
             for e in events:
                 has_choice, pt = first_choice(e)
+                chunks += has_choice
                 if has_choice and ttft is None:
                     ttft = now - st
                 prompt_tokens = pt or prompt_tokens
     if ttft is None:
         raise BenchError(f"{way}: the stream carried no choice")
-    return {"ttft_ms": ttft * 1e3, "prompt_tokens": prompt_tokens}
+    return {"ttft_ms": ttft * 1e3, "prompt_tokens": prompt_tokens, "chunks": chunks}
 
 
 async def scrape_engine(session, base: str) -> tuple[float, int]:
@@ -360,10 +362,10 @@ async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[di
     try:
         async with aiohttp.ClientSession() as session:
             base = f"http://127.0.0.1:{port}"
-            _say(f"starting vllm serve on {base} ...")
+            say(f"starting vllm serve on {base} ...")
             meta["serve_ready_s"] = round(await wait_healthy(session, base + "/health", proc,
                                                              args.start_timeout_s), 1)
-            _say(f"vllm serve ready in {meta['serve_ready_s']} s; starting the in-process AsyncLLM ...")
+            say(f"vllm serve ready in {meta['serve_ready_s']} s; starting the in-process AsyncLLM ...")
             t0 = time.monotonic()
             in_kw = {**kw, "skip_tokenizer_init": True}
             engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**in_kw))
@@ -395,7 +397,7 @@ async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[di
                     rows.append({"round": k - args.warmup, "warmup": k < args.warmup, "way": way, "length": n,
                                  "ok": True, "load1": os.getloadavg()[0], **r,
                                  "frontend_cpu_ms": (c1[0] - c0[0]) / 1e6, "frontend_wait_ms": (c1[1] - c0[1]) / 1e6})
-                _say(f"round {k + 1}/{args.warmup + args.repeats} ({'warm-up' if k < args.warmup else 'kept'})"
+                say(f"round {k + 1}/{args.warmup + args.repeats} ({'warm-up' if k < args.warmup else 'kept'})"
                      f" in {time.monotonic() - t_round:.1f} s, load {os.getloadavg()[0]:.1f}")
     finally:
         if engine is not None:
@@ -456,7 +458,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
-    signal.signal(signal.SIGTERM, _interrupt)   # a killed run still stops its server (the finally in measure)
+    signal.signal(signal.SIGTERM, interrupt)   # a killed run still stops its server (the finally in measure)
     try:
         try:
             import aiohttp  # noqa: F401
@@ -472,7 +474,7 @@ def main(argv=None) -> int:
         tok_rows = tokenize_cost(model_dir, texts)
         pd.DataFrame(tok_rows).to_csv(out / "tokenize.csv", index=False, float_format="%.4f")
         per_1k = fit_tokenize(tok_rows)
-        _say(f"tokenisation alone: {per_1k:.3f} ms CPU per 1k prompt tokens (DIR/tokenize.csv)")
+        say(f"tokenisation alone: {per_1k:.3f} ms CPU per 1k prompt tokens (DIR/tokenize.csv)")
         if args.tokenizer_only:
             print(pd.DataFrame(tok_rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
             print(f"tokenisation: {per_1k:.3f} ms per 1k prompt tokens (slope of the medians)")
@@ -512,11 +514,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _interrupt(*_):
+def interrupt(*_):
     raise KeyboardInterrupt
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 

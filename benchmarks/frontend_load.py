@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, first_choice, free_port,
-                                         prompts, serve_command, sse_events, stop, wait_healthy)
+from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, free_port, http_ttft,
+                                         interrupt, prompts, say, serve_command, stop, wait_healthy)
 from commandline.argtypes import positive_float, positive_int
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
@@ -57,33 +57,6 @@ def fit_costs(bursts: list[dict], way: str) -> dict:
             "max_rel_residual": float(resid.max()), "requests_per_s_one_process": float(1e3 / per_request)}
 
 
-async def stream(session, base: str, way: str, text: str, out_tokens: int, timeout_s: float) -> tuple[float, int]:
-    """(TTFT seconds, chunks carrying a choice) of one streamed request."""
-    import aiohttp
-    body = {"model": "tiny", "max_tokens": out_tokens, "min_tokens": out_tokens, "ignore_eos": True,
-            "temperature": 0.0, "stream": True}
-    if way == "chat":
-        url = base + "/v1/chat/completions"
-        body["messages"] = [{"role": "user", "content": text}]
-    else:
-        url = base + "/v1/completions"
-        body["prompt"] = text
-    st = time.perf_counter()
-    ttft, chunks, buf = None, 0, ""
-    async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-        if r.status != 200:
-            raise BenchError(f"{way}: HTTP {r.status}: {(await r.text())[:200]}")
-        async for data in r.content.iter_any():
-            events, buf = sse_events(buf + data.decode())
-            for e in events:
-                if first_choice(e)[0]:
-                    chunks += 1
-                    ttft = ttft if ttft is not None else time.perf_counter() - st
-    if ttft is None:
-        raise BenchError(f"{way}: the stream carried no choice")
-    return ttft, chunks
-
-
 async def measure(args, out: Path, kw: dict, text: str, meta: dict) -> list[dict]:
     import aiohttp
     port = free_port()
@@ -96,23 +69,24 @@ async def measure(args, out: Path, kw: dict, text: str, meta: dict) -> list[dict
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             base = f"http://127.0.0.1:{port}"
-            _say(f"starting vllm serve on {base} ...")
+            say(f"starting vllm serve on {base} ...")
             meta["serve_ready_s"] = round(await wait_healthy(session, base + "/health", proc, args.start_timeout_s), 1)
-            await asyncio.gather(*[stream(session, base, "chat", text, 4, args.request_timeout_s) for _ in range(20)])
+            await asyncio.gather(*[http_ttft(session, base, "chat", text, [], 4, args.request_timeout_s)
+                                   for _ in range(20)])   # warm-up, not kept
             for k in range(args.repeats):
                 for i, (way, n, o) in enumerate(plan if k % 2 == 0 else plan[::-1]):
                     c0, t0 = cpu_ns(proc.pid), time.perf_counter()
-                    got = await asyncio.gather(*[stream(session, base, way, text, o, args.request_timeout_s)
+                    got = await asyncio.gather(*[http_ttft(session, base, way, text, [], o, args.request_timeout_s)
                                                  for _ in range(n)])
                     wall = time.perf_counter() - t0
                     await asyncio.sleep(0.5)   # the streams' last chunks and the requests' clean-up
                     c1 = cpu_ns(proc.pid)
                     rows.append({"round": k, "way": way, "requests": n, "output_tokens": o, "wall_s": wall,
                                  "server_cpu_ms": (c1[0] - c0[0]) / 1e6, "server_wait_ms": (c1[1] - c0[1]) / 1e6,
-                                 "chunks": sum(c for _, c in got), "ttft_mean_ms": 1e3 * sum(t for t, _ in got) / n,
+                                 "chunks": sum(g["chunks"] for g in got), "ttft_mean_ms": sum(g["ttft_ms"] for g in got) / n,
                                  "load1": os.getloadavg()[0]})
                     r = rows[-1]
-                    _say(f"round {k + 1}/{args.repeats} {way} x {n}, {o} tokens: server CPU {r['server_cpu_ms']:.0f} ms"
+                    say(f"round {k + 1}/{args.repeats} {way} x {n}, {o} tokens: server CPU {r['server_cpu_ms']:.0f} ms"
                          f" in {wall:.2f} s, {r['chunks']} chunks")
     finally:
         stop(proc)
@@ -151,7 +125,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         try:
             import aiohttp  # noqa: F401
@@ -191,14 +165,6 @@ def main(argv=None) -> int:
               f"streamed token ({f['bursts']} bursts, largest residual {100 * f['max_rel_residual']:.0f}%): one "
               f"process admits at most {f['requests_per_s_one_process']:.0f} requests a second")
     return 0
-
-
-def _interrupt(*_):
-    raise KeyboardInterrupt
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
