@@ -1,18 +1,18 @@
-"""What vLLM's OpenAI-compatible HTTP server (`vllm serve`) adds to TTFT, per prompt length, against the
-same engine driven in-process through AsyncLLM.
+"""What vLLM's OpenAI-compatible HTTP server (`vllm serve`) adds to TTFT, per prompt length: the wall time a
+request spends outside the engine core, and the same for an in-process AsyncLLM.
 
     python -m benchmarks.frontend_latency --out DIR [--lengths 100,500,1000,2000,4000,8000] [--repeats 7]
 
 Builds a tiny Llama with random weights (`--load-format dummy`) and a real tokenizer trained here (a
 byte-level BPE on the Python standard library's own source text, `--vocab` entries: nothing is downloaded),
-then runs, side by side on this machine, `vllm serve` on 127.0.0.1 and an in-process AsyncLLM with the same
-engine arguments (prefix caching off, so every repeat prefills the whole prompt). One request at a time,
-nothing queues; each prompt length is sent, in turn, four ways:
+then runs, one after the other on this machine, `vllm serve` on 127.0.0.1 and an in-process AsyncLLM with
+the same engine arguments (prefix caching off, so every repeat prefills the whole prompt). One request at a
+time, nothing queues; each prompt length is sent, in turn, four ways:
 
-  in_process        AsyncLLM.generate(prompt token ids): what fidelity.vllm_run measures
   completions_ids   POST /v1/completions, streaming, the prompt as token ids (no tokenisation)
   completions_text  POST /v1/completions, streaming, the prompt as text (the server tokenises it)
   chat              POST /v1/chat/completions, streaming, one user message (chat template + tokenisation)
+  in_process        AsyncLLM.generate(prompt token ids): what fidelity.vllm_run measures
 
 TTFT is the client's: from sending the request to the first streamed chunk carrying a choice (as `vllm bench
 serve` takes it, through aiohttp). Output is 2 tokens (ignore_eos). Each request's TTFT is split by the
@@ -20,18 +20,20 @@ engine core's own timestamps: its queue and prefill time (queued to scheduled to
 done; the server's /metrics histograms `request_queue_time_seconds` and `request_prefill_time_seconds`,
 read before and after each request; `RequestOutput.metrics` in-process) is the engine's share, and the rest
 (`outside_ms`) is the front end's wall time on the request's path, whatever the engine's speed on a busy
-machine. The four ways also prefill the same tokens on the same engine shape, so their paired differences
-against in-process (`added_ms`) are kept as a second reading. The repeats alternate the ways and lengths
-(round robin), so a load change on a shared machine hits them alike.
+machine. The server's rounds run first, with no engine in the client's process (an idle AsyncLLM beside
+the HTTP client delays a third of its short requests by 5-9 ms: its threads contend for the client's
+interpreter), then the server is stopped and the in-process rounds run. Within a phase the rounds
+alternate the order of ways and lengths, so a load change on a shared machine hits them alike.
 
 Before the engines start, the prompts' tokenisation alone is timed (transformers' fast tokenizer, as the
 server loads it; process CPU time, 30 repeats): DIR/tokenize.csv; `--tokenizer-only` stops there.
 
 Output: DIR/requests.csv (every request), DIR/summary.csv (per way and length: medians and quartiles of
-TTFT, the engine's share, the time outside it (and its mean) and the paired differences), DIR/run.json (provenance, command, engine arguments, machine load), DIR/model/.
-Bounded: `--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (17 rounds
-took 14 minutes on a loaded 2-core VM); the server's whole process group is killed on exit,
-on error, on Ctrl-C and on SIGTERM.
+TTFT, the engine's share, the time outside it (and its mean) and the front end's on-CPU time), DIR/run.json
+(provenance, command, engine arguments, machine load, the line fits), DIR/model/. Bounded:
+`--start-timeout-s` for the server to answer /health, `--request-timeout-s` per request (17 rounds took 6
+minutes on the 2-core VM, 14 when it was loaded); the server's whole process group is killed on exit, on
+error, on Ctrl-C and on SIGTERM.
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ from commandline.argtypes import non_negative_float, non_negative_int, positive_
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 
-WAYS = ("in_process", "completions_ids", "completions_text", "chat")
-HTTP_WAYS = WAYS[1:]
+WAYS = ("completions_ids", "completions_text", "chat", "in_process")
+HTTP_WAYS = WAYS[:-1]
 DEFAULT_LENGTHS = (100, 500, 1000, 2000, 4000, 8000)
 # A Llama-3-style template: the chat endpoint renders it (jinja) before tokenising, as real chat models do.
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -88,9 +90,9 @@ def first_choice(payload: str) -> tuple[bool, int | None]:
 
 
 def summarize_rows(rows: list[dict]) -> list[dict]:
-    """Per (way, prompt length): the median TTFT with its quartiles, and the median of the paired
-    differences against in_process in the same round (what the front end adds to TTFT), with their
-    quartiles; the same two for the front end's on-CPU time (`cpu_`) where the rows carry it."""
+    """Per (way, prompt length): the median and quartiles of TTFT, of the engine's share, of the time outside
+    it (and its mean: what a mean TTFT holds, rare slow requests included) and of the front end's on-CPU time
+    (`cpu_`), where the rows carry them."""
     import numpy as np
     out = []
     keys = sorted({(r["way"], r["length"]) for r in rows if r.get("ok")},
@@ -99,25 +101,15 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
         row = {"way": way, "length": n}
         for metric, prefix in (("ttft_ms", "ttft"), ("frontend_cpu_ms", "cpu"), ("engine_ms", "engine"),
                                ("outside_ms", "outside")):
-            mine = {r["round"]: r[metric] for r in rows
-                    if r.get("ok") and r["way"] == way and r["length"] == n and r.get(metric) is not None}
-            if not mine:
+            v = np.array([r[metric] for r in rows if r.get("ok") and r["way"] == way and r["length"] == n
+                          and r.get(metric) is not None], dtype=float)
+            if not len(v):
                 continue
-            v = np.array(list(mine.values()), dtype=float)
             row["n"] = len(v)
             row.update({f"{prefix}_p50_ms": float(np.median(v)), f"{prefix}_p25_ms": float(np.percentile(v, 25)),
                         f"{prefix}_p75_ms": float(np.percentile(v, 75))})
-            if prefix == "outside":   # what a mean TTFT holds: the mean, rare slow requests included
+            if prefix == "outside":
                 row["outside_mean_ms"] = float(v.mean())
-            if way == "in_process" or prefix in ("engine", "outside"):
-                continue   # the engine's share and what lies outside it are per request, not paired
-            base = {r["round"]: r[metric] for r in rows if r.get("ok") and r["way"] == "in_process"
-                    and r["length"] == n and r.get(metric) is not None}
-            d = np.array([t - base[k] for k, t in mine.items() if k in base], dtype=float)
-            if len(d):
-                name = "added" if prefix == "ttft" else "added_cpu"
-                row.update({f"{name}_p50_ms": float(np.median(d)), f"{name}_p25_ms": float(np.percentile(d, 25)),
-                            f"{name}_p75_ms": float(np.percentile(d, 75))})
         pts = [r["prompt_tokens"] for r in rows if r["way"] == way and r["length"] == n and r.get("prompt_tokens")]
         row["prompt_tokens"] = int(np.median(pts)) if pts else None
         out.append(row)
@@ -134,7 +126,7 @@ def fit_tokenize(rows: list[dict]) -> float:
     return float(np.polyfit(x, y, 1)[0] * 1e3)
 
 
-def fit_line(summary: list[dict], way: str, column: str = "added_p50_ms") -> dict:
+def fit_line(summary: list[dict], way: str, column: str = "outside_mean_ms") -> dict:
     """Least squares `column = fixed + slope x prompt_tokens` over one way's medians (ms, ms per 1k tokens)."""
     import numpy as np
     pts = [(r["prompt_tokens"] or r["length"], r[column]) for r in summary
@@ -348,6 +340,25 @@ async def inproc_ttft(engine, ids: list[int], out_tokens: int, rid: str) -> dict
     return row
 
 
+async def run_rounds(args, texts: dict, ways, send, rows: list[dict]) -> None:
+    """Warm-up and kept rounds of every (length, way), alternating their order round by round; `send(way,
+    text, ids)` returns (row fields, on-CPU ns before, after). Appends one row per request."""
+    order = [(n, w) for n in args.lengths for w in ways]
+    for k in range(args.warmup + args.repeats):   # warm-up rounds are measured and dropped
+        t_round = time.monotonic()
+        for n, way in (order if k % 2 == 0 else order[::-1]):
+            text, ids = texts[n]
+            r, c0, c1 = await send(way, text, ids)
+            if r.get("engine_ms") is not None:
+                r["outside_ms"] = r["ttft_ms"] - r["engine_ms"]
+            rows.append({"round": k - args.warmup, "warmup": k < args.warmup, "way": way, "length": n, "ok": True,
+                         "load1": os.getloadavg()[0], **r, "frontend_cpu_ms": (c1[0] - c0[0]) / 1e6,
+                         "frontend_wait_ms": (c1[1] - c0[1]) / 1e6})
+        say(f"{'/'.join(ways)}: round {k + 1}/{args.warmup + args.repeats} "
+            f"({'warm-up' if k < args.warmup else 'kept'}) in {time.monotonic() - t_round:.1f} s, "
+            f"load {os.getloadavg()[0]:.1f}")
+
+
 async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[dict]:
     import aiohttp
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -365,40 +376,34 @@ async def measure(args, out: Path, kw: dict, texts: dict, meta: dict) -> list[di
             say(f"starting vllm serve on {base} ...")
             meta["serve_ready_s"] = round(await wait_healthy(session, base + "/health", proc,
                                                              args.start_timeout_s), 1)
-            say(f"vllm serve ready in {meta['serve_ready_s']} s; starting the in-process AsyncLLM ...")
-            t0 = time.monotonic()
-            in_kw = {**kw, "skip_tokenizer_init": True}
-            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**in_kw))
-            meta["in_process_ready_s"] = round(time.monotonic() - t0, 1)
-            order = [(n, w) for n in args.lengths for w in WAYS]
-            for k in range(args.warmup + args.repeats):   # warm-up rounds are measured and dropped
-                t_round = time.monotonic()
-                for i, (n, way) in enumerate(order if k % 2 == 0 else order[::-1]):
-                    text, ids = texts[n]
-                    pid = os.getpid() if way == "in_process" else proc.pid   # whose threads do the front end's work
-                    if way != "in_process":
-                        e0 = await scrape_engine(session, base)
-                    c0 = cpu_ns(pid)
-                    if way == "in_process":
-                        r = await asyncio.wait_for(inproc_ttft(engine, ids, args.output_tokens, f"r{k}-{n}-{i}"),
-                                                   args.request_timeout_s)
-                    else:
-                        r = await http_ttft(session, base, way, text, ids, args.output_tokens,
-                                            args.request_timeout_s)
-                    await asyncio.sleep(args.gap_s)   # the stream's last chunks and the request's cleanup
-                    c1 = cpu_ns(pid)
-                    if way != "in_process":   # the request is finished: its histograms are observed
-                        e1 = await scrape_engine(session, base)
-                        if e1[1] - e0[1] != 1:
-                            raise BenchError(f"{way}: /metrics counted {e1[1] - e0[1]} finished requests, not 1")
-                        r["engine_ms"] = (e1[0] - e0[0]) * 1e3
-                    if r.get("engine_ms") is not None:
-                        r["outside_ms"] = r["ttft_ms"] - r["engine_ms"]
-                    rows.append({"round": k - args.warmup, "warmup": k < args.warmup, "way": way, "length": n,
-                                 "ok": True, "load1": os.getloadavg()[0], **r,
-                                 "frontend_cpu_ms": (c1[0] - c0[0]) / 1e6, "frontend_wait_ms": (c1[1] - c0[1]) / 1e6})
-                say(f"round {k + 1}/{args.warmup + args.repeats} ({'warm-up' if k < args.warmup else 'kept'})"
-                     f" in {time.monotonic() - t_round:.1f} s, load {os.getloadavg()[0]:.1f}")
+            say(f"vllm serve ready in {meta['serve_ready_s']} s")
+
+            async def over_http(way, text, ids):
+                e0 = await scrape_engine(session, base)
+                c0 = cpu_ns(proc.pid)   # the server's threads do the front end's work
+                r = await http_ttft(session, base, way, text, ids, args.output_tokens, args.request_timeout_s)
+                await asyncio.sleep(args.gap_s)   # the stream's last chunks and the request's clean-up
+                c1 = cpu_ns(proc.pid)
+                e1 = await scrape_engine(session, base)   # the request is finished: its histograms are observed
+                if e1[1] - e0[1] != 1:
+                    raise BenchError(f"{way}: /metrics counted {e1[1] - e0[1]} finished requests, not 1")
+                return {**r, "engine_ms": (e1[0] - e0[0]) * 1e3}, c0, c1
+
+            await run_rounds(args, texts, HTTP_WAYS, over_http, rows)
+        stop(proc)
+        say("starting the in-process AsyncLLM ...")
+        t0 = time.monotonic()
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**kw, "skip_tokenizer_init": True}))
+        meta["in_process_ready_s"] = round(time.monotonic() - t0, 1)
+
+        async def in_process(way, text, ids):
+            c0 = cpu_ns(os.getpid())   # this process's threads do AsyncLLM's front-end work
+            r = await asyncio.wait_for(inproc_ttft(engine, ids, args.output_tokens, f"r{len(rows)}"),
+                                       args.request_timeout_s)
+            await asyncio.sleep(args.gap_s)
+            return r, c0, cpu_ns(os.getpid())
+
+        await run_rounds(args, texts, ("in_process",), in_process, rows)
     finally:
         if engine is not None:
             engine.shutdown()
@@ -500,10 +505,8 @@ def main(argv=None) -> int:
     kept = [r for r in rows if not r["warmup"]]
     summary = summarize_rows(kept)
     pd.DataFrame(summary).to_csv(out / "summary.csv", index=False, float_format="%.3f")
-    meta["fits"] = [f for f in (fit_line(summary, w, c) for c in ("added_p50_ms", "added_cpu_p50_ms")
-                                for w in HTTP_WAYS) if f]
-    meta["fits"] += [f for f in (fit_line(summary, w, c) for c in ("outside_mean_ms", "outside_p50_ms")
-                                 for w in WAYS) if f]
+    meta["fits"] = [f for f in (fit_line(summary, w, c) for c in ("outside_mean_ms", "outside_p50_ms", "cpu_p50_ms")
+                                for w in WAYS) if f]
     meta["load1_end"] = os.getloadavg()[0]
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / "run.json").write_text(json.dumps(meta, indent=1))

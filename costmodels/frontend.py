@@ -17,7 +17,7 @@ reaches vLLM:
 Sweep files override it under `engine.frontend` (experiments/engine_config.py):
 
     engine:
-      frontend: {kind: http, fixed_ms: 7.5, per_1k_prompt_tokens_ms: 1.9}
+      frontend: {kind: http, fixed_ms: 4.8, per_1k_prompt_tokens_ms: 2.1}
     # or a kind alone: `frontend: http_chat`, `frontend: in_process`, `frontend: none`
 
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
@@ -71,17 +71,17 @@ IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_pr
 # histograms, engine-core timestamps), so the engine's speed on a shared machine drops out. What is left is
 # the HTTP request's parsing and validation (FastAPI, pydantic), the prompt's tokenisation, the input
 # processing and the hand-offs to and from the engine core, and the first SSE chunk's formatting and
-# sending. Least squares over the per-length means (a mean TTFT holds the rare slow request too):
-# - `http` (/v1/completions with a text prompt, `vllm bench serve`'s default client):
-#   7.5 ms + 1.9 ms per 1k prompt tokens (medians: 6.1 + 2.1; an earlier run of the same command 6.1 + 2.0);
-#   the tokenizer alone takes 1.6 ms per 1k of that slope (transformers' fast tokenizer, as the server loads it).
-# - `http_chat` (/v1/chat/completions, one user message): 7.7 ms + 1.9 ms per 1k (the messages and the chat
-#   template add about 0.2 ms).
-# The same split of the in-process client gives 2.8 ms + 0.2 per 1k, beside `IN_PROCESS`'s fitted 2.3.
+# sending. Least squares over the per-length means:
+# - `http` (/v1/completions with a text prompt, `vllm bench serve`'s default client): 4.8 ms + 2.1 ms per 1k
+#   prompt tokens, of which the tokenizer alone takes 1.5 ms per 1k (transformers' fast tokenizer, as the
+#   server loads it).
+# - `http_chat` (/v1/chat/completions, one user message): 5.1 ms + 2.2 ms per 1k (the messages and the chat
+#   template on top).
+# The same split of the in-process client gives 2.2 ms + 0.1 per 1k, what `IN_PROCESS` has from whole runs.
 # Host-CPU work, so it carries to a GPU server as far as its host CPU's single-core speed matches this one's
 # (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.
-HTTP = FrontendLatency(fixed_s=7.5e-3, per_prompt_token_s=1.9e-6, kind="http")
-HTTP_CHAT = FrontendLatency(fixed_s=7.7e-3, per_prompt_token_s=1.9e-6, kind="http_chat")
+HTTP = FrontendLatency(fixed_s=4.8e-3, per_prompt_token_s=2.1e-6, kind="http")
+HTTP_CHAT = FrontendLatency(fixed_s=5.1e-3, per_prompt_token_s=2.2e-6, kind="http_chat")
 
 NONE = FrontendLatency(fixed_s=0.0, per_prompt_token_s=0.0, kind="none")
 PRESETS = {"http": HTTP, "http_chat": HTTP_CHAT, "in_process": IN_PROCESS, "none": NONE}

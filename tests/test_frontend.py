@@ -145,23 +145,15 @@ def test_sse_events_split_complete_events_and_keep_the_rest():
     assert first_choice("[DONE]") == (False, None)
 
 
-def test_summary_pairs_each_round_against_in_process_and_fits_the_line():
+def test_summary_gives_medians_per_way_and_length_and_fits_the_line():
     from benchmarks.frontend_latency import fit_line, summarize_rows
-    rows = []
-    for k in range(5):
-        noise = 10.0 * k   # a load change hits both ways of the round alike: the paired difference cancels it
-        for n in (100, 1000, 4000):
-            prefill = n * 0.1 + noise
-            rows.append({"round": k, "way": "in_process", "length": n, "ok": True, "ttft_ms": prefill,
-                         "frontend_cpu_ms": 1.0, "prompt_tokens": n})
-            rows.append({"round": k, "way": "completions_text", "length": n, "ok": True,
-                         "ttft_ms": prefill + 2.0 + 0.003 * n, "frontend_cpu_ms": 1.5 + 0.002 * n, "prompt_tokens": n})
-    summary = summarize_rows(rows)
-    text = {r["length"]: r for r in summary if r["way"] == "completions_text"}
-    assert text[1000]["added_p50_ms"] == pytest.approx(5.0) and text[1000]["added_p25_ms"] == pytest.approx(5.0)
-    assert text[4000]["added_cpu_p50_ms"] == pytest.approx(8.5)
-    fit = fit_line(summary, "completions_text")
-    assert fit["fixed_ms"] == pytest.approx(2.0) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(3.0)
+    rows = [{"round": k, "way": "completions_text", "length": n, "ok": True, "ttft_ms": 50.0 + n * 0.1 + k,
+             "frontend_cpu_ms": 1.5 + 0.002 * n + 0.1 * k, "prompt_tokens": n} for k in range(5) for n in (100, 1000, 4000)]
+    text = {r["length"]: r for r in summarize_rows(rows)}
+    assert text[1000]["ttft_p50_ms"] == pytest.approx(152.0) and text[1000]["ttft_p25_ms"] == pytest.approx(151.0)
+    assert text[4000]["cpu_p50_ms"] == pytest.approx(9.7) and "outside_p50_ms" not in text[4000]
+    fit = fit_line(list(text.values()), "completions_text", "cpu_p50_ms")
+    assert fit["fixed_ms"] == pytest.approx(1.7) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(2.0)
 
 
 def test_engine_share_is_the_queue_and_prefill_histograms_of_the_metrics_page():
@@ -190,7 +182,6 @@ def test_summary_of_what_lies_outside_the_engine_is_per_request():
     summary = {(r["way"], r["length"]): r for r in summarize_rows(rows)}
     assert summary[("in_process", 100)]["outside_p50_ms"] == pytest.approx(5.2)   # the median drops round 2's 7 ms
     assert summary[("in_process", 100)]["outside_mean_ms"] == pytest.approx(5.2 + 7.0 / 5)   # the mean keeps it
-    assert "added_p50_ms" in summary[("chat", 100)] and "added_outside_p50_ms" not in summary[("chat", 100)]
     fit = fit_line(list(summary.values()), "chat", "outside_p50_ms")
     assert fit["fixed_ms"] == pytest.approx(5.0) and fit["per_1k_prompt_tokens_ms"] == pytest.approx(2.0)
 
