@@ -305,8 +305,10 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
             else:
                 res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
             m = _lss_metrics(res.requests)
-            row = {"run": d.name, "cost_model": name, "num_requests": len(real),
-                   "sim_wall_s": round(time.perf_counter() - t0, 1)}
+            described = res.resolved.get("cost_model") if isinstance(res.resolved.get("cost_model"), dict) else {}
+            row = {"run": d.name, "cost_model": name, "cost_model_kind": described.get("kind", "?"),
+                   "gpu": described.get("gpu", "?"), "vllm_version": run.meta.get("vllm_version", ""),
+                   "num_requests": len(real), "sim_wall_s": round(time.perf_counter() - t0, 1)}
             for k in real_m:
                 row[f"real_{k}"], row[f"sim_{k}"] = real_m[k], m[k]
                 row[f"err_{k}"] = m[k] / real_m[k] - 1 if real_m[k] else math.nan
