@@ -17,7 +17,7 @@ import numpy as np
 
 from costmodels.attention_kernel import (empty_query_tiles, fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv,
                                         prefill_compute_s, prefill_tile_shape, tile_seconds)
-from costmodels.catalog import GPU, ModelShape
+from costmodels.catalog import GPU, GPUS, ModelShape
 from costmodels.collectives import collective_link, gpu_allreduce_link, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
@@ -272,6 +272,8 @@ class RooflineCostModel:
         return {"kind": "roofline", "source": "datasheet roofline prior (no measured profile)",
                 "represents": "vLLM V1 0.15-0.24 on CUDA (CUDA graphs, torch.compile, async scheduling)",
                 "gpu": self.gpu.name, "model": self.model.name, "family": self.model.family, "tp": self.tp,
+                # the catalog's GPU as the catalog has it: what the real-run checks were run on (basis.py)
+                "gpu_as_catalog": GPUS.get(self.gpu.name) == self.gpu,
                 "dtype": self.dtype, "weights": d.weight_format(self.model), "kv_cache_dtype": d.kv_format(),
                 "pp": d.pipeline_parallel_size, "dp": d.data_parallel_size, "ep": d.ep,
                 "expert_load_imbalance": d.expert_load_imbalance,

@@ -41,8 +41,9 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def with_basis(setup: str, bases) -> str:
-    """A figure's subtitle: the setup, then (on its own line) what the figure rests on."""
-    return f"{setup}\n{rests_on(bases)}"
+    """A figure's subtitle: the setup, then (on its own line) what the figure rests on, its real-run
+    checks cut to where they are."""
+    return f"{setup}\n{rests_on(bases, brief=True)}"
 
 
 def describe_setup(sweep: dict) -> str:

@@ -160,3 +160,13 @@ def test_a_table_family_the_guard_dropped_is_named_as_priced_by_the_prior():
     int8 = basis_line({"kind": "aic", "source": "tables", "held_out_error": {"gemm_bf16": {"median_pct": 3.0}},
                        "family_sources": {"gemm_weights": "roofline prior (no int8 GEMM rows)"}})
     assert int8.endswith("; the roofline prior for the weight GEMMs (no int8 GEMM rows)")
+
+
+def test_a_figure_gives_where_the_real_run_checks_are_not_their_errors():
+    from costmodels.basis import rests_on
+    line = ("roofline prior of batchsim X (not measured); checked on h100-sxm against real vLLM (median "
+            "|error|, range; docs/fidelity/gpu): 0.15.1, 24 load stages: per-token 2.2% (-6..+6%)")
+    assert rests_on({"a": line}, brief=True) == ("cost model: roofline prior of batchsim X (not measured); "
+                                                 "checked on h100-sxm against real vLLM runs (docs/fidelity/gpu)")
+    assert rests_on({"a": line}) == f"cost model: {line}"
+

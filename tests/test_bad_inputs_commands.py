@@ -178,6 +178,11 @@ CASES = [
     ("public-gpu-unknown-point", "benchmarks.public_gpu_checks", ["--points", "a100-q14-2k,b300", "--out", OUT],
      "'b300'"),
     ("public-gpu-out-loop", "benchmarks.public_gpu_checks", ["--out", "{tmp}/loop"], "loop"),
+    # benchmarks.real_run_checks: the outputs' folder, the file it writes, outputs older than it
+    ("real-run-checks-no-folder", "benchmarks.real_run_checks", ["--gpu-dir", "{tmp}/nothing", "--out", OUT],
+     "--gpu-dir"),
+    ("real-run-checks-out-folder", "benchmarks.real_run_checks", ["--out", "{tmp}"], "is a folder"),
+    ("real-run-checks-out-loop", "benchmarks.real_run_checks", ["--out", "{tmp}/loop/c.json"], "loop"),
     ("gpu-cross-fit-bogus", "benchmarks.gpu_cross_fit", ["--bogus"], "--bogus"),
     ("fit-engine-unknown-fit", "fidelity.fit_engine", ["{tmp}/nothing", "--out", OUT, "--fit", "magic"], "--fit"),
     ("kernel-efficiency-shared-empty", "benchmarks.kernel_efficiency", ["--shared", "{tmp}/empty"], "--shared"),
