@@ -23,11 +23,22 @@ from experiments.search import pretty_metric  # noqa: E402
 COLORS = {"static": "#d62728", "continuous": "#1f77b4", "chunked_prefill": "#2ca02c"}
 
 
-def _color(label: str, i: int):
-    for name, c in COLORS.items():
-        if label.startswith(name):
-            return c
-    return f"C{i + 3}"
+# matplotlib's cycle less the three policy colours (C0, C2 and C3 are continuous, chunked prefill and static)
+SPARE_COLORS = ("C1", "C4", "C5", "C6", "C7", "C8", "C9")
+
+
+def _palette(labels) -> dict:
+    """A colour per curve: a policy's own colour (the same in every figure) for the first curve of that
+    policy, the next spare colour for every other curve, so two curves of one policy (two GPUs, two token
+    budgets) never share a colour."""
+    out, used, spare = {}, set(), 0
+    for label in labels:
+        own = next((c for name, c in COLORS.items() if str(label).startswith(name)), None)
+        if own is None or own in used:
+            own, spare = SPARE_COLORS[spare % len(SPARE_COLORS)], spare + 1
+        used.add(own)
+        out[label] = own
+    return out
 
 
 class PlainLogFormatter(LogFormatter):
@@ -100,9 +111,10 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     what = LINE_STATS[line]
     many = any(df.groupby(load_col)[metric].size().max() > 1 for df in curves.values() if len(df))
-    for i, (label, df) in enumerate(curves.items()):
+    colors = _palette(curves)
+    for label, df in curves.items():
         s = df.groupby(load_col)[metric].agg(line).sort_index()
-        c = _color(label, i)
+        c = colors[label]
         ax.plot(s.index, s.values, "o-", ms=3.5, color=c, label=f"{label} ({what})" if many else label)
         if many:
             ax.plot(df[load_col], df[metric], ".", ms=3, color=c, alpha=0.35)
@@ -127,9 +139,10 @@ def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Pat
                        answers: dict[str, float | None] | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     many = any(df.groupby(load_col)["output_tok_per_s"].size().max() > 1 for df in curves.values() if len(df))
-    for i, (label, df) in enumerate(curves.items()):
+    colors = _palette(curves)
+    for label, df in curves.items():
         s = _by_load(df, load_col, "output_tok_per_s")
-        c = _color(label, i)
+        c = colors[label]
         ax.plot(s.index, s["mean"], "o-", ms=3.5, color=c, label=f"{label} (mean over seeds)" if many else label)
         best = (answers or {}).get(label)
         if best is not None and not math.isnan(best) and best in s.index:
@@ -145,11 +158,12 @@ def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: lis
                        path: Path, subtitle: str) -> Path:
     """The trade-off, one panel per latency metric: each point is one load; right is more work, lower faster."""
     fig, axes = plt.subplots(1, len(slos), figsize=(7.5 * min(len(slos), 2) ** 0.75, 4.6), squeeze=False)
+    colors = _palette(curves)
     for ax, (metric, slo_ms) in zip(axes[0], slos):
-        for i, (label, df) in enumerate(curves.items()):
+        for label, df in curves.items():
             x = _by_load(df, load_col, "output_tok_per_s")["mean"]
             y = _by_load(df, load_col, metric)["mean"]
-            ax.plot(x.values, y.values, "o-", ms=3.5, color=_color(label, i), label=label)
+            ax.plot(x.values, y.values, "o-", ms=3.5, color=colors[label], label=label)
         if slo_ms is not None:
             ax.axhline(slo_ms, color="k", ls="--", lw=1.2, label=f"SLO {slo_ms:g} ms")
         _log_scale(ax, "y")
@@ -190,11 +204,12 @@ def latency_cdfs(runs: dict[str, tuple[np.ndarray, object]], path: Path, subtitl
     """`runs`: label -> (TTFT samples in ms, pooled ITL gaps in ms: the gaps, or (distinct gaps, counts)).
     Each curve is drawn from at most about 1,200 quantiles (`cdf_points`)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for i, (label, (ttft_ms, itl_ms)) in enumerate(runs.items()):
+    colors = _palette(runs)
+    for label, (ttft_ms, itl_ms) in runs.items():
         for ax, v in zip(axes, (ttft_ms, itl_ms)):
             x, y = cdf_points(*v) if isinstance(v, tuple) else cdf_points(v)
             if x.size:
-                ax.plot(x, y, color=_color(label, i), label=label)
+                ax.plot(x, y, color=colors[label], label=label)
     for ax, what in zip(axes, ("TTFT (ms, log scale)", "inter-token latency (ms, log scale)")):
         _log_scale(ax, "x")
         ax.set_xlabel(what)
@@ -319,8 +334,9 @@ def engine_timeseries(runs: dict[str, tuple[pd.DataFrame, int]], path: Path, sub
     also come already binned: `binned_chunks`' frames for num_waiting, num_running and kv_blocks_used."""
     fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     binned = False
-    for i, (label, (it, num_blocks)) in enumerate(runs.items()):
-        c = _color(label, i)
+    colors = _palette(runs)
+    for label, (it, num_blocks) in runs.items():
+        c = colors[label]
         if isinstance(it, dict):   # binned while read (experiments.report)
             binned = True
             for ax, col, pct in zip(axes, ("num_waiting", "num_running", "kv_blocks_used"), (False, False, True)):
@@ -353,9 +369,10 @@ def capacity_plan(curves: dict[str, tuple[list, list]], target_rps: float, path:
                   gpus_per_replica: dict[str, int] | None = None, price_per_gpu_hour: float | None = None) -> Path:
     """`curves`: label -> (target loads in requests/s, replicas needed). Cost on a second axis when priced."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for i, (label, (xs, ys)) in enumerate(curves.items()):
+    colors = _palette(curves)
+    for label, (xs, ys) in curves.items():
         ys = [math.nan if y is None else y for y in ys]
-        ax.step(xs, ys, where="post", color=_color(label, i), label=label)
+        ax.step(xs, ys, where="post", color=colors[label], label=label)
     ax.axvline(target_rps, color="k", ls="--", lw=1, label=f"target {target_rps:g} requests/s")
     ax.set_xlabel("target load (requests/s)")
     ax.set_ylabel("replicas needed")
@@ -378,10 +395,12 @@ def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str,
                              squeeze=False)
     ax = axes[0, 0]
     numeric = pd.api.types.is_numeric_dtype(table[x_col])
-    for i, (label, df) in enumerate(table.groupby(line_col, sort=False)):
+    groups = list(table.groupby(line_col, sort=False))
+    colors = _palette(str(label) for label, _ in groups)
+    for label, df in groups:
         s = df.groupby(x_col)[y_col].mean().sort_index()
         ax.plot(s.index if numeric else [str(v) for v in s.index], s.values, "o-",
-                color=_color(str(label), i), label=str(label))
+                color=colors[str(label)], label=str(label))
     ax.set_ylabel(y_label)
     ax.legend(fontsize=8)
     if ratio is not None:

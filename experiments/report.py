@@ -69,8 +69,19 @@ def describe_setup(sweep: dict) -> str:
     else:
         traffic = (f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else "")
                    + (f" at {rate} requests/s" if isinstance(rate, (int, float)) else ""))
-    return (f"{sweep.get('model', 'llama-3-8b')} on {tp}x {sweep.get('hardware', 'h100-sxm')}, {traffic}, "
+    return (f"{sweep.get('model', 'llama-3-8b')} on {_gpus(tp, sweep.get('hardware', 'h100-sxm'))}, {traffic}, "
             f"prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}")
+
+
+def _gpus(tp, hardware) -> str:
+    """'2x h100-sxm'; a GPU described by a mapping or a file by its name; what is swept said so."""
+    if isinstance(hardware, dict):
+        hardware = hardware.get("name") or (f"{hardware['base']}-custom" if hardware.get("base") else "custom-gpu")
+    elif isinstance(hardware, str) and hardware.lower().endswith((".yaml", ".yml", ".json")):
+        hardware = f"the GPU in {Path(hardware).name}"
+    if hardware == "swept":
+        return "GPUs and TP swept" if tp == "swept" else f"{tp}x GPU (swept)"
+    return f"{hardware}, TP swept" if tp == "swept" else f"{tp}x {hardware}"
 
 
 def _label(row, grid_keys: list[str]) -> str:

@@ -162,6 +162,18 @@ def test_a_table_family_the_guard_dropped_is_named_as_priced_by_the_prior():
     assert int8.endswith("; the roofline prior for the weight GEMMs (no int8 GEMM rows)")
 
 
+def test_curves_of_one_policy_never_share_a_colour():
+    """Two GPUs (or two budgets) of one policy are two colours; the first keeps its policy's own, and no
+    spare colour is a policy's."""
+    colors = plots._palette(["chunked_prefill, hardware=h100-sxm", "chunked_prefill, hardware=l40s",
+                             "static", "continuous", "continuous, max_num_seqs=64", "my-policy"])
+    assert colors["chunked_prefill, hardware=h100-sxm"] == plots.COLORS["chunked_prefill"]
+    assert (colors["static"], colors["continuous"]) == (plots.COLORS["static"], plots.COLORS["continuous"])
+    assert len(set(colors.values())) == 6
+    from matplotlib.colors import to_hex
+    assert not {to_hex(c) for c in plots.SPARE_COLORS} & {to_hex(c) for c in plots.COLORS.values()}
+
+
 def test_a_figure_gives_where_the_real_run_checks_are_not_their_errors():
     from costmodels.basis import rests_on
     line = ("roofline prior of batchsim X (not measured); checked on h100-sxm against real vLLM (median "
@@ -170,3 +182,12 @@ def test_a_figure_gives_where_the_real_run_checks_are_not_their_errors():
                                                  "checked on h100-sxm against real vLLM runs (docs/fidelity/gpu)")
     assert rests_on({"a": line}) == f"cost model: {line}"
 
+
+@pytest.mark.parametrize("tp, hardware, words", [
+    (2, "h100-sxm", "2x h100-sxm"), (1, "swept", "1x GPU (swept)"), ("swept", "h100-sxm", "h100-sxm, TP swept"),
+    (1, {"base": "l40s", "hbm_bytes_per_s": 1e12}, "1x l40s-custom"), (1, {"name": "my-gpu"}, "1x my-gpu"),
+    (1, "gpus/mine.yaml", "1x the GPU in mine.yaml")])
+def test_a_figure_names_the_gpu_as_the_sweep_gave_it(tp, hardware, words):
+    """A mapping of figures is named, not printed as a dict; a swept GPU is said to be swept."""
+    from experiments.report import _gpus
+    assert _gpus(tp, hardware) == words
