@@ -37,6 +37,7 @@ with imports_frozen():
     from commandline.interrupts import raise_if_interrupted, remember_interrupts
     from commandline.progress import PROGRESS_MODES
     from costmodels.basis import rests_on
+    from experiments.answer_basis import schedules_line, seeds_line
     from commandline.argtypes import positive_int
     from commandline.outputs import OutputError, out_dir
     from commandline.parser import Parser
@@ -114,7 +115,8 @@ def _run(args, progress: str) -> str:
                 from experiments.report_sweep import sweep_report
             sweep_report(sweep, out, result.results)
             text += f"; plots and summary.md in {out}"
-        text += f"\nrests on the {rests_on(point_bases(result.results))}"
+        text += (f"\nrests on the {rests_on(point_bases(result.results))}\n"
+                 f"{schedules_line(result.results['policy'])}; {seeds_line(result.results['seed'].nunique())}")
         notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
         if notes:
             text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "

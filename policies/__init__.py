@@ -12,4 +12,12 @@ from policies.trtllm import TrtLlm
 
 POLICIES = {p.name: p for p in (Static, Continuous, ChunkedPrefill, Tgi, TrtLlm, Sglang)}
 
-__all__ = ["POLICIES", "Static", "Continuous", "ChunkedPrefill", "Tgi", "TrtLlm", "Sglang"]
+
+def imitated(names) -> str:
+    """Which engine, at which version, each named policy imitates: 'sglang: SGLang 0.5.10's scheduler; ...',
+    one clause per distinct policy in the order given (what every answer says its schedules rest on)."""
+    distinct = dict.fromkeys(str(n) for n in names if str(n) in POLICIES)
+    return "; ".join(f"{n}: {POLICIES[n].imitates}" for n in distinct)
+
+
+__all__ = ["POLICIES", "Static", "Continuous", "ChunkedPrefill", "Tgi", "TrtLlm", "Sglang", "imitated"]

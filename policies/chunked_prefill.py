@@ -81,6 +81,8 @@ class ChunkedPrefill:
     (alone, a request takes the whole budget, as in vLLM 0.32).
     """
     name: ClassVar[str] = "chunked_prefill"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = "vLLM V1's scheduler, step for step as vLLM 0.32.0's (benchmarks.scheduler_equivalence)"
     holds_slots_until_drained: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256

@@ -41,6 +41,9 @@ class Continuous:
     (swap-in) after the decodes, in a step that preempted nothing.
     """
     name: ClassVar[str] = "continuous"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = ("vLLM V0 0.8.5's scheduler and Orca (with mix_prefill_decode: true, watermark: 0, "
+                               "vLLM 0.32.0's V1 without chunked prefill, step for step)")
     holds_slots_until_drained: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256

@@ -56,6 +56,8 @@ class Sglang:
     `chunked_prefill_size: 0` disables chunking (SGLang spells it -1).
     """
     name: ClassVar[str] = "sglang"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = "SGLang 0.5.10's scheduler"
     holds_slots_until_drained: ClassVar[bool] = False
     chunked_prefill_size: int = 8192     # H100/H200 default; 2048-4096 on smaller GPUs
     max_prefill_tokens: int = 16384

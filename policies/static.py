@@ -31,6 +31,8 @@ class Static:
     the longest output ends, and nobody joins until the batch drains.
     """
     name: ClassVar[str] = "static"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = "request-level batching (FasterTransformer or HF generate behind a Triton-style batcher)"
     holds_slots_until_drained: ClassVar[bool] = True
     max_num_seqs: int = 256
     batch_timeout_s: float = 0.0

@@ -58,6 +58,8 @@ class Tgi:
     `max_batch_total_tokens` (default: the KV pool) caps the reserved tokens.
     """
     name: ClassVar[str] = "tgi"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = "Hugging Face TGI's v3 router (repository HEAD db931fcf)"
     holds_slots_until_drained: ClassVar[bool] = False
     max_batch_prefill_tokens: int = 4096
     max_batch_total_tokens: int | None = None

@@ -50,6 +50,8 @@ class TrtLlm:
     the remaining prompt is a multiple of the block size.
     """
     name: ClassVar[str] = "trtllm"
+    # what an answer says it rests on (policies.imitated)
+    imitates: ClassVar[str] = "TensorRT-LLM's in-flight batching (its C++ batch manager, main-branch sources)"
     holds_slots_until_drained: ClassVar[bool] = False
     max_batch_size: int = 2048
     max_num_tokens: int = 8192

@@ -43,6 +43,7 @@ def test_a_search_and_plan_name_their_cost_model_everywhere(tmp_path, capsys, ti
     assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--progress", "plain"]) == 0
     out, err = capsys.readouterr()
     assert f"rests on the cost model: {PROFILE}" in out and "median held-out error" in out
+    assert "schedules as chunked_prefill: vLLM V1's scheduler, step for step as vLLM 0.32.0's" in out
     assert "input and" in out and "saturates at" in out
     assert "\r" not in err and "search: 1 of 1 searches done (100%)" in err   # plain lines, not a bar
     s = pd.read_csv(tmp_path / "out" / "search.csv").iloc[0]
@@ -57,6 +58,7 @@ def test_a_search_and_plan_name_their_cost_model_everywhere(tmp_path, capsys, ti
     assert cap["cost_per_million_total_tokens"] < cap["cost_per_million_input_tokens"]
     md = (tmp_path / "out" / "summary.md").read_text()
     assert f"**Rests on** the cost model: {PROFILE}" in md and "per million tokens" in md
+    assert "; it schedules as chunked_prefill: vLLM V1's scheduler" in md
     assert "not the answer's precision" in md
     assert titles and all("cost model: measured profile" in t for t in titles), titles
     assert any("each at its SLO maximum, all requests" in t for t in titles)   # open loop: no warm-up to drop
@@ -67,12 +69,14 @@ def test_a_plain_sweep_names_its_cost_model_in_results_console_summary_and_plots
     assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "rests on the cost model: roofline prior of batchsim" in out
+    assert "\nschedules as chunked_prefill: vLLM V1's scheduler" in out and "one seed per point" in out
     res = pd.read_csv(tmp_path / "out" / "results.csv")
     assert res["cost_model_basis"].str.startswith("roofline prior").all()
     assert list(res["input_tok_per_s"] + res["output_tok_per_s"]) == pytest.approx(list(res["total_tok_per_s"]))
     assert (res["input_tok_per_s"] > 10 * res["output_tok_per_s"]).all()   # 1,500-token prompts, 50-token answers
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "**Rests on** the cost model: roofline prior" in md and "| input_tok_per_s |" in md
+    assert "it schedules as chunked_prefill" in md and "one seed per point (one draw of the traffic" in md
     assert titles and all("cost model: roofline prior" in t for t in titles)
 
 
@@ -191,3 +195,13 @@ def test_a_figure_names_the_gpu_as_the_sweep_gave_it(tp, hardware, words):
     """A mapping of figures is named, not printed as a dict; a swept GPU is said to be swept."""
     from experiments.report import _gpus
     assert _gpus(tp, hardware) == words
+
+
+def test_every_policy_names_the_engine_and_version_it_imitates():
+    from experiments.answer_basis import seeds_line
+    from policies import POLICIES, imitated
+    assert all(p.imitates for p in POLICIES.values())
+    words = imitated(["sglang", "chunked_prefill", "sglang", "not-a-policy"])
+    assert words.startswith("sglang: SGLang 0.5.10's scheduler; chunked_prefill: vLLM V1's scheduler")
+    assert words.count("sglang:") == 1 and "not-a-policy" not in words
+    assert seeds_line(3).startswith("3 seeds per point") and "not measured" in seeds_line(1)
