@@ -16,4 +16,4 @@ def seeds_line(num_seeds: int) -> str:
     """How many draws of the traffic each answer rests on, and what that leaves unmeasured."""
     if num_seeds <= 1:
         return "one seed per point (one draw of the traffic: its spread is not measured; `seeds: [0, 1, 2]` is)"
-    return f"{num_seeds} seeds per point: one row each in results.csv; the summaries and plots take their mean"
+    return f"{num_seeds} seeds per point (what combines them takes their mean)"

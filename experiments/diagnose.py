@@ -105,6 +105,7 @@ def diagnose(points, progress=None) -> pd.DataFrame:
         if what == "baseline":
             row["binding"] = runs[0].get("binding")
             row["note"] = binding_sentence(runs[0])
+            row["cost_model_basis"] = runs[0].get("cost_model_basis")
         rows.append(row)
     df = pd.DataFrame(rows)
     base = df.iloc[0]
@@ -223,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     if agrees is not None:
         print(f"The log's answer ({df.iloc[0]['binding']}) "
               + ("agrees with the intervention." if agrees else "is NOT confirmed by the intervention."))
+    from costmodels.basis import rests_on
+    from experiments.answer_basis import schedules_line, seeds_line
+    print(f"rests on the {rests_on({p.point_id: df.iloc[0].get('cost_model_basis')})}; the bandwidth and "
+          f"compute rows on the datasheet roofline's sensitivity\n{schedules_line([p.config.policy.name])}; "
+          f"{seeds_line(len(points))}")
     return 0
 
 

@@ -95,4 +95,5 @@ def test_the_command_prints_the_table_and_the_verdict(tmp_path, capsys):
     assert diagnose.main([write(tmp_path, SATURATED), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "max_num_seqs_x2" in text and "agrees with the intervention" in text
+    assert "\nrests on the cost model: " in text and "\nschedules as " in text   # what the answer rests on
     assert out.exists() and not math.isnan(float(out.read_text().splitlines()[1].split(",")[1]))
