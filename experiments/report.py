@@ -85,9 +85,21 @@ def _gpus(tp, hardware) -> str:
     return f"{hardware}, TP swept" if tp == "swept" else f"{tp}x {hardware}"
 
 
-def _label(row, grid_keys: list[str]) -> str:
-    """'chunked_prefill, max_num_batched_tokens=512': the policy, then every other swept setting."""
-    extra = []
+def varying_settings(grid_values: list[dict], grid_keys: list[str]) -> dict[str, set]:
+    """For each grid key swept as whole mappings, the settings that differ between its mappings: all a
+    label needs of them (an autoscaler's eight settings, of which one is swept, label as that one)."""
+    out = {}
+    for k in grid_keys:
+        maps = [v[k] for v in grid_values if isinstance(v.get(k), dict)]
+        if maps:
+            out[k] = {s for s in set().union(*maps) if len({repr(m.get(s)) for m in maps}) > 1}
+    return out
+
+
+def _label(row, grid_keys: list[str], varying: dict[str, set] | None = None) -> str:
+    """'chunked_prefill, max_num_batched_tokens=512': the policy, then every other swept setting (of a
+    mapping swept whole, the settings in `varying` when given)."""
+    extra, names = [], short_names(grid_keys)
     for k in grid_keys:
         if k == "engine.policy" or k not in row:
             continue
@@ -97,14 +109,36 @@ def _label(row, grid_keys: list[str]) -> str:
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if isinstance(v, dict):  # a whole mapping swept (e.g. `engine:`): show its settings, not the dict
-            extra += [f"{kk}={vv}" for kk, vv in v.items() if kk != "policy"]
+            extra += [f"{kk}={vv}" for kk, vv in v.items()
+                      if kk != "policy" and (varying is None or k not in varying or kk in varying[k])]
         else:
-            extra.append(f"{k.split('.')[-1]}={v}")
+            extra.append(f"{names[k]}={v}")
     return ", ".join([str(row["policy"])] + extra)
 
 
-def label_of(grid_values: dict, policy: str, grid_keys: list[str]) -> str:
-    return _label({**grid_values, "policy": policy}, grid_keys)
+def short_names(keys) -> dict[str, str]:
+    """Each dotted key by its shortest ending no other key shares: 'max_num_seqs' for
+    engine.max_num_seqs, but 'prompt_tokens.median' and 'output_tokens.median' when both are swept."""
+    keys = list(keys)
+    out = {}
+    for k in keys:
+        parts = k.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if not any(o != k and (o == tail or o.endswith("." + tail)) for o in keys):
+                break
+        out[k] = tail
+    return out
+
+
+def label_of(grid_values: dict, policy: str, grid_keys: list[str], varying: dict[str, set] | None = None) -> str:
+    return _label({**grid_values, "policy": policy}, grid_keys, varying)
+
+
+def grid_labels(grid_points, grid_keys: list[str]) -> dict[str, str]:
+    """'g003' -> the label of each grid point of a search (its policy and the settings that vary)."""
+    varying = varying_settings([p.grid_values for p in grid_points], grid_keys)
+    return {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys, varying) for p in grid_points}
 
 
 def _requests_cdf_input(d: Path, spec=None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -180,7 +214,7 @@ def search_report(sweep: dict, out: Path, res: SearchResult, cap: pd.DataFrame |
                   cap_spec: CapacitySpec | None) -> list[Path]:
     spec, grid_keys = res.spec, list((sweep.get("grid") or {}).keys())
     load_col = spec.over.split(".")[-1]
-    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
+    labels = grid_labels(res.grid_points, grid_keys)
     setup = with_basis(describe_setup(sweep), search_bases(res, labels))
     curves = {labels[g]: df for g, df in res.points.groupby("grid_point", sort=False)}
     answers = {labels[r.grid_point]: r.max_value for r in res.searches.itertuples()}

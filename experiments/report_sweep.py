@@ -13,13 +13,15 @@ from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.answer_basis import schedules_line, seeds_line
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
-                                md_table, with_basis)
+                                md_table, short_names, with_basis)
 from costmodels.basis import rests_on
 
 
 def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
-    swept = list((sweep.get("grid") or {}).keys())  # a mapping swept whole shows up as its dotted columns
-    grid_keys = [c for c in results.columns if c in swept or any(c.startswith(k + ".") for k in swept)]
+    swept = list((sweep.get("grid") or {}).keys())  # a mapping swept whole shows up as its dotted columns,
+    # of which a label needs only the settings that differ between its values
+    grid_keys = [c for c in results.columns if c in swept or (any(c.startswith(k + ".") for k in swept)
+                                                               and results[c].astype(str).nunique(dropna=False) > 1)]
     setup = describe_setup(sweep)
     if "cost_model_basis" in results:   # every figure says what it rests on
         setup = with_basis(setup, {_label(r, grid_keys): r["cost_model_basis"] for _, r in results.iterrows()})
@@ -42,12 +44,20 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
         finite_first = first[np.isfinite(first[lk].astype(float))]
         chosen = first[first[lk] == (finite_first[lk].max() if len(finite_first) else first[lk].max())]
     elif others:
-        ratio = policy_ratio(results, [others[0]])
+        x = others[0]
+        if len(others) > 1 and first.groupby(["policy", x], dropna=False).size().max() > 1:
+            # the first setting does not tell the configurations apart (autoscalers swept whole, two of which
+            # share max_replicas): one category per configuration on the axis, and all of them in the CDFs
+            results = results.assign(setting=[_setting_words(r, others) for _, r in results.iterrows()])
+            first = results[results["seed"] == results["seed"].iloc[0]]
+            x, chosen = "setting", first
+        else:
+            chosen = _at_last_value(first, x)
+        ratio = policy_ratio(results, [x])
         if ratio is not None:
             ratio.attrs["label"] = "output throughput, continuous / static (x)"
-        made.append(plots.metric_by_setting(results, others[0], "output_tok_per_s", "output throughput (tokens/s)",
+        made.append(plots.metric_by_setting(results, x, "output_tok_per_s", "output throughput (tokens/s)",
                                             out / "plots" / "throughput_by_setting.png", setup, ratio=ratio))
-        chosen = _at_last_value(first, others[0])
     else:
         chosen = first
     runs = {_label(r, grid_keys): out / "points" / r["point"] for _, r in chosen.iterrows()}
@@ -66,6 +76,14 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
     made += append_why_sections(out, results, grid_keys, setup)   # experiments/why_report.py
     return made
+
+
+def _setting_words(row, keys: list[str]) -> str:
+    """'max_replicas=4, min_replicas=1': a configuration's swept settings, for a categorical axis."""
+    def words(v):
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+    names = short_names(keys)
+    return ", ".join(f"{names[k]}={words(row[k])}" for k in keys if not pd.isna(row[k]))
 
 
 def _at_last_value(frame: pd.DataFrame, key: str) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from experiments.capacity_over_time import verify_over_time
 from experiments.capacity_plan import CapacitySpec, parse_capacity, plan
 from experiments.executors import open_executor
 from experiments.answer_basis import schedules_line
-from experiments.report import answer_sentence, label_of, md_table, search_bases, search_report
+from experiments.report import answer_sentence, grid_labels, md_table, search_bases, search_report
 from costmodels.basis import rests_on
 from experiments.search import parse_search
 from experiments.search_run import SearchResult, evaluate_load, evaluation_key, read_saved, run_search, save_evaluation
@@ -33,7 +33,7 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
         cap.to_csv(out / "capacity.csv", index=False)
     if make_plots:
         search_report(sweep, out, res, cap, cap_spec)
-    labels = {f"g{p.index:03d}": label_of(p.grid_values, p.config.policy.name, grid_keys) for p in res.grid_points}
+    labels = grid_labels(res.grid_points, grid_keys)
     lines = [f"{res.spec.rule_text}; {len(res.points)} simulations"
              + (f" ({res.num_reused} reused from an earlier run)" if res.num_reused else "")]
     lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]

@@ -205,3 +205,14 @@ def test_every_policy_names_the_engine_and_version_it_imitates():
     assert words.startswith("sglang: SGLang 0.5.10's scheduler; chunked_prefill: vLLM V1's scheduler")
     assert words.count("sglang:") == 1 and "not-a-policy" not in words
     assert seeds_line(3).startswith("3 seeds per point") and "not measured" in seeds_line(1)
+
+
+def test_a_label_names_each_swept_setting_by_its_shortest_unambiguous_ending():
+    from experiments.report import _label, short_names
+    keys = ["workload.prompt_tokens.median", "workload.output_tokens.median", "engine.max_num_seqs"]
+    assert short_names(keys) == {"workload.prompt_tokens.median": "prompt_tokens.median",
+                                 "workload.output_tokens.median": "output_tokens.median",
+                                 "engine.max_num_seqs": "max_num_seqs"}
+    row = {"policy": "continuous", "workload.prompt_tokens.median": 512.0, "workload.output_tokens.median": 256,
+           "engine.max_num_seqs": float("nan")}   # a knob this policy does not have
+    assert _label(row, keys) == "continuous, prompt_tokens.median=512, output_tokens.median=256"

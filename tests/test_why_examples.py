@@ -51,12 +51,17 @@ def test_gateway_example(tmp_path):
     assert "## Admission control" in md and "refused with a 429" in md
 
 
+@pytest.mark.filterwarnings("error::UserWarning")   # matplotlib's "Tight layout not applied": a legend too wide
 def test_autoscaling_example(tmp_path):
     f = reduced("autoscaling.yaml", tmp_path, num_requests=400)
     md = run(f, tmp_path / "out")
     r = pd.read_csv(tmp_path / "out" / "results.csv")
     assert list(r["replicas_peak"])[1:] == [4, 2] and (r["gpu_hours"] > 0).all()
     assert "## Autoscaling" in md and "GPU-hours" in md
+    # the autoscalers are swept whole: each is labelled by what differs (not its eight settings), and since
+    # two share max_replicas the setting axis is one category per configuration
+    assert "| chunked_prefill, max_replicas=4, min_replicas=1 |" in md and "gpu_price_per_hour=" not in md
+    assert "![throughput_by_setting](plots/throughput_by_setting.png)" in md
 
 
 def test_autoscaling_day_example(tmp_path):
