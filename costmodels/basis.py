@@ -45,11 +45,12 @@ def _aic_error(held_out: dict) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _checks() -> tuple[dict, ...]:
+def _checks() -> tuple[dict, ...] | None:
+    """The shipped checks; None when the file cannot be read (then no answer claims a GPU is unchecked)."""
     try:
         return tuple(json.loads(CHECKS_FILE.read_text())["checks"])
     except (OSError, ValueError, KeyError, TypeError):
-        return ()
+        return None
 
 
 def _signed(v: float) -> str:
@@ -67,7 +68,10 @@ def _error_words(e: dict) -> str:
 def real_run_words(kind: str, gpu: str | None) -> str:
     """How the cost model of `kind` did against real vLLM runs on `gpu` (a catalog GPU as the catalog has
     it), in words; that no real run has checked it there when none has."""
-    found = [c for c in _checks() if c.get("cost_model") == kind and c.get("gpu") == gpu]
+    checks = _checks()
+    if checks is None:
+        return f"real-run checks on {gpu} not known here ({CHECKS_FILE.name} unreadable)"
+    found = [c for c in checks if c.get("cost_model") == kind and c.get("gpu") == gpu]
     if not found:
         return f"not checked against a real vLLM run on {gpu}"
     parts = []
@@ -137,7 +141,7 @@ def cost_model_basis(cost_model) -> str:
     return basis_line(describe()) if describe is not None else f"cost model {type(cost_model).__name__}"
 
 
-CHECK_MARKS = ("; checked on ", "; not checked against a real vLLM run on ")
+CHECK_MARKS = ("; checked on ", "; not checked against a real vLLM run on ", "; real-run checks on ")
 
 
 def split_basis(line: str) -> tuple[str, str]:

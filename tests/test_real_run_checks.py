@@ -88,3 +88,15 @@ def test_one_cost_model_on_two_gpus_is_one_model_with_each_gpus_checks():
     both = basis.rests_on({"h100": h100, "l40s": l40s, "again": h100})
     assert both.startswith("cost model: roofline prior of batchsim") and "different cost models" not in both
     assert both.count("checked on h100-sxm") == 1 and both.endswith("; not checked against a real vLLM run on l40s")
+
+
+def test_an_unreadable_checks_file_claims_nothing(tmp_path, monkeypatch):
+    """Without the file an answer must not say that no real run checked its GPU: it says it cannot tell."""
+    monkeypatch.setattr(basis, "CHECKS_FILE", tmp_path / "missing.json")
+    basis._checks.cache_clear()
+    try:
+        words = basis.real_run_words("roofline", "h100-sxm")
+    finally:
+        basis._checks.cache_clear()
+    assert words == "real-run checks on h100-sxm not known here (missing.json unreadable)"
+    assert basis.split_basis(f"roofline prior X; {words}") == ("roofline prior X", words)
