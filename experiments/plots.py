@@ -65,9 +65,33 @@ def _title(title: str) -> str:
     return head + "".join("\n" + "\n".join(textwrap.wrap(part, 100)) for part in rest.split("\n") if part)
 
 
-def _save(fig, path: Path, title: str) -> Path:
+def _save(fig, path: Path, title: str, rect=(0, 0, 1, 1)) -> Path:
     fig.suptitle(_title(title), fontsize=10)
-    return _write(fig, path)
+    return _write(fig, path, rect)
+
+
+LONG_LABEL = 60   # characters: a longer legend entry would cover its axes, so the legend goes below them
+
+
+def _legends(fig, axes, fontsize: int = 8, **where):
+    """Each axes' legend (`where`: its loc); or, when an entry is longer than LONG_LABEL (a sweep over
+    whole workloads or autoscalers), one legend for the figure below its axes, entries wrapped to the
+    figure's width and the figure taller by their lines. Returns the rect _save lays the axes out in."""
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if not entries or max(map(len, entries)) <= LONG_LABEL:
+        for ax in axes:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=fontsize, **where)
+        return (0, 0, 1, 1)
+    width, height = fig.get_size_inches()
+    labels = ["\n".join(textwrap.wrap(label, int(width * 14))) for label in entries]
+    extra = 0.15 * sum(label.count("\n") + 1 for label in labels) + 0.15
+    fig.set_size_inches(width, height + extra)
+    fig.legend(list(entries.values()), labels, loc="lower center", fontsize=fontsize - 1, frameon=False)
+    return (0, extra / (height + extra), 1, 1)
 
 
 def _write(fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
@@ -131,8 +155,8 @@ def latency_vs_load(curves: dict[str, pd.DataFrame], load_col: str, metric: str,
     _load_axis(ax, curves, load_col)
     ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path, f"{pretty_metric(metric)} against load\n{subtitle}")
+    rect = _legends(fig, [ax], 8)
+    return _save(fig, path, f"{pretty_metric(metric)} against load\n{subtitle}", rect)
 
 
 def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Path, subtitle: str,
@@ -150,8 +174,8 @@ def throughput_vs_load(curves: dict[str, pd.DataFrame], load_col: str, path: Pat
     _load_axis(ax, curves, load_col)
     ax.set_ylabel("output throughput (tokens/s)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path, f"Output throughput against load\n{subtitle}")
+    rect = _legends(fig, [ax], 8)
+    return _save(fig, path, f"Output throughput against load\n{subtitle}", rect)
 
 
 def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: list[tuple[str, float | None]],
@@ -170,8 +194,8 @@ def throughput_latency(curves: dict[str, pd.DataFrame], load_col: str, slos: lis
         ax.set_xlabel("output throughput (tokens/s)")
         ax.set_ylabel(f"{pretty_metric(metric)} (ms, log scale)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, path, f"Throughput-latency trade-off (one point per load)\n{subtitle}")
+    rect = _legends(fig, list(axes[0]), 7)
+    return _save(fig, path, f"Throughput-latency trade-off (one point per load)\n{subtitle}", rect)
 
 
 CDF_POINTS = 1000        # quantiles drawn per CDF (plus a tail): a 1M-request run draws as fast as a small one
@@ -216,11 +240,12 @@ def latency_cdfs(runs: dict[str, tuple[np.ndarray, object]], path: Path, subtitl
         ax.set_ylabel("fraction of samples at or below")
         ax.axhline(0.99, color="grey", ls=":", lw=1)
         ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a run that served nothing has no curve
-            ax.legend(fontsize=7, loc="lower right")   # a CDF leaves it empty; "best" costs seconds on big data
+    # (a run that served nothing has no curve; a CDF leaves the lower right empty, and "best" costs seconds
+    # on big data)
+    rect = _legends(fig, list(axes), 7, loc="lower right")
     axes[0].set_title("time to first token (per request)", fontsize=9)
     axes[1].set_title("gaps between tokens (pooled over requests)", fontsize=9)
-    return _save(fig, path, f"Latency distributions (CDF)\n{subtitle}")
+    return _save(fig, path, f"Latency distributions (CDF)\n{subtitle}", rect)
 
 
 def slot_intervals(requests: pd.DataFrame, holds_until_drained: bool) -> pd.DataFrame:
@@ -358,11 +383,11 @@ def engine_timeseries(runs: dict[str, tuple[pd.DataFrame, int]], path: Path, sub
     for ax, y in zip(axes, ("queue depth (requests waiting)", "running sequences (holding KV)", "KV cache used (%)")):
         ax.set_ylabel(y, fontsize=9)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+    rect = _legends(fig, list(axes), 7, loc="upper right")
     axes[2].set_ylim(0, 105)
     axes[2].set_xlabel("simulated time (s)" + (f"; in {TIMESERIES_BINS:,} time bins: band = min..max, "
                                                   "line = mean over the steps in the bin" if binned else ""))
-    return _save(fig, path, f"Engine state over time\n{subtitle}")
+    return _save(fig, path, f"Engine state over time\n{subtitle}", rect)
 
 
 def capacity_plan(curves: dict[str, tuple[list, list]], target_rps: float, path: Path, subtitle: str,
@@ -378,13 +403,13 @@ def capacity_plan(curves: dict[str, tuple[list, list]], target_rps: float, path:
     ax.set_ylabel("replicas needed")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    rect = _legends(fig, [ax], 8, loc="upper left")
     if price_per_gpu_hour and gpus_per_replica and len(set(gpus_per_replica.values())) == 1:
         tp = next(iter(gpus_per_replica.values()))
         sec = ax.secondary_yaxis("right", functions=(lambda r: r * tp * price_per_gpu_hour,
                                                      lambda c: c / (tp * price_per_gpu_hour)))
         sec.set_ylabel(f"cost per hour ({tp} GPU/replica x {price_per_gpu_hour:g}/GPU-hour)")
-    return _save(fig, path, f"Capacity plan: replicas to serve a load within the SLO\n{subtitle}")
+    return _save(fig, path, f"Capacity plan: replicas to serve a load within the SLO\n{subtitle}", rect)
 
 
 def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str, path: Path, subtitle: str,
@@ -402,7 +427,7 @@ def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str,
         ax.plot(s.index if numeric else [str(v) for v in s.index], s.values, "o-",
                 color=colors[str(label)], label=str(label))
     ax.set_ylabel(y_label)
-    ax.legend(fontsize=8)
+    rect = _legends(fig, [ax], 8)
     if ratio is not None:
         r = ratio.sort_values(x_col)
         axes[0, 1].plot(r[x_col] if numeric else r[x_col].astype(str), r["ratio"], "o-", color="k")
@@ -415,4 +440,4 @@ def metric_by_setting(table: pd.DataFrame, x_col: str, y_col: str, y_label: str,
             a.set_xticks(sorted(table[x_col].unique()), [f"{v:g}" for v in sorted(table[x_col].unique())])
         a.set_xlabel(x_col.split(".", 1)[-1] + (" (log scale)" if a.get_xscale() == "log" else ""))
         a.grid(True, alpha=0.3)
-    return _save(fig, path, f"{y_label} by {x_col.split('.', 1)[-1]}\n{subtitle}")
+    return _save(fig, path, f"{y_label} by {x_col.split('.', 1)[-1]}\n{subtitle}", rect)

@@ -58,10 +58,19 @@ def describe_setup(sweep: dict) -> str:
     a = w.get("arrival") if isinstance(w.get("arrival"), dict) else {}
 
     def dist(d):
-        d = dict(d or {})
+        if not isinstance(d, dict):
+            return str(d or "?")   # 'swept'
+        d = dict(d)
         name = d.pop("dist", "?")
         return f"{name}(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
     tp = sweep.get("tensor_parallel_size", 1)
+    on = f"{sweep.get('model', 'llama-3-8b')} on {_gpus(tp, sweep.get('hardware', 'h100-sxm'))}"
+    if not isinstance(sweep.get("workload"), dict):
+        return f"{on}, workloads swept"
+    if "trace" in w:   # lengths and arrival times from the trace
+        trace = w["trace"]
+        name = Path(str(trace.get("path", "?"))).name if isinstance(trace, dict) else "swept"
+        return f"{on}, trace replay ({name})"
     rate = a.get("rate_per_s")
     if a.get("process") == "closed":
         traffic = "closed loop" + (f", think time {a['think_time_s']} s" if a.get("think_time_s") else "")
@@ -70,8 +79,7 @@ def describe_setup(sweep: dict) -> str:
     else:
         traffic = (f"{a.get('process', '?')} arrivals" + (f" cv={a['cv']}" if "cv" in a else "")
                    + (f" at {rate} requests/s" if isinstance(rate, (int, float)) else ""))
-    return (f"{sweep.get('model', 'llama-3-8b')} on {_gpus(tp, sweep.get('hardware', 'h100-sxm'))}, {traffic}, "
-            f"prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}")
+    return f"{on}, {traffic}, prompt {dist(w.get('prompt_tokens'))}, output {dist(w.get('output_tokens'))}"
 
 
 def _gpus(tp, hardware) -> str:

@@ -216,3 +216,32 @@ def test_a_label_names_each_swept_setting_by_its_shortest_unambiguous_ending():
     row = {"policy": "continuous", "workload.prompt_tokens.median": 512.0, "workload.output_tokens.median": 256,
            "engine.max_num_seqs": float("nan")}   # a knob this policy does not have
     assert _label(row, keys) == "continuous, prompt_tokens.median=512, output_tokens.median=256"
+
+
+def test_a_figure_describes_swept_or_replayed_traffic_without_guessing():
+    """A workload swept whole, a length distribution swept whole (which crashed the report) and a trace
+    replay are said as such, not as '? arrivals, prompt ?()'."""
+    from experiments.report import describe_setup
+    base = {"model": "m", "workload": {"arrival": {"process": "poisson", "rate_per_s": 2},
+                                       "prompt_tokens": {"dist": "fixed", "value": 1},
+                                       "output_tokens": {"dist": "fixed", "value": 2}}}
+    assert describe_setup({**base, "grid": {"workload": [{}, {}]}}) == "m on 1x h100-sxm, workloads swept"
+    assert describe_setup({**base, "grid": {"workload.prompt_tokens": [{}, {}]}}).endswith(
+        "prompt swept, output fixed(value=2)")
+    trace = {"model": "m", "workload": {"trace": {"path": "traces/x.csv", "format": "azure"}}}
+    assert describe_setup(trace) == "m on 1x h100-sxm, trace replay (x.csv)"
+
+
+def test_a_legend_of_long_labels_goes_below_the_axes_wrapped():
+    """Labels of whole workloads or autoscalers swept would cover the axes (and defeat tight_layout)."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.plot([1, 2], [1, 2], label="short")
+    assert plots._legends(fig, [ax]) == (0, 0, 1, 1) and ax.get_legend() is not None
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.plot([1, 2], [1, 2], label="chunked_prefill, " + ", ".join(f"setting_{i}=value" for i in range(20)))
+    rect = plots._legends(fig, [ax])
+    assert ax.get_legend() is None and len(fig.legends) == 1 and rect[1] > 0
+    assert fig.get_size_inches()[1] > 4.6 and "\n" in fig.legends[0].get_texts()[0].get_text()
+    plt.close(fig)
