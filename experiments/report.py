@@ -107,21 +107,27 @@ def varying_settings(grid_values: list[dict], grid_keys: list[str]) -> dict[str,
 def _label(row, grid_keys: list[str], varying: dict[str, set] | None = None) -> str:
     """'chunked_prefill, max_num_batched_tokens=512': the policy, then every other swept setting (of a
     mapping swept whole, the settings in `varying` when given)."""
-    extra, names = [], short_names(grid_keys)
-    for k in grid_keys:
+    return ", ".join([str(row["policy"])] + settings_words(row, grid_keys, varying))
+
+
+def settings_words(row, keys: list[str], varying: dict[str, set] | None = None) -> list[str]:
+    """['max_replicas=4', 'min_replicas=1']: the row's value of each swept setting but the policy, named by
+    short_names; a setting the row's configuration does not have (NaN, None) is left out."""
+    words, names = [], short_names(keys)
+    for k in keys:
         if k == "engine.policy" or k not in row:
             continue
         v = row[k]
-        if isinstance(v, float) and math.isnan(v):  # a knob this policy does not have
+        if v is None or (isinstance(v, float) and math.isnan(v)):  # a knob this policy does not have
             continue
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if isinstance(v, dict):  # a whole mapping swept (e.g. `engine:`): show its settings, not the dict
-            extra += [f"{kk}={vv}" for kk, vv in v.items()
+            words += [f"{kk}={vv}" for kk, vv in v.items()
                       if kk != "policy" and (varying is None or k not in varying or kk in varying[k])]
         else:
-            extra.append(f"{names[k]}={v}")
-    return ", ".join([str(row["policy"])] + extra)
+            words.append(f"{names[k]}={v}")
+    return words
 
 
 def short_names(keys) -> dict[str, str]:

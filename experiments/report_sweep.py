@@ -13,7 +13,7 @@ from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
 from experiments.answer_basis import schedules_line, seeds_line
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
-                                md_table, short_names, with_basis)
+                                md_table, settings_words, with_basis)
 from costmodels.basis import rests_on
 
 
@@ -48,7 +48,7 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
         if len(others) > 1 and first.groupby(["policy", x], dropna=False).size().max() > 1:
             # the first setting does not tell the configurations apart (autoscalers swept whole, two of which
             # share max_replicas): one category per configuration on the axis, and all of them in the CDFs
-            results = results.assign(setting=[_setting_words(r, others) for _, r in results.iterrows()])
+            results = results.assign(setting=[", ".join(settings_words(r, others)) for _, r in results.iterrows()])
             first = results[results["seed"] == results["seed"].iloc[0]]
             x, chosen = "setting", first
         else:
@@ -76,14 +76,6 @@ def sweep_report(sweep: dict, out: Path, results: pd.DataFrame) -> list[Path]:
     (out / "summary.md").write_text(_sweep_md(sweep, results, grid_keys, others, made))
     made += append_why_sections(out, results, grid_keys, setup)   # experiments/why_report.py
     return made
-
-
-def _setting_words(row, keys: list[str]) -> str:
-    """'max_replicas=4, min_replicas=1': a configuration's swept settings, for a categorical axis."""
-    def words(v):
-        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-    names = short_names(keys)
-    return ", ".join(f"{names[k]}={words(row[k])}" for k in keys if not pd.isna(row[k]))
 
 
 def _at_last_value(frame: pd.DataFrame, key: str) -> pd.DataFrame:
