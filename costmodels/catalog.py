@@ -118,10 +118,13 @@ _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sx
 #   0.5-2x of the ridge (Efficiencies.gemm_ridge_exponent): how well the GPU's GEMMs overlap their tile loads
 #   with the MMAs; Hopper's TMA pipelines overlap best, the A100's the least (1.47x max() on the ridge).
 # (compute share, ridge exponent); the A100 40 GB is the same GA100 at the same 400 W and clocks as the
-# 80 GB part the table measured.
+# 80 GB part the table measured. The RTX 4090 has no table: its share is the median of four RTX 4090s'
+# torch bf16 matmuls in a public database (github.com/zzc0721/torch-performance-test-data: 162-173 TFLOP/s
+# against the whitepaper's 165.2; a GeForce boost runs past its rated clock while its 450 W allow), and
+# its ridge exponent the prior's pooled one (None).
 GEMM_FIGURES = {"h100-sxm": (0.81, 2.85), "h200-sxm": (0.79, 2.6), "b200-sxm": (0.70, 2.05), "gb200": (0.63, 2.4),
                 "a100-80gb": (0.90, 1.15), "a100-40gb": (0.90, 1.15), "l40s": (0.64, 2.6),
-                "rtx-pro-6000-server": (0.80, 2.2)}
+                "rtx-pro-6000-server": (0.80, 2.2), "rtx-4090": (1.01, None)}
 # Streaming multiprocessors of the NVIDIA parts (CUDA cores per SM: 64 on the A100's GA100, 128 on Ada,
 # Hopper and Blackwell; docs/sources.md, "SM counts"). The A10G, H20 and the datacenter Blackwell parts
 # (whose prefill runs FlashInfer's kernels, not FlashAttention's) are left out.

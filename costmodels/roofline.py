@@ -83,9 +83,9 @@ class Efficiencies:
     # share) between 0.5 and 2 run a median 9% (H100, vLLM 0.24, 4,874 rows), 13% (H200), 18% (B200), 13%
     # (L40S), 47% (A100) over max(); the exponent that zeroes the median there is each measured GPU's own
     # (`GPU.gemm_ridge_exponent`, costmodels/catalog.py GEMM_FIGURES: 2.85 H100 ... 1.15 A100). For a GPU
-    # without one, 3: about the H100's, the most conservative of them but the RTX 4090's (12 in vLLM 0.19's
-    # own GEMMs: they reach 0.99 of its datasheet compute; `python -m benchmarks.kernel_efficiency`). The
-    # fused MoE kernels keep 3 (their figures were measured with it).
+    # without one, 3: about the H100's, the most conservative of them (vLLM 0.19's own GEMMs on an RTX 4090,
+    # at its own compute share: 2.45; `python -m benchmarks.kernel_efficiency`). The fused MoE kernels keep
+    # 3 (their figures were measured with it).
     # At compute = memory it is 1.26x max(); at a ratio of 0.5 or 2, 1.04x.
     gemm_ridge_exponent: float = 3.0
     # Decode-shaped GEMMs (m <= 64, weights >= 4 MB), latency = fixed + bytes / (HBM x eff) fitted to
