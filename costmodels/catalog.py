@@ -123,10 +123,15 @@ _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sx
 # against the whitepaper's 165.2; a GeForce boost runs past its rated clock while its 450 W allow), and
 # its ridge exponent the prior's pooled one (None). The H20 has none either: one cloud H20 in the same
 # database reaches 141.9 of its 148 TFLOP/s (its tensor throughput is cut far below what its 400 W feed,
-# so its clock is not power-bound as the H100's is); one measurement, its exponent the pooled one.
+# so its clock is not power-bound as the H100's is); one measurement, its exponent the pooled one. The RTX
+# PRO 6000 Workstation: one in the same database reaches 418 TFLOP/s, 0.84 of the 500 both editions are
+# given here, where the Server Edition's table has 0.80: the same GB202 at the same 600 W, boosting to
+# about 2.6 GHz (NVIDIA's 125 FP32 TFLOP/s over 24,064 cores) against the Server Edition's 2,430 MHz
+# (0.80 x 2.6 / 2.43 = 0.86); its exponent, the same chip's, the Server Edition's.
 GEMM_FIGURES = {"h100-sxm": (0.81, 2.85), "h200-sxm": (0.79, 2.6), "b200-sxm": (0.70, 2.05), "gb200": (0.63, 2.4),
                 "a100-80gb": (0.90, 1.15), "a100-40gb": (0.90, 1.15), "l40s": (0.64, 2.6),
-                "rtx-pro-6000-server": (0.80, 2.2), "rtx-4090": (1.01, None), "h20": (0.96, None)}
+                "rtx-pro-6000-server": (0.80, 2.2), "rtx-4090": (1.01, None), "h20": (0.96, None),
+                "rtx-pro-6000": (0.84, 2.2)}
 # Streaming multiprocessors of the NVIDIA parts (CUDA cores per SM: 64 on the A100's GA100, 128 on Ada,
 # Hopper and Blackwell; docs/sources.md, "SM counts"). The A10G, H20 and the datacenter Blackwell parts
 # (whose prefill runs FlashInfer's kernels, not FlashAttention's) are left out.
