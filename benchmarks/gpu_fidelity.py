@@ -287,7 +287,8 @@ def _with_profile(cfg, name: str):
 
 
 def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFrame:
-    from fidelity.llmservingsim import peer_errors, read_run, replay_point
+    from costmodels.gpuspec import parse_gpu
+    from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
     from fidelity.realruns import replay, replay_config
     rows = []
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
@@ -298,6 +299,9 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         cfg = replay_config(run, replay_point(run, run.meta["model_id"]))
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
+        point = replay_point(run, run.meta["model_id"])
+        gpus = point["tensor_parallel_size"] * point.get("data_parallel_size", 1)
+        catalog_kind, host_kind = parse_gpu(point["hardware"]).interconnect_kind, host_interconnect(run)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
@@ -306,8 +310,12 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
                 res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
             m = _lss_metrics(res.requests)
             described = res.resolved.get("cost_model") if isinstance(res.resolved.get("cost_model"), dict) else {}
+            kind = "pcie_host" if name == "roofline-pcie_host" else catalog_kind
             row = {"run": d.name, "cost_model": name, "cost_model_kind": described.get("kind", "?"),
                    "gpu": described.get("gpu", "?"), "vllm_version": run.meta.get("vllm_version", ""),
+                   # the GPU-to-GPU path this row priced, and whether it is the one the run's host most
+                   # likely had (fidelity.llmservingsim.host_interconnect; a one-GPU run crosses none)
+                   "interconnect": kind, "host_as_run": gpus < 2 or host_kind in (None, kind),
                    "num_requests": len(real), "sim_wall_s": round(time.perf_counter() - t0, 1)}
             for k in real_m:
                 row[f"real_{k}"], row[f"sim_{k}"] = real_m[k], m[k]
@@ -323,7 +331,8 @@ def host_staged_point(run, model: str) -> dict | None:
     """The replay point with the run's GPU described as having no GPU peer-to-peer path (`interconnect_kind:
     pcie_host`, costmodels/collectives.py), for a multi-GPU run on a GPU the catalog gives P2P over PCIe:
     LLMServingSim's calibration of its two RTX PRO 6000 Server measured that path (a 16 GB/s all-reduce)
-    until its host's ACS and IOMMU were turned off, and the run does not say which its host had. None for
+    until its host's ACS and IOMMU were turned off, after its runs (fidelity.llmservingsim.HOST_P2P_FROM):
+    the path their host most likely had. The catalog's P2P row is replayed too. None for
     single-GPU runs and other interconnects; a DP run counts (its EP all-gathers and reduce-scatters cross
     the same link)."""
     from costmodels.gpuspec import parse_gpu

@@ -7,7 +7,8 @@ runs.csv: LLMServingSim's vLLM 0.19 runs) and `benchmarks.public_gpu_checks` (do
 points.csv: published `vllm bench serve` results) and writes costmodels/real_run_checks.json: per cost model
 kind (the roofline prior, the [aic] tables), GPU and engine version, how many stages or runs were replayed
 and each headline metric's median |error| and range (simulated / real - 1), over the sustained stages as
-gpu_fidelity's own summary takes them. costmodels/basis.py reads that file, so an answer resting on the
+gpu_fidelity's own summary takes them, and over the runs whose GPU-to-GPU path is the one their host most
+likely had (runs.csv `host_as_run`). costmodels/basis.py reads that file, so an answer resting on the
 prior or the tables says how that model did on real runs of the GPU it simulates, or that no real run on
 that GPU has checked it. tests/test_real_run_checks.py fails while the file disagrees with the outputs.
 """
@@ -80,6 +81,10 @@ def checks(stages: pd.DataFrame, runs: pd.DataFrame, points: pd.DataFrame) -> li
                     "count": len(g), "sustained": len(sustained), "wrong_side_of_knee": wrong,
                     "errors": _errors(sustained, STAGE_ERRORS), "source": "docs/fidelity/gpu/stages.csv"})
     r = _ours(runs, ["run"], "vllm_version", "runs.csv")
+    if not r.empty:   # a row pricing a GPU-to-GPU path the run's host did not have checks nothing
+        if "host_as_run" not in r.columns:
+            raise OutputsError("runs.csv: no column 'host_as_run' (written by an older benchmark): rerun it")
+        r = r[r["host_as_run"].astype(str).str.lower() == "true"]
     for (kind, gpu, version), g in r.groupby(["cost_model_kind", "gpu", "vllm_version"], sort=True):
         out.append({"cost_model": kind, "gpu": gpu, "engine": _version(version),
                     "what": "run" if len(g) == 1 else "runs", "count": len(g), "errors": _errors(g, RUN_ERRORS),

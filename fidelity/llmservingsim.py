@@ -78,7 +78,7 @@ def read_run(path: str | Path) -> RealRun:
         req["scheduled_s"] = np.array([float(r["scheduled_ts"]) for r in rows]) - col["queued_ts"].min()
     info = {"vllm_version": meta.get("vllm_version"), "model_id": meta.get("model"),
             "engine_kwargs": meta["engine_kwargs"], "kv_cache": meta.get("kv_cache") or {},
-            "hardware": meta.get("hardware") or {}}
+            "hardware": meta.get("hardware") or {}, "started_at": meta.get("started_at")}
     info["num_gpu_blocks"] = info["kv_cache"].get("num_gpu_blocks")
     run = RealRun(str(d), "llmservingsim", req, None, None, None, d.name, info)
     try:   # the engine it ran, so that fidelity.fit_engine and replays need no --config
@@ -86,6 +86,29 @@ def read_run(path: str | Path) -> RealRun:
     except RealRunError:
         pass   # a GPU we cannot name: the caller gives hardware (replay_point) or a --config
     return run
+
+
+# What LLMServingSim's own calibrations of its pair of RTX PRO 6000 Server say about that host's GPU-to-GPU
+# path (casys-kaist/LLMServingSim `profiler/perf/RTXPRO6000/hardware.yaml`, MIT; docs/sources.md, "TP
+# collectives over PCIe"): the first, written 2026-09-08 (commit e08dc38), measured NCCL at 15.9 GB/s,
+# staged through host memory; the next, measured 2026-09-26 (commit 1b2cc02), at 37.6 GB/s, with "acs:
+# disabled, iommu: disabled, operator-reported". The host had no GPU peer-to-peer until its operator turned
+# PCIe ACS and the IOMMU off between the two, so a run on it before 2026-09-26 most likely ran without.
+HOST_P2P_FROM = {"rtx-pro-6000-server": "2026-09-26"}
+
+
+def host_interconnect(run: RealRun) -> str | None:
+    """The interconnect kind the run's host most likely had (`pcie_host` for LLMServingSim's RTX PRO 6000
+    pair before its operator turned ACS and the IOMMU off), or None where nothing says (the catalog's kind
+    then stands)."""
+    try:
+        base = gpu_of(run)
+    except RealRunError:
+        return None
+    base = base["base"] if isinstance(base, dict) else base
+    started = str(run.meta.get("started_at") or "")
+    since = HOST_P2P_FROM.get(base)
+    return "pcie_host" if since and started and started[:10] < since else None
 
 
 def gpu_of(run: RealRun) -> str | dict:

@@ -58,7 +58,11 @@ def test_the_summary_takes_sustained_stages_counts_the_knee_and_counts_default_o
                            _stage("d", "profile", "sustained", "sustained", 0.50)])   # not a default model
     runs = pd.DataFrame([{"run": "r", "cost_model": "roofline", "cost_model_kind": "roofline", "gpu": "rtx-4090",
                           "vllm_version": "0.19.0", "err_ttft_mean_ms": 0.094, "err_tpot_mean_ms": 0.059,
-                          "err_e2e_mean_ms": 0.085}])
+                          "err_e2e_mean_ms": 0.085, "host_as_run": True},
+                         # priced over P2P where the run's host had none: not a check of the P2P GPU
+                         {"run": "r2", "cost_model": "roofline", "cost_model_kind": "roofline", "gpu": "rtx-4090",
+                          "vllm_version": "0.19.0", "err_ttft_mean_ms": -0.3, "err_tpot_mean_ms": -0.2,
+                          "err_e2e_mean_ms": -0.25, "host_as_run": False}])
     (s, r) = real_run_checks.checks(stages, runs, pd.DataFrame())
     assert (s["count"], s["sustained"], s["wrong_side_of_knee"]) == (3, 2, 1)
     assert s["errors"]["per-token"] == {"median_abs": 0.04, "min": -0.06, "max": 0.02, "n": 2}
@@ -74,6 +78,12 @@ def test_outputs_older_than_the_summary_are_one_line(tmp_path, capsys):
     rc, err = e.value.code, capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "runs.csv: no column 'cost_model_kind'" in err
     assert not (tmp_path / "c.json").exists()
+    pd.DataFrame([{"run": "r", "cost_model": "roofline", "cost_model_kind": "roofline", "gpu": "rtx-4090",
+                   "vllm_version": "0.19.0", "err_tpot_mean_ms": 0.1}]).to_csv(tmp_path / "runs.csv")
+    with pytest.raises(SystemExit) as e:
+        real_run_checks.main(["--gpu-dir", str(tmp_path), "--out", str(tmp_path / "c.json")])
+    rc, err = e.value.code, capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "runs.csv: no column 'host_as_run'" in err
 
 
 @pytest.mark.parametrize("value, words", [(0.001, "0"), (-0.004, "0"), (0.06, "+6"), (-0.52, "-52")])
