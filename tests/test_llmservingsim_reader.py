@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fidelity.llmservingsim import gpu_of, peer_errors, read_run, replay_point
+from fidelity.llmservingsim import gpu_of, host_interconnect, peer_errors, read_run, replay_point
 from fidelity.realruns import RealRunError, read_runs, replay, replay_config
 
 PEER = """Metric                           vLLM         Sim     Diff%
@@ -18,7 +18,7 @@ Latency P99                    1000.0      1000.0     +0.0%
 """
 
 
-def write_run(d, n=12, gpu="NVIDIA GeForce RTX 4090", memory=25250627584, dp=1):
+def write_run(d, n=12, gpu="NVIDIA GeForce RTX 4090", memory=25250627584, dp=1, started_at=None):
     d.mkdir(parents=True, exist_ok=True)
     meta = {"model": "llama-3.1-8b", "vllm_version": "0.19.0",
             "engine_kwargs": {"model": "llama-3.1-8b", "tensor_parallel_size": 1, "data_parallel_size": dp,
@@ -27,6 +27,8 @@ def write_run(d, n=12, gpu="NVIDIA GeForce RTX 4090", memory=25250627584, dp=1):
             "kv_cache": {"num_gpu_blocks": 2588, "block_size": 16, "gpu_memory_utilization": 0.9,
                          "enable_prefix_caching": True},
             "hardware": {"device_name": gpu, "device_total_memory_bytes": memory}}
+    if started_at:
+        meta["started_at"] = started_at
     (d / "vllm_meta.json").write_text(json.dumps(meta))
     lines = []
     for i in range(n):   # engine clock starts at 5000 s; one request every 0.25 s
@@ -70,6 +72,17 @@ def test_replayed_on_the_named_gpu(tmp_path):
     res = replay(run, cfg, "roofline")
     assert (res.requests["status"] == "finished").all() and len(res.requests) == 12
     assert res.requests["arrival_s"].to_numpy() == pytest.approx(run.requests["arrival_s"].to_numpy())
+
+
+def test_the_rtx_pro_6000_pairs_host_had_no_p2p_before_its_operator_turned_acs_off(tmp_path):
+    """LLMServingSim's calibrations of its pair: host-staged on 2026-09-08, P2P measured on 2026-09-26."""
+    server = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    april = read_run(write_run(tmp_path / "a", gpu=server, memory=None, started_at="2026-04-25T18:49:44Z"))
+    october = read_run(write_run(tmp_path / "o", gpu=server, memory=None, started_at="2026-10-01T00:00:00Z"))
+    undated = read_run(write_run(tmp_path / "u", gpu=server, memory=None))
+    assert host_interconnect(april) == "pcie_host"
+    assert host_interconnect(october) is None and host_interconnect(undated) is None   # the catalog's stands
+    assert host_interconnect(read_run(write_run(tmp_path / "g", started_at="2026-04-25"))) is None   # no record
 
 
 def test_peer_errors_from_the_validation_summary(tmp_path):
