@@ -296,10 +296,10 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
-        cfg = replay_config(run, replay_point(run, run.meta["model_id"]))
+        point = replay_point(run, run.meta["model_id"])
+        cfg = replay_config(run, point)
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
-        point = replay_point(run, run.meta["model_id"])
         gpus = point["tensor_parallel_size"] * point.get("data_parallel_size", 1)
         catalog_kind, host_kind = parse_gpu(point["hardware"]).interconnect_kind, host_interconnect(run)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
