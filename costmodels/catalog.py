@@ -127,11 +127,16 @@ _HOST_MEMORY_PER_GPU = {"a100-40gb": 128 * GIB, "a100-80gb": 256 * GIB, "h100-sx
 # PRO 6000 Workstation: one in the same database reaches 418 TFLOP/s, 0.84 of the 500 both editions are
 # given here, where the Server Edition's table has 0.80: the same GB202 at the same 600 W, boosting to
 # about 2.6 GHz (NVIDIA's 125 FP32 TFLOP/s over 24,064 cores) against the Server Edition's 2,430 MHz
-# (0.80 x 2.6 / 2.43 = 0.86); its exponent, the same chip's, the Server Edition's.
+# (0.80 x 2.6 / 2.43 = 0.86); its exponent, the same chip's, the Server Edition's. AMD's: the best shape of
+# a brute-force search of torch bf16 matmuls (stas00/ml-engineering's "Maximum Achievable Matmul FLOPS"
+# table: MI300X 668 TFLOP/s on ROCm 6.3, MI325X 785 at 1,000 W, both with PyTorch's TunableOp), of the
+# 1,307 quoted at the 2.1 GHz peak clock, which a saturating matmul does not hold under the power limit; a
+# best shape, so an upper bound on a model's shapes (the same table's NVIDIA rows sit 0-0.1 above the
+# tables' medians), and far below the pooled 0.79.
 GEMM_FIGURES = {"h100-sxm": (0.81, 2.85), "h200-sxm": (0.79, 2.6), "b200-sxm": (0.70, 2.05), "gb200": (0.63, 2.4),
                 "a100-80gb": (0.90, 1.15), "a100-40gb": (0.90, 1.15), "l40s": (0.64, 2.6),
                 "rtx-pro-6000-server": (0.80, 2.2), "rtx-4090": (1.01, None), "h20": (0.96, None),
-                "rtx-pro-6000": (0.84, 2.2)}
+                "rtx-pro-6000": (0.84, 2.2), "mi300x": (0.51, None), "mi325x": (0.60, None)}
 # Streaming multiprocessors of the NVIDIA parts (CUDA cores per SM: 64 on the A100's GA100, 128 on Ada,
 # Hopper and Blackwell; docs/sources.md, "SM counts"). The A10G, H20 and the datacenter Blackwell parts
 # (whose prefill runs FlashInfer's kernels, not FlashAttention's) are left out.
