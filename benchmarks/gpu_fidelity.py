@@ -287,7 +287,6 @@ def _with_profile(cfg, name: str):
 
 
 def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFrame:
-    from costmodels.gpuspec import parse_gpu
     from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
     from fidelity.realruns import replay, replay_config
     rows = []
@@ -300,8 +299,7 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         cfg = replay_config(run, point)
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
-        gpus = point["tensor_parallel_size"] * point.get("data_parallel_size", 1)
-        catalog_kind, host_kind = parse_gpu(point["hardware"]).interconnect_kind, host_interconnect(run)
+        (gpus, catalog_kind), host_kind = _linked_gpus(point), host_interconnect(run)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
@@ -327,6 +325,14 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
+def _linked_gpus(point: dict) -> tuple[int, str]:
+    """(the GPUs a replay point's steps join, the interconnect kind its GPU has): a DP run counts too, its EP
+    all-gathers and reduce-scatters crossing the same link."""
+    from costmodels.gpuspec import parse_gpu
+    return (point["tensor_parallel_size"] * point.get("data_parallel_size", 1),
+            parse_gpu(point["hardware"]).interconnect_kind)
+
+
 def host_staged_point(run, model: str) -> dict | None:
     """The replay point with the run's GPU described as having no GPU peer-to-peer path (`interconnect_kind:
     pcie_host`, costmodels/collectives.py), for a multi-GPU run on a GPU the catalog gives P2P over PCIe:
@@ -335,11 +341,10 @@ def host_staged_point(run, model: str) -> dict | None:
     the path their host most likely had. The catalog's P2P row is replayed too. None for
     single-GPU runs and other interconnects; a DP run counts (its EP all-gathers and reduce-scatters cross
     the same link)."""
-    from costmodels.gpuspec import parse_gpu
     from fidelity.llmservingsim import gpu_of, replay_point
     point = replay_point(run, model)
-    gpus = point["tensor_parallel_size"] * point.get("data_parallel_size", 1)   # DP + EP exchanges over it too
-    if gpus < 2 or parse_gpu(point["hardware"]).interconnect_kind != "pcie":
+    gpus, kind = _linked_gpus(point)
+    if gpus < 2 or kind != "pcie":
         return None
     gpu = gpu_of(run)
     hw = {**(gpu if isinstance(gpu, dict) else {"base": gpu, "name": gpu}), "interconnect_kind": "pcie_host"}
