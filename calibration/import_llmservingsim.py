@@ -61,14 +61,25 @@ def _csv(path: Path, need: set) -> pd.DataFrame:
     return df
 
 
+def read_meta(folder: Path) -> dict:
+    """The profiler folder's meta.yaml (vLLM version, GPU, model, engine settings) as a mapping."""
+    path = Path(folder) / "meta.yaml"
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfilerFolderError(f"{path}: no such file (not an LLMServingSim profiler folder)") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ProfilerFolderError(f"{path}: unreadable ({str(e).splitlines()[0]})") from None
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise ProfilerFolderError(f"{path}: not a mapping of keys to values")
+    return meta
+
+
 def import_profiler(folder: Path, model: ModelShape, tp: int = 1) -> tuple[list[dict], dict]:
     folder = Path(folder)
-    try:
-        meta = yaml.safe_load((folder / "meta.yaml").read_text()) or {}
-    except FileNotFoundError:
-        raise ProfilerFolderError(f"{folder / 'meta.yaml'}: no such file (not an LLMServingSim profiler folder)") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ProfilerFolderError(f"{folder / 'meta.yaml'}: unreadable ({str(e).splitlines()[0]})") from None
+    meta = read_meta(folder)
     d = folder / f"tp{tp}"
     dense = _csv(d / "dense.csv", {"layer", "tokens", "time_us"})
     attn = _csv(d / "attention.csv", {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"})
@@ -203,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             out_file(args.fit, "--fit")
         if not args.folder.is_dir():
             raise ProfilerFolderError(f"{args.folder}: no such profiler folder")
-        meta = yaml.safe_load((args.folder / "meta.yaml").read_text()) if (args.folder / "meta.yaml").exists() else {}
-        model_name = args.model or MODEL_NAMES.get(str(meta.get("model")), str(meta.get("model")))
-        model = get_model(model_name)
-        gpu = get_gpu(args.gpu or GPU_NAMES.get(str(meta.get("hardware")), str(meta.get("hardware"))))
+        meta = read_meta(args.folder)
+        for flag, key in (("--model", "model"), ("--gpu", "hardware")):
+            if not getattr(args, flag[2:]) and not meta.get(key):
+                raise ProfilerFolderError(f"{args.folder / 'meta.yaml'}: no '{key}'; give {flag}")
+        model = get_model(args.model or MODEL_NAMES.get(str(meta["model"]), str(meta["model"])))
+        gpu = get_gpu(args.gpu or GPU_NAMES.get(str(meta["hardware"]), str(meta["hardware"])))
         rows, info = import_profiler(args.folder, model, args.tp)
     except (CatalogError, ProfilerFolderError, OutputError) as e:
         return refuse(e)

@@ -191,6 +191,9 @@ CASES = [
     ("import-lss-missing-folder", "calibration.import_llmservingsim", ["{tmp}/nothing", "--out", OUT], "nothing"),
     ("import-lss-tp-zero", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", OUT, "--tp", "0"], "--tp"),
     ("import-lss-out-is-file", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", "{tmp}/afile"], "--out"),
+    ("import-lss-no-meta", "calibration.import_llmservingsim", ["{tmp}/empty", "--out", OUT], "empty/meta.yaml"),
+    ("import-lss-meta-bad-yaml", "calibration.import_llmservingsim", ["{tmp}/lss_badmeta", "--out", OUT], "meta.yaml"),
+    ("import-lss-meta-no-model", "calibration.import_llmservingsim", ["{tmp}/lss_nomodel", "--out", OUT], "--model"),
 ]
 
 POINT = {"model": "tiny", "hardware": "h100-sxm", "dtype": "fp32",
@@ -214,6 +217,9 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "qstr" / "config.json").write_text(json.dumps(
         {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 512,
          "vocab_size": 1000, "quantization_config": "awq"}))
+    for name, text in (("lss_badmeta", "model: [\n"), ("lss_nomodel", "hardware: RTX4090\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.yaml").write_text(text)
     (tmp_path / "point.yaml").write_text(yaml.safe_dump(POINT))
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({**POINT, "cluster": {"num_replicas": 2}}))
     (tmp_path / "ok.json").write_text(json.dumps({**BENCH, "errors": ["", "", "timeout"]}))
