@@ -363,12 +363,13 @@ class AicCostModel(RooflineCostModel):
         return ((self.model.num_layers - self.num_sliding) * full
                 + self.num_sliding * self._prefill_attention_s(prefill, self.model.sliding_window))
 
-    def _routed_experts_s(self, num_tokens):
+    def _routed_experts_s(self, num_tokens, group_tokens=None):
         grid = self._g.get("moe")
         if grid is None:
-            return super()._routed_experts_s(num_tokens)
+            return super()._routed_experts_s(num_tokens, group_tokens)
         d = self.deployment   # the busiest rank's share: the imbalance knob scales its tokens
-        tokens = num_tokens * d.data_parallel_size   # every DP rank's tokens are gathered, with or without EP
+        # every DP rank's tokens are gathered, with or without EP (simcore/dp_lockstep.py: how many)
+        tokens = num_tokens * d.data_parallel_size if group_tokens is None else group_tokens
         return grid(tokens * d.expert_load_imbalance)
 
     def _allreduce_s(self, num_tokens):

@@ -412,11 +412,12 @@ class RooflineCostModel:
         message = num_tokens * self.model.hidden_size * self.dt
         return 2 * ring_allreduce_s(message, self.tp, self.gpu.interconnect_bytes_per_s, self.tp_link)
 
-    def _routed_experts_s(self, num_tokens: int) -> float:
-        """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank."""
+    def _routed_experts_s(self, num_tokens: int, group_tokens: int | None = None) -> float:
+        """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank, over `group_tokens`,
+        the DP group's gathered tokens (simcore/dp_lockstep.py; default: every rank's batch like this one)."""
         m, e, d = self.model, self.eff, self.deployment
         h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
-        tokens_global = num_tokens * d.data_parallel_size   # DP ranks step together with equal batches
+        tokens_global = num_tokens * d.data_parallel_size if group_tokens is None else group_tokens
         if d.ep > 1:   # each rank holds experts / ep whole experts and gets its share of the routed tokens
             local_experts, width = experts / d.ep, m.moe_intermediate_size
             routed = min(tokens_global * top_k / d.ep * d.expert_load_imbalance, tokens_global * top_k)
@@ -456,10 +457,23 @@ class RooflineCostModel:
                     num_logits: int | None = None) -> float:
         return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits)
 
+    def step_time_in_dp_group_s(self, group_tokens: int, prefill: Sequence[tuple[int, int]] = (),
+                                decode: Sequence[int] = (), num_logits: int | None = None) -> float:
+        """`step_time_s` of one DP rank of an MoE model whose experts run over `group_tokens`, the tokens the
+        DP group gathered this step (simcore/dp_lockstep.py `group_expert_tokens`), where `step_time_s` takes
+        this rank's x DP, every rank alike. The same as `step_time_s` for any other model."""
+        num_tokens = sum(n for n, _ in prefill) + len(decode)
+        if not num_tokens or not self.model.num_moe_layers or self.deployment.data_parallel_size < 2:
+            return self.step_time_s(prefill, decode, num_logits)
+        extra = self.model.num_moe_layers * (self._routed_experts_s(num_tokens, group_tokens)
+                                             - self._routed_experts_s(num_tokens))
+        return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits, extra)
+
     def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum: int,
-                         num_logits: int | None = None) -> float:
+                         num_logits: int | None = None, extra_gpu_s: float = 0.0) -> float:
         """`step_time_s` when only the count and the sum of the decode contexts are at hand: the roofline
-        depends on nothing else about them (equal results, bitwise)."""
+        depends on nothing else about them (equal results, bitwise). `extra_gpu_s`: GPU time to add to the
+        step's own (before async scheduling's overlap with the CPU's)."""
         num_seqs = len(prefill) + num_decode
         num_tokens = sum(n for n, _ in prefill) + num_decode
         if num_tokens == 0:
@@ -473,7 +487,7 @@ class RooflineCostModel:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
         if prefill:
             attention += self._varlen_excess_s(prefill, num_decode, float(decode_context_sum))
-        return self._step_s(num_tokens, num_seqs, num_logits, attention)
+        return self._step_s(num_tokens, num_seqs, num_logits, attention + extra_gpu_s if extra_gpu_s else attention)
 
     def _prefill_attention_total_s(self, prefill) -> float:
         full = self._prefill_attention_s(prefill)

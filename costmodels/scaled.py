@@ -17,11 +17,19 @@ class ScaledCostModel:
         fe = getattr(base, "frontend", None)
         if fe is not None:
             self.frontend = fe
+        if hasattr(base, "step_time_in_dp_group_s"):   # an MoE model's DP ranks (simcore/dp_lockstep.py)
+            self.step_time_in_dp_group_s = self._in_dp_group_s
 
     def step_time_s(self, prefill=(), decode=(), num_logits=None) -> float:
         if not len(prefill) and not len(decode):
             return 0.0
         return self.scale * self.base.step_time_s(prefill, decode, num_logits) + self.per_step_s
+
+    def _in_dp_group_s(self, group_tokens, prefill=(), decode=(), num_logits=None) -> float:
+        if not len(prefill) and not len(decode):
+            return 0.0
+        return self.scale * self.base.step_time_in_dp_group_s(group_tokens, prefill, decode, num_logits) \
+            + self.per_step_s
 
     def step_time_sums_s(self, prefill, num_decode, decode_context_sum, num_logits=None) -> float:
         if not len(prefill) and not num_decode:

@@ -13,36 +13,76 @@ slowest rank's ends. SGLang's DP attention synchronises its ranks' forward passe
 step starts at the same instant as the group's round joins it, and every member's step ends at the round's
 end, the latest of the members' own step times; a rank that becomes ready while a round is in flight
 waits for it to end and starts the next. An idle rank's dummy batch (one token) is never the slowest, so it
-is not priced. Not modelled: the padding of every rank to the largest rank's token count under CUDA graphs
-(it makes the experts' input the same size on every rank, which the cost model's alike-ranks pricing
-assumes anyway).
+is not priced.
+
+What each rank's experts run over is the group's, not the rank's: the all-gather hands every rank all the
+ranks' tokens. How many, vLLM decides per step (`_synchronize_dp_ranks`, vllm/v1/worker/dp_utils.py): while
+every rank runs its step under a CUDA graph, each is padded to the largest rank's token count, dummy
+batches too, so the experts see DP x the largest; once one rank's step is too big for a graph (a long
+prefill chunk) none is padded, and they see the ranks' sum. `group_expert_tokens` is that rule, and a rank
+whose cost model prices it (`step_time_in_dp_group_s`) is priced with the round's figure as the round fills.
 """
 from __future__ import annotations
 
 import simpy
 
 
+# vLLM's largest CUDA graph, in tokens, unless a user sets it: min(2 x max_num_seqs, 512), and no more than
+# the token budget (vllm/config/vllm.py `_set_cudagraph_sizes`, 0.11-0.32; 0.32 makes it 1,024 on compute
+# capability 10.x, after the versions the prior represents). A step with more tokens runs without one.
+CUDA_GRAPH_MAX_TOKENS = 512
+
+
+def cuda_graph_max_tokens(max_num_seqs: int | None, max_num_batched_tokens: int | None) -> int:
+    """The largest step vLLM runs under a CUDA graph for these engine limits (either may be unknown)."""
+    limit = CUDA_GRAPH_MAX_TOKENS
+    if max_num_seqs:
+        limit = min(limit, 2 * max_num_seqs)
+    if max_num_batched_tokens:
+        limit = min(limit, max_num_batched_tokens)
+    return limit
+
+
+def group_expert_tokens(rank_tokens: list[int], group_size: int, graph_max_tokens: int) -> int:
+    """The tokens each rank's experts run over in a step whose busy ranks carry `rank_tokens` (the other
+    ranks of the group run a one-token dummy batch): every rank padded to the largest while all run under a
+    CUDA graph, else the ranks' sum (vllm/v1/worker/dp_utils.py `_synchronize_dp_ranks`)."""
+    largest = max(rank_tokens)
+    if largest <= graph_max_tokens:
+        return group_size * largest
+    return sum(rank_tokens) + (group_size - len(rank_tokens))
+
+
 class LockstepGroup:
     """One DP group's rounds: the ranks' steps that start together end together."""
 
-    def __init__(self, env: simpy.Environment):
-        self.env = env
+    def __init__(self, env: simpy.Environment, group_size: int = 2, graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS):
+        self.env, self.group_size, self.graph_max_tokens = env, group_size, graph_max_tokens
         self.start_s: float | None = None   # the round in flight: when it started,
         self.end_s = 0.0                    # when it ends (the latest member's step so far),
         self.done: simpy.Event | None = None   # and the event that ends it
+        self.members: list[tuple[int, float, object]] = []   # (tokens, own duration, price) of its ranks
 
-    def step(self, duration_s: float):
+    def step(self, duration_s: float, num_tokens: int = 0, price=None):
         """SimPy generator for a rank's step of `duration_s` on its own: joins the round starting now (or,
         if one started earlier is in flight, the next, once it ends); returns (start_s, end_s) of the
-        step as the group ran it."""
+        step as the group ran it. `price(group_tokens)`, where given, is the rank's step with its experts
+        over the round's tokens (`group_expert_tokens` of the `num_tokens` of the ranks joined so far): a
+        later rank only adds tokens, so the round's end only moves later as it fills."""
         env = self.env
         while self.done is not None and self.start_s < env.now:   # a round that started before: wait it out
             yield self.done
         if self.done is None:
-            self.start_s, self.end_s, self.done = env.now, env.now, env.event()
+            self.start_s, self.end_s, self.done, self.members = env.now, env.now, env.event(), []
             env.process(self._end_round(self.done))
         start_s, done = self.start_s, self.done
-        self.end_s = max(self.end_s, start_s + duration_s)
+        self.members.append((num_tokens, duration_s, price))
+        if any(p is not None for _, _, p in self.members):
+            tokens = group_expert_tokens([n for n, _, _ in self.members], self.group_size, self.graph_max_tokens)
+            longest = max(d if p is None else p(tokens) for _, d, p in self.members)
+        else:
+            longest = duration_s
+        self.end_s = max(self.end_s, start_s + longest)
         yield done
         return start_s, done.value
 
@@ -64,7 +104,10 @@ def lockstep_groups(env: simpy.Environment, engines, group_size: int) -> None:
     replica stands for one rank of the group, the others taken alike: it steps on its own."""
     if group_size < 2 or len(engines) < 2:
         return
+    policy = engines[0].policy
+    graph_max = cuda_graph_max_tokens(getattr(policy, "max_num_seqs", None),
+                                      getattr(policy, "max_num_batched_tokens", None))
     for g in range(0, len(engines), group_size):
-        group = LockstepGroup(env)
+        group = LockstepGroup(env, group_size, graph_max)
         for e in engines[g:g + group_size]:
             e.lockstep = group

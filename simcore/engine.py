@@ -203,7 +203,7 @@ class Engine(DecisionApplier):
             if self.lockstep is None:
                 yield env.timeout(duration_s)
             else:   # the DP ranks of an MoE model: the step ends with the group's slowest (simcore/dp_lockstep.py)
-                start_s, end_s = yield from self.lockstep.step(duration_s)
+                start_s, end_s = yield from self.lockstep.step(duration_s, *self._group_price(cost_args, transfer_s))
                 duration_s = end_s - start_s
             self.in_step = False
             self._complete(batch, start_s, duration_s, shape)
@@ -211,6 +211,16 @@ class Engine(DecisionApplier):
                 self._check_invariants()
             if self.on_step is not None:
                 self.on_step(self, batch)
+
+    def _group_price(self, cost_args: dict, transfer_s: float) -> tuple[int, object]:
+        """(this rank's tokens, its step as a function of the tokens its experts run over in the DP group's
+        round) for simcore/dp_lockstep.py; no function where the step is not the cost model's plain price
+        (speculative verification, a real executor) or the model does not price a DP group's experts."""
+        num_tokens = sum(n for n, _ in cost_args["prefill"]) + len(cost_args["decode"])
+        in_group = getattr(self.cost_model, "step_time_in_dp_group_s", None)
+        if in_group is None or self.speculation is not None or self.executor is not None:
+            return num_tokens, None
+        return num_tokens, lambda group_tokens: in_group(group_tokens, **cost_args) + transfer_s
 
     def _num_logits(self, batch: Batch, shape) -> int:
         if batch.padded_shape is not None:

@@ -3,6 +3,7 @@ slowest, a rank ready mid-round starts with the next round, and a DP cluster of 
 (on the SimPy engines; the fast path says why it does not)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -75,3 +76,55 @@ def test_a_dp_cluster_of_an_moe_model_steps_in_rounds(tmp_path):
 def test_a_cluster_that_is_not_whole_dp_groups_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.num_replicas: 3 is not a whole number of DP groups"):
         _point(tmp_path, cluster={"num_replicas": 3, "router": "round_robin"})
+
+
+def test_the_experts_run_over_the_largest_rank_padded_under_cuda_graphs_else_over_the_ranks_sum():
+    from simcore.dp_lockstep import cuda_graph_max_tokens, group_expert_tokens
+    # vLLM's largest graph: min(2 x max_num_seqs, 512), within the token budget
+    assert cuda_graph_max_tokens(256, 2048) == 512 and cuda_graph_max_tokens(128, 2048) == 256
+    assert cuda_graph_max_tokens(256, 128) == 128 and cuda_graph_max_tokens(None, None) == 512
+    # every rank under a graph: all padded to the largest, an idle rank's dummy batch too
+    assert group_expert_tokens([40, 300], 2, 512) == 600 and group_expert_tokens([40], 4, 512) == 160
+    # one rank past the graph: nobody padded; the idle ranks' dummy batches are one token each
+    assert group_expert_tokens([2048, 40], 2, 512) == 2088 and group_expert_tokens([2048], 4, 512) == 2051
+
+
+def test_a_round_prices_each_rank_with_the_groups_tokens_as_it_fills():
+    env = simpy.Environment()
+    group = LockstepGroup(env, group_size=2, graph_max_tokens=512)
+    seen, asked = {}, []
+
+    def price(name):
+        def f(group_tokens):
+            asked.append((name, group_tokens))
+            return group_tokens / 1000.0   # a step that grows with the experts' tokens
+        return f
+
+    def rank(name, tokens):
+        seen[name] = yield from group.step(tokens / 1000.0 * 2, tokens, price(name))
+
+    env.process(rank("chunk", 2048))
+    env.process(rank("decodes", 40))
+    env.run()
+    # alone, the chunk's rank was priced over its own 2,048 and one dummy token; with the decodes joined,
+    # over the sum, 2,088 (not 2 x 2,048: a step past the graph is not padded)
+    assert asked[0] == ("chunk", 2049) and ("chunk", 2088) in asked and ("decodes", 2088) in asked
+    assert seen["chunk"] == seen["decodes"] == (0.0, pytest.approx(2.088))
+
+
+def test_a_dp_rank_priced_with_its_groups_tokens(tmp_path):
+    from costmodels.roofline import RooflineCostModel
+    cfg = resolve_point({"model": "Qwen/Qwen3-30B-A3B", "hardware": "h100-sxm", "data_parallel_size": 2,
+                         "enable_expert_parallel": True, "cluster": {"num_replicas": 2},
+                         "workload": {"num_requests": 1, "arrival": {"process": "poisson", "rate_per_s": 1},
+                                      "prompt_tokens": {"dist": "fixed", "value": 8},
+                                      "output_tokens": {"dist": "fixed", "value": 8}}})
+    cm = RooflineCostModel(cfg.model, cfg.gpu, deployment=cfg.deployment)
+    prefill, decode = [(2048, 0)], [600] * 8
+    own = cm.step_time_s(prefill, decode)
+    # the ranks alike (this rank's tokens x DP) is what step_time_s prices: the same step, bitwise
+    assert cm.step_time_in_dp_group_s(2 * (2048 + 8), prefill, decode) == own
+    # beside an idle rank, the experts run over the chunk and one dummy token: cheaper
+    assert cm.step_time_in_dp_group_s(2048 + 8 + 1, prefill, decode) < own
+    dense = RooflineCostModel(cfg.model, cfg.gpu, deployment=dataclasses.replace(cfg.deployment, data_parallel_size=1))
+    assert dense.step_time_in_dp_group_s(10, prefill, decode) == dense.step_time_s(prefill, decode)
