@@ -62,33 +62,44 @@ class LockstepGroup:
         self.end_s = 0.0                    # when it ends (the latest member's step so far),
         self.done: simpy.Event | None = None   # and the event that ends it
         self.members: list[tuple[int, float, object]] = []   # (tokens, own duration, price) of its ranks
+        self.priced = False                 # whether the round's end has been worked out from its members
 
     def step(self, duration_s: float, num_tokens: int = 0, price=None):
         """SimPy generator for a rank's step of `duration_s` on its own: joins the round starting now (or,
         if one started earlier is in flight, the next, once it ends); returns (start_s, end_s) of the
         step as the group ran it. `price(group_tokens)`, where given, is the rank's step with its experts
-        over the round's tokens (`group_expert_tokens` of the `num_tokens` of the ranks joined so far): a
-        later rank only adds tokens, so the round's end only moves later as it fills."""
+        over the round's tokens (`group_expert_tokens` of the `num_tokens` of its ranks)."""
         env = self.env
         while self.done is not None and self.start_s < env.now:   # a round that started before: wait it out
             yield self.done
         if self.done is None:
-            self.start_s, self.end_s, self.done, self.members = env.now, env.now, env.event(), []
+            self.start_s, self.end_s, self.done, self.members, self.priced = env.now, env.now, env.event(), [], False
             env.process(self._end_round(self.done))
         start_s, done = self.start_s, self.done
         self.members.append((num_tokens, duration_s, price))
-        if any(p is not None for _, _, p in self.members):
-            tokens = group_expert_tokens([n for n, _, _ in self.members], self.group_size, self.graph_max_tokens)
-            longest = max(d if p is None else p(tokens) for _, d, p in self.members)
-        else:
-            longest = duration_s
-        self.end_s = max(self.end_s, start_s + longest)
+        if self.priced:   # joined after the round was priced: again, with this rank's tokens (it only adds)
+            self._price()
         yield done
         return start_s, done.value
 
+    def _price(self) -> None:
+        """The round's end from its members: each one's step with its experts over the round's tokens (or its
+        own duration where it has no price), the longest."""
+        members = self.members
+        if any(p is not None for _, _, p in members):
+            tokens = group_expert_tokens([n for n, _, _ in members], self.group_size, self.graph_max_tokens)
+            longest = max(d if p is None else p(tokens) for _, d, p in members)
+        else:
+            longest = max(d for _, d, _ in members)
+        self.end_s = max(self.end_s, self.start_s + longest)
+        self.priced = True
+
     def _end_round(self, done: simpy.Event):
         env = self.env
-        while env.now < self.end_s:   # members joining at the same instant may push the end later
+        # the ranks that start this round with the one that opened it (all woken by the last round's end)
+        # have joined by now: price the round once
+        self._price()
+        while env.now < self.end_s:   # members joining later in the same instant may push the end later
             yield env.timeout(self.end_s - env.now)
         self.done = None
         done.succeed(env.now)

@@ -106,10 +106,23 @@ def test_a_round_prices_each_rank_with_the_groups_tokens_as_it_fills():
     env.process(rank("chunk", 2048))
     env.process(rank("decodes", 40))
     env.run()
-    # alone, the chunk's rank was priced over its own 2,048 and one dummy token; with the decodes joined,
-    # over the sum, 2,088 (not 2 x 2,048: a step past the graph is not padded)
-    assert asked[0] == ("chunk", 2049) and ("chunk", 2088) in asked and ("decodes", 2088) in asked
+    # both ranks priced once, over the round's sum, 2,088 (not 2 x 2,048: a step past the graph is not padded)
+    assert sorted(asked) == [("chunk", 2088), ("decodes", 2088)]
     assert seen["chunk"] == seen["decodes"] == (0.0, pytest.approx(2.088))
+    # a rank joining a round already priced prices it again, with its tokens added
+    env = simpy.Environment()
+    group, asked = LockstepGroup(env, group_size=4, graph_max_tokens=512), []
+
+    def late(tokens, delay_events):
+        for _ in range(delay_events):   # still at t = 0, after the round was priced
+            yield env.timeout(0)
+        yield from group.step(0.0, tokens, price("late"))
+
+    env.process(rank("chunk", 2048))
+    env.process(late(40, 3))
+    env.run()
+    assert asked == [("chunk", 2051), ("chunk", 2090), ("late", 2090)]
+    assert seen["chunk"] == (0.0, pytest.approx(2.09))
 
 
 def test_a_dp_rank_priced_with_its_groups_tokens(tmp_path):
