@@ -19,8 +19,9 @@ What each rank's experts run over is the group's, not the rank's: the all-gather
 ranks' tokens. How many, vLLM decides per step (`_synchronize_dp_ranks`, vllm/v1/worker/dp_utils.py): while
 every rank runs its step under a CUDA graph, each is padded to the largest rank's token count, dummy
 batches too, so the experts see DP x the largest; once one rank's step is too big for a graph (a long
-prefill chunk) none is padded, and they see the ranks' sum. `group_expert_tokens` is that rule, and a rank
-whose cost model prices it (`step_time_in_dp_group_s`) is priced with the round's figure as the round fills.
+prefill chunk) none is padded, and they see the ranks' sum. `group_expert_tokens` is that rule; a round
+prices each rank whose cost model can (`step_time_in_dp_group_s`) with the round's figure once its ranks
+have joined.
 """
 from __future__ import annotations
 
