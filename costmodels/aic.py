@@ -368,7 +368,7 @@ class AicCostModel(RooflineCostModel):
         if grid is None:
             return super()._routed_experts_s(num_tokens, group_tokens)
         d = self.deployment   # the busiest rank's share: the imbalance knob scales its tokens
-        # every DP rank's tokens are gathered, with or without EP (simcore/dp_lockstep.py: how many)
+        # every DP rank's tokens are gathered, with or without EP (simcore/dp_lockstep.py `group_tokens`)
         tokens = num_tokens * d.data_parallel_size if group_tokens is None else group_tokens
         return grid(tokens * d.expert_load_imbalance)
 

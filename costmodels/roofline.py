@@ -414,7 +414,8 @@ class RooflineCostModel:
 
     def _routed_experts_s(self, num_tokens: int, group_tokens: int | None = None) -> float:
         """The routed experts as one grouped GEMM (gate, up, down) on the busiest rank, over `group_tokens`,
-        the DP group's gathered tokens (simcore/dp_lockstep.py; default: every rank's batch like this one)."""
+        the DP group's gathered tokens (simcore/dp_lockstep.py `group_tokens`; default: every rank's batch
+        like this one)."""
         m, e, d = self.model, self.eff, self.deployment
         h, top_k, experts = m.hidden_size, m.experts_per_token, m.num_experts
         tokens_global = num_tokens * d.data_parallel_size if group_tokens is None else group_tokens
@@ -431,7 +432,7 @@ class RooflineCostModel:
         return _ridge(flops / (self.peak_flops * compute), bytes_ / (self.gpu.hbm_bytes_per_s * memory),
                       e.gemm_ridge_exponent) + 2 * e.kernel_launch_s
 
-    def _alltoall_s(self, num_tokens: int) -> float:
+    def _alltoall_s(self, num_tokens: int, exchanged_tokens: int | None = None) -> float:
         """The DP dispatch and combine of one MoE layer as vLLM runs them by default, with or without EP
         (`do_naive_dispatch_combine` whenever DP > 1, vllm/model_executor/layers/fused_moe/runner/moe_runner.py):
         an all-gather of every DP rank's tokens (hidden state, top-k ids and weights) before the experts, so
@@ -439,17 +440,19 @@ class RooflineCostModel:
         experts' partial outputs after (all2all backend
         `allgather_reducescatter`, vLLM's default since 0.11 and its only portable one: vllm/config/parallel.py,
         vllm/distributed/device_communicators/all2all.py `AgRsAll2AllManager`). Each is one ring over the DP
-        group, (dp - 1) x this rank's bytes across each GPU's link, priced at that link's collective figures
-        (costmodels/collectives.py: a ring all-reduce is exactly a reduce-scatter then an all-gather). The DP
-        ranks are taken alike, as everywhere in this model. With DP 1 (EP over the TP ranks only) nothing is
-        exchanged: every TP rank holds the tokens, and the TP all-reduce sums the experts' outputs."""
+        group, `exchanged_tokens` across the busiest GPU's link (default: the ranks alike, (dp - 1) x this
+        rank's; simcore/dp_lockstep.py `group_tokens` otherwise), priced at that link's collective figures
+        (costmodels/collectives.py: a ring all-reduce is exactly a reduce-scatter then an all-gather). With
+        DP 1 (EP over the TP ranks only) nothing is exchanged: every TP rank holds the tokens, and the TP
+        all-reduce sums the experts' outputs."""
         m, d = self.model, self.deployment
         ranks = d.data_parallel_size
         if ranks < 2:
             return 0.0
         hidden = m.hidden_size * self.dt
-        gathered = num_tokens * (ranks - 1) * (hidden + m.experts_per_token * 8)   # + int32 ids, fp32 weights
-        scattered = num_tokens * (ranks - 1) * hidden
+        exchanged = num_tokens * (ranks - 1) if exchanged_tokens is None else exchanged_tokens
+        gathered = exchanged * (hidden + m.experts_per_token * 8)   # + int32 ids, fp32 weights
+        scattered = exchanged * hidden
         return (gathered + scattered) / (self.gpu.interconnect_bytes_per_s * self.ep_link.efficiency) \
             + 2 * self.ep_link.latency_s
 
@@ -457,16 +460,18 @@ class RooflineCostModel:
                     num_logits: int | None = None) -> float:
         return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits)
 
-    def step_time_in_dp_group_s(self, group_tokens: int, prefill: Sequence[tuple[int, int]] = (),
-                                decode: Sequence[int] = (), num_logits: int | None = None) -> float:
-        """`step_time_s` of one DP rank of an MoE model whose experts run over `group_tokens`, the tokens the
-        DP group gathered this step (simcore/dp_lockstep.py `group_expert_tokens`), where `step_time_s` takes
-        this rank's x DP, every rank alike. The same as `step_time_s` for any other model."""
+    def step_time_in_dp_group_s(self, group, prefill: Sequence[tuple[int, int]] = (), decode: Sequence[int] = (),
+                                num_logits: int | None = None) -> float:
+        """`step_time_s` of one DP rank of an MoE model in its group's step: the experts over `group.experts`
+        tokens and the exchange before and after them carrying `group.exchanged` (simcore/dp_lockstep.py
+        `group_tokens`), where `step_time_s` takes every rank alike. The same as `step_time_s` for any other
+        model."""
         num_tokens = sum(n for n, _ in prefill) + len(decode)
-        if not num_tokens or not self.model.num_moe_layers or self.deployment.data_parallel_size < 2:
+        layers = self.model.num_moe_layers
+        if not num_tokens or not layers or self.deployment.data_parallel_size < 2:
             return self.step_time_s(prefill, decode, num_logits)
-        extra = self.model.num_moe_layers * (self._routed_experts_s(num_tokens, group_tokens)
-                                             - self._routed_experts_s(num_tokens))
+        extra = layers * (self._routed_experts_s(num_tokens, group.experts) - self._routed_experts_s(num_tokens)
+                          + self._alltoall_s(num_tokens, group.exchanged) - self._alltoall_s(num_tokens))
         return self.step_time_sums_s(prefill, len(decode), sum(decode), num_logits, extra)
 
     def step_time_sums_s(self, prefill: Sequence[tuple[int, int]], num_decode: int, decode_context_sum: int,

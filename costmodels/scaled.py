@@ -25,10 +25,10 @@ class ScaledCostModel:
             return 0.0
         return self.scale * self.base.step_time_s(prefill, decode, num_logits) + self.per_step_s
 
-    def _in_dp_group_s(self, group_tokens, prefill=(), decode=(), num_logits=None) -> float:
+    def _in_dp_group_s(self, group, prefill=(), decode=(), num_logits=None) -> float:
         if not len(prefill) and not len(decode):
             return 0.0
-        return self.scale * self.base.step_time_in_dp_group_s(group_tokens, prefill, decode, num_logits) \
+        return self.scale * self.base.step_time_in_dp_group_s(group, prefill, decode, num_logits) \
             + self.per_step_s
 
     def step_time_sums_s(self, prefill, num_decode, decode_context_sum, num_logits=None) -> float:

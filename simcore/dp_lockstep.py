@@ -19,11 +19,14 @@ What each rank's experts run over is the group's, not the rank's: the all-gather
 ranks' tokens. How many, vLLM decides per step (`_synchronize_dp_ranks`, vllm/v1/worker/dp_utils.py): while
 every rank runs its step under a CUDA graph, each is padded to the largest rank's token count, dummy
 batches too, so the experts see DP x the largest; once one rank's step is too big for a graph (a long
-prefill chunk) none is padded, and they see the ranks' sum. `group_expert_tokens` is that rule; a round
+prefill chunk) none is padded, and they see the ranks' sum. `group_tokens` is that rule (and what the
+exchange before and after the experts then carries); a round
 prices each rank whose cost model can (`step_time_in_dp_group_s`) with the round's figure once its ranks
 have joined.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import simpy
 
@@ -44,14 +47,25 @@ def cuda_graph_max_tokens(max_num_seqs: int | None, max_num_batched_tokens: int 
     return limit
 
 
-def group_expert_tokens(rank_tokens: list[int], group_size: int, graph_max_tokens: int) -> int:
-    """The tokens each rank's experts run over in a step whose busy ranks carry `rank_tokens` (the other
-    ranks of the group run a one-token dummy batch): every rank padded to the largest while all run under a
-    CUDA graph, else the ranks' sum (vllm/v1/worker/dp_utils.py `_synchronize_dp_ranks`)."""
+class GroupTokens(NamedTuple):
+    """What a DP group's step moves: `experts`, the tokens each rank's experts run over; `exchanged`, the
+    tokens the all-gather and the reduce-scatter carry across the busiest GPU's link."""
+    experts: int
+    exchanged: int
+
+
+def group_tokens(rank_tokens: list[int], group_size: int, graph_max_tokens: int) -> GroupTokens:
+    """The tokens of a step whose busy ranks carry `rank_tokens` (the other ranks of the group run a
+    one-token dummy batch). While all run under a CUDA graph every rank is padded to the largest
+    (vllm/v1/worker/dp_utils.py `_synchronize_dp_ranks`): the experts see DP x the largest, and each GPU
+    receives the other DP - 1 ranks' share. Past the graph nobody is padded: the experts see the ranks' sum,
+    and a ring's busiest link carries every rank's share but one, the smallest (`all_gatherv`,
+    `reduce_scatterv`)."""
     largest = max(rank_tokens)
     if largest <= graph_max_tokens:
-        return group_size * largest
-    return sum(rank_tokens) + (group_size - len(rank_tokens))
+        return GroupTokens(group_size * largest, (group_size - 1) * largest)
+    sizes = list(rank_tokens) + [1] * (group_size - len(rank_tokens))
+    return GroupTokens(sum(sizes), sum(sizes) - min(sizes))
 
 
 class LockstepGroup:
@@ -69,7 +83,7 @@ class LockstepGroup:
         """SimPy generator for a rank's step of `duration_s` on its own: joins the round starting now (or,
         if one started earlier is in flight, the next, once it ends); returns (start_s, end_s) of the
         step as the group ran it. `price(group_tokens)`, where given, is the rank's step with its experts
-        over the round's tokens (`group_expert_tokens` of the `num_tokens` of its ranks)."""
+        over the round's tokens (`group_tokens` of the `num_tokens` of its ranks)."""
         env = self.env
         while self.done is not None and self.start_s < env.now:   # a round that started before: wait it out
             yield self.done
@@ -88,7 +102,7 @@ class LockstepGroup:
         own duration where it has no price), the longest."""
         members = self.members
         if any(p is not None for _, _, p in members):
-            tokens = group_expert_tokens([n for n, _, _ in members], self.group_size, self.graph_max_tokens)
+            tokens = group_tokens([n for n, _, _ in members], self.group_size, self.graph_max_tokens)
             longest = max(d if p is None else p(tokens) for _, d, p in members)
         else:
             longest = max(d for _, d, _ in members)

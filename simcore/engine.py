@@ -213,9 +213,9 @@ class Engine(DecisionApplier):
                 self.on_step(self, batch)
 
     def _group_price(self, cost_args: dict, transfer_s: float) -> tuple[int, object]:
-        """(this rank's tokens, its step as a function of the tokens its experts run over in the DP group's
-        round) for simcore/dp_lockstep.py; no function where the step is not the cost model's plain price
-        (speculative verification, a real executor) or the model does not price a DP group's experts."""
+        """(this rank's tokens, its step as a function of the DP group's round: `group_tokens`) for
+        simcore/dp_lockstep.py; no function where the step is not the cost model's plain price (speculative
+        verification, a real executor) or the model does not price a DP group's step."""
         num_tokens = sum(n for n, _ in cost_args["prefill"]) + len(cost_args["decode"])
         in_group = getattr(self.cost_model, "step_time_in_dp_group_s", None)
         if in_group is None or self.speculation is not None or self.executor is not None:

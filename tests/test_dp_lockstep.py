@@ -12,7 +12,7 @@ import simpy
 from experiments.config import ConfigError, resolve_point
 from experiments.fast import fast_path_reason
 from experiments.simulate import simulate
-from simcore.dp_lockstep import LockstepGroup, dp_group_size
+from simcore.dp_lockstep import GroupTokens, LockstepGroup, dp_group_size
 
 TINY_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512,
@@ -79,14 +79,19 @@ def test_a_cluster_that_is_not_whole_dp_groups_is_one_line(tmp_path):
 
 
 def test_the_experts_run_over_the_largest_rank_padded_under_cuda_graphs_else_over_the_ranks_sum():
-    from simcore.dp_lockstep import cuda_graph_max_tokens, group_expert_tokens
+    from simcore.dp_lockstep import GroupTokens, cuda_graph_max_tokens, group_tokens
     # vLLM's largest graph: min(2 x max_num_seqs, 512), within the token budget
     assert cuda_graph_max_tokens(256, 2048) == 512 and cuda_graph_max_tokens(128, 2048) == 256
     assert cuda_graph_max_tokens(256, 128) == 128 and cuda_graph_max_tokens(None, None) == 512
-    # every rank under a graph: all padded to the largest, an idle rank's dummy batch too
-    assert group_expert_tokens([40, 300], 2, 512) == 600 and group_expert_tokens([40], 4, 512) == 160
-    # one rank past the graph: nobody padded; the idle ranks' dummy batches are one token each
-    assert group_expert_tokens([2048, 40], 2, 512) == 2088 and group_expert_tokens([2048], 4, 512) == 2051
+    # every rank under a graph: all padded to the largest, an idle rank's dummy batch too; each GPU receives
+    # the other ranks' padded shares
+    assert group_tokens([40, 300], 2, 512) == GroupTokens(600, 300)
+    assert group_tokens([40], 4, 512) == GroupTokens(160, 120)
+    # one rank past the graph: nobody padded; the idle ranks' dummy batches are one token each, and a ring's
+    # busiest link carries every share but the smallest
+    assert group_tokens([2048, 40], 2, 512) == GroupTokens(2088, 2048)
+    assert group_tokens([2048], 4, 512) == GroupTokens(2051, 2050)
+    assert group_tokens([2048, 600, 40, 8], 4, 512) == GroupTokens(2696, 2688)
 
 
 def test_a_round_prices_each_rank_with_the_groups_tokens_as_it_fills():
@@ -95,9 +100,9 @@ def test_a_round_prices_each_rank_with_the_groups_tokens_as_it_fills():
     seen, asked = {}, []
 
     def price(name):
-        def f(group_tokens):
-            asked.append((name, group_tokens))
-            return group_tokens / 1000.0   # a step that grows with the experts' tokens
+        def f(group):
+            asked.append((name, group.experts))
+            return group.experts / 1000.0   # a step that grows with the experts' tokens
         return f
 
     def rank(name, tokens):
@@ -135,9 +140,16 @@ def test_a_dp_rank_priced_with_its_groups_tokens(tmp_path):
     cm = RooflineCostModel(cfg.model, cfg.gpu, deployment=cfg.deployment)
     prefill, decode = [(2048, 0)], [600] * 8
     own = cm.step_time_s(prefill, decode)
-    # the ranks alike (this rank's tokens x DP) is what step_time_s prices: the same step, bitwise
-    assert cm.step_time_in_dp_group_s(2 * (2048 + 8), prefill, decode) == own
+    # the ranks alike (this rank's tokens x DP, the other rank's share exchanged) is what step_time_s
+    # prices: the same step, bitwise
+    assert cm.step_time_in_dp_group_s(GroupTokens(2 * 2056, 2056), prefill, decode) == own
     # beside an idle rank, the experts run over the chunk and one dummy token: cheaper
-    assert cm.step_time_in_dp_group_s(2048 + 8 + 1, prefill, decode) < own
+    assert cm.step_time_in_dp_group_s(GroupTokens(2057, 2056), prefill, decode) < own
+    # at DP 4 with three idle ranks the exchange carries this rank's share and two dummy tokens, not 3 x it
+    dp4 = RooflineCostModel(cfg.model, cfg.gpu, deployment=dataclasses.replace(cfg.deployment, data_parallel_size=4))
+    alike4 = dp4.step_time_s(prefill, decode)
+    alone = dp4.step_time_in_dp_group_s(GroupTokens(2059, 2058), prefill, decode)
+    experts_only = dp4.step_time_in_dp_group_s(GroupTokens(2059, 3 * 2056), prefill, decode)
+    assert alone < experts_only < alike4
     dense = RooflineCostModel(cfg.model, cfg.gpu, deployment=dataclasses.replace(cfg.deployment, data_parallel_size=1))
-    assert dense.step_time_in_dp_group_s(10, prefill, decode) == dense.step_time_s(prefill, decode)
+    assert dense.step_time_in_dp_group_s(GroupTokens(10, 5), prefill, decode) == dense.step_time_s(prefill, decode)
