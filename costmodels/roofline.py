@@ -492,7 +492,7 @@ class RooflineCostModel:
             attention += float(self._decode_attention_s(float(decode_context_sum), num_decode))
         if prefill:
             attention += self._varlen_excess_s(prefill, num_decode, float(decode_context_sum))
-        return self._step_s(num_tokens, num_seqs, num_logits, attention + extra_gpu_s if extra_gpu_s else attention)
+        return self._step_s(num_tokens, num_seqs, num_logits, attention + extra_gpu_s)
 
     def _prefill_attention_total_s(self, prefill) -> float:
         full = self._prefill_attention_s(prefill)

@@ -20,9 +20,8 @@ ranks' tokens. How many, vLLM decides per step (`_synchronize_dp_ranks`, vllm/v1
 every rank runs its step under a CUDA graph, each is padded to the largest rank's token count, dummy
 batches too, so the experts see DP x the largest; once one rank's step is too big for a graph (a long
 prefill chunk) none is padded, and they see the ranks' sum. `group_tokens` is that rule (and what the
-exchange before and after the experts then carries); a round
-prices each rank whose cost model can (`step_time_in_dp_group_s`) with the round's figure once its ranks
-have joined.
+exchange before and after the experts then carries); a round prices each rank whose cost model can
+(`step_time_in_dp_group_s`) with the round's figures once its ranks have joined.
 """
 from __future__ import annotations
 
@@ -82,8 +81,8 @@ class LockstepGroup:
     def step(self, duration_s: float, num_tokens: int = 0, price=None):
         """SimPy generator for a rank's step of `duration_s` on its own: joins the round starting now (or,
         if one started earlier is in flight, the next, once it ends); returns (start_s, end_s) of the
-        step as the group ran it. `price(group_tokens)`, where given, is the rank's step with its experts
-        over the round's tokens (`group_tokens` of the `num_tokens` of its ranks)."""
+        step as the group ran it. `price(group)`, where given, is the rank's step in the round's
+        (`group_tokens` of the `num_tokens` of its ranks), and `duration_s` is then not read."""
         env = self.env
         while self.done is not None and self.start_s < env.now:   # a round that started before: wait it out
             yield self.done

@@ -56,6 +56,8 @@ class Engine(DecisionApplier):
         self.policy_state: object = None  # carried from one Batch to the next view, never read here
         self.in_step = False
         self.lockstep = None   # the DP group whose ranks step together (simcore/dp_lockstep.py), if any
+        # a cost model's price of a rank's step in its DP group's round (the experts over the group's tokens)
+        self._in_dp_group = getattr(cost_model, "step_time_in_dp_group_s", None)
         # async scheduling: arrivals during a step join the queue after the next decision (simcore/async_scheduling.py)
         self.late = ArrivalsInStep() if limits.async_scheduling else None
         self.deadlines = None   # admission control (simcore/gateway.py): queue and client deadlines
@@ -191,19 +193,25 @@ class Engine(DecisionApplier):
                          for s in batch.scheduled]
             prefill, decode = split_shape(shape)
             cost_args = dict(prefill=prefill, decode=decode, num_logits=self._num_logits(batch, shape))
+            group_price = None   # this rank's step in its DP group's round, where the round prices it
             if self.speculation is not None:   # verification rows score every draft; the proposer drafts
                 cost_args["num_logits"] = speculative.num_logits(
                     [(self.requests[s.request_id], s.num_new_tokens) for s in batch.scheduled])
                 duration_s = speculative.step_time_s(self.cost_model, self.speculation, **cost_args) + transfer_s
-            elif self.executor is None:
-                duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
-            else:  # real hardware: measured wall time of this very batch (see __init__)
+            elif self.executor is not None:  # real hardware: measured wall time of this very batch (see __init__)
                 duration_s = self.executor.execute(self, batch, shape, cost_args) + transfer_s
+            elif self.lockstep is not None and self._in_dp_group is not None:   # the round prices it
+                in_group = self._in_dp_group
+                group_price = lambda group: in_group(group, **cost_args) + transfer_s
+                duration_s = 0.0
+            else:
+                duration_s = self.cost_model.step_time_s(**cost_args) + transfer_s
             self.in_step = True
             if self.lockstep is None:
                 yield env.timeout(duration_s)
             else:   # the DP ranks of an MoE model: the step ends with the group's slowest (simcore/dp_lockstep.py)
-                start_s, end_s = yield from self.lockstep.step(duration_s, *self._group_price(cost_args, transfer_s))
+                num_tokens = sum(n for n, _ in prefill) + len(decode)
+                start_s, end_s = yield from self.lockstep.step(duration_s, num_tokens, group_price)
                 duration_s = end_s - start_s
             self.in_step = False
             self._complete(batch, start_s, duration_s, shape)
@@ -211,16 +219,6 @@ class Engine(DecisionApplier):
                 self._check_invariants()
             if self.on_step is not None:
                 self.on_step(self, batch)
-
-    def _group_price(self, cost_args: dict, transfer_s: float) -> tuple[int, object]:
-        """(this rank's tokens, its step as a function of the DP group's round: `group_tokens`) for
-        simcore/dp_lockstep.py; no function where the step is not the cost model's plain price (speculative
-        verification, a real executor) or the model does not price a DP group's step."""
-        num_tokens = sum(n for n, _ in cost_args["prefill"]) + len(cost_args["decode"])
-        in_group = getattr(self.cost_model, "step_time_in_dp_group_s", None)
-        if in_group is None or self.speculation is not None or self.executor is not None:
-            return num_tokens, None
-        return num_tokens, lambda group_tokens: in_group(group_tokens, **cost_args) + transfer_s
 
     def _num_logits(self, batch: Batch, shape) -> int:
         if batch.padded_shape is not None:
