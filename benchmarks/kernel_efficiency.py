@@ -11,7 +11,8 @@ all-reduce under CUDA graphs and NCCL, H100, 256 kB to 64 MB) as latency + ring 
 vLLM's FP8 linear (CUTLASS scaled_mm) at decode sizes and where compute-bound, against the same tables'
 bf16 GEMMs; decode attention over an FP8 KV cache against a bf16 one; prefill attention where
 compute-bound, over a bf16 and an FP8 cache; vLLM's fused MoE kernel where compute-bound, as a fraction of
-the dense peak; vLLM's FP8 MoE kernels, compute-bound and at decode sizes.
+the dense peak; vLLM's FP8 MoE kernels, compute-bound and at decode sizes; the fixed time of a kernel that
+moves almost nothing (vLLM's FP8 quantisation kernel in the tables, its fused elementwise kernels at one token).
 Prints one line per GPU and family; costmodels/roofline.py `Efficiencies` quotes these lines. --compare
 adds the op-by-op comparison of docs/fidelity/gpu/kernels.md.
 """
@@ -80,6 +81,8 @@ def tables(root: Path) -> None:
         print(text)
     for text in moe_compute_lines(Path(root)) + moe_fp8_lines(Path(root)):
         print(text)
+    for what, us in small_kernel_table_us(Path(root)).items():
+        print(small_kernel_line(what, us))
     # the TP all-reduce over NVLink (costmodels/collectives.py NVLINK): vLLM's all-reduce under CUDA graphs, through
     # its own dispatch (custom kernel, symmetric-memory multimem at TP 8), and NCCL's for comparison
     for g, label, path, backend in (
@@ -292,6 +295,37 @@ def prefill_tile_lines(root: Path | None, shared: Path | None) -> list[str]:
                      f"alone {np.median(np.abs(flops)):.0%} (median {np.median(flops):+.0%}, p90 "
                      f"{np.percentile(np.abs(flops), 90):.0%})")
     return lines
+
+
+SMALL_KERNEL_BYTES = 64e3   # a streaming kernel moving this little takes its fixed time alone
+
+
+def small_kernel_table_us(root: Path) -> dict[str, float]:
+    """The fixed time of a streaming kernel that moves almost nothing (`Efficiencies.kernel_launch_s`): the
+    median latency, in us, of vLLM's static FP8 quantisation kernel (read 16 bits, write 8) over the rows of
+    NVIDIA's vLLM quantisation table that move 64 kB or less, per GPU."""
+    out = {}
+    for g, name in TABLE_GPUS.items():
+        path = sorted(glob.glob(f"{root}/{g}/quantize/vllm/*/scale_matrix_perf.parquet"))
+        if not path:
+            continue
+        d = pd.read_parquet(path[-1])
+        d = d[(d.latency > 0) & (d.m * d.k * 3.0 <= SMALL_KERNEL_BYTES)]
+        if len(d):
+            out[f"{name} (aiconfigurator vllm {path[-1].split('/')[-2]}, static FP8 quantisation, {len(d)} rows)"] = \
+                float(np.median(d.latency) * 1e3)
+    return out
+
+
+def small_kernel_profiler_us(dense: pd.DataFrame) -> float | None:
+    """The same from vLLM 0.19's own per-layer timings: the median of its fused elementwise kernels (add +
+    RMSNorm, the final norm, SiLU*mul, rotary) at one token, where each moves a few kB."""
+    s = dense[dense.layer.isin(("layernorm", "final_layernorm", "act_fn", "rotary_emb")) & (dense.tokens == 1)]
+    return float(np.median(s.time_us)) if len(s) else None
+
+
+def small_kernel_line(what: str, us: float) -> str:
+    return f"{what} smallest streaming kernel: {us:.2f} us"
 
 
 def fp8_kv_decode_lines(root: Path) -> list[str]:
@@ -572,6 +606,9 @@ def profiler(shared: Path) -> None:
         if len(act):   # silu_and_mul: reads gate and up, writes their product
             moved = 2048 * 3 * 14336 * 2.0
             print(f"{name} silu_and_mul at 2,048 tokens: {moved / (act.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
+        small = small_kernel_profiler_us(dense)
+        if small is not None:
+            print(small_kernel_line(f"{name} (vLLM 0.19 eager, fused elementwise kernels at 1 token)", small))
         norm = dense[(dense.layer == "layernorm") & (dense.tokens == 2048)]
         if len(norm):   # fused residual add + RMSNorm: reads x and the residual, writes both
             moved = 2048 * 4 * 4096 * 2.0
@@ -713,8 +750,17 @@ def main(argv=None) -> int:
     have_shared = shared is not None and (shared / "real-runs").is_dir()
     for text in prefill_tile_lines(Path(root) if root is not None else None, shared if have_shared else None):
         print(text)
+    small = list(small_kernel_table_us(Path(root)).values()) if root is not None else []
     if have_shared:
         profiler(shared)
+        for g in PROFILER_GPUS:
+            dense = shared / "real-runs" / "llmservingsim" / "profiler_perf" / f"{g}_Llama-3.1-8B_bf16" / "tp1" / "dense.csv"
+            us = small_kernel_profiler_us(pd.read_csv(dense)) if dense.exists() else None
+            small += [us] if us is not None else []
+    if small:
+        print(f"smallest streaming kernel, median of the {len(small)} figures above: {np.median(small):.2f} us "
+              "(Efficiencies.kernel_launch_s)")
+    if have_shared:
         if root is not None:
             for text in aic_prefill_lines(shared):
                 print(text)
