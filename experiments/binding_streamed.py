@@ -16,7 +16,7 @@ import pandas as pd
 
 from experiments.binding import (DEMAND, LIMITS, STEP_COLUMNS, admission_limits, binding_name, lookup_by_replica,
                                  sampled_bounds, sampled_busy_steps, step_limits)
-from experiments.tables import table_path
+from experiments.tables import iter_table
 from simcore.pairwise import StreamedSum
 
 CHUNK_ROWS = 1 << 18   # steps read back at a time (about 23 MB as a frame; a Parquet row group)
@@ -24,24 +24,7 @@ CHUNK_ROWS = 1 << 18   # steps read back at a time (about 23 MB as a frame; a Pa
 
 def iteration_chunks(tables_dir, columns=STEP_COLUMNS):
     """The iterations table of `tables_dir` as frames of up to CHUNK_ROWS rows, in order."""
-    p = table_path(Path(tables_dir), "iterations")
-    if p is None:
-        raise FileNotFoundError(2, "no such table (.parquet or .csv)", str(Path(tables_dir) / "iterations"))
-    if p.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        f = pq.ParquetFile(p)
-        cols = [c for c in columns if c in set(f.schema_arrow.names)]
-        pool = pa.default_memory_pool()
-        for batch in f.iter_batches(batch_size=CHUNK_ROWS, columns=cols):
-            frame = batch.to_pandas()
-            del batch
-            # arrow's allocator (mimalloc) keeps the pages of each row group read, so the resident set would
-            # grow with the table: give them back once the chunk is a frame
-            pool.release_unused()
-            yield frame
-    else:
-        yield from pd.read_csv(p, usecols=lambda c: c in set(columns), chunksize=CHUNK_ROWS)
+    yield from iter_table(Path(tables_dir), "iterations", list(columns), CHUNK_ROWS)
 
 
 def _replica(chunk: pd.DataFrame) -> np.ndarray:

@@ -59,7 +59,7 @@ def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
     for every request or an array, one per row (a front end whose time depends on the prompt)."""
     if np.ndim(latency_s) == 0 and not latency_s:
         return requests
-    out = requests.copy()
+    out = requests.copy(deep=False)   # the shifted columns are new arrays; the rest are shared, not copied
     out["first_token_s"] = out["first_token_s"] + latency_s
     out["finish_s"] = out["finish_s"] + latency_s
     return _with_latencies(out)
