@@ -574,9 +574,10 @@ def ridge_line(name: str, source: str, m, n, k, latency_s) -> str:
             f"exponent {ps[int(np.argmin(np.abs(med)))]:.2f}")
 
 
-def profiler(shared: Path) -> None:
+def profiler(shared: Path) -> list[float]:
+    """Prints the fits to vLLM 0.19's per-layer timings; returns each GPU's smallest streaming kernel, in us."""
     base = shared / "real-runs" / "llmservingsim" / "profiler_perf"
-    speeds, empties = [], []
+    speeds, empties, smallest = [], [], []
     for g, name in PROFILER_GPUS.items():
         d = base / f"{g}_Llama-3.1-8B_bf16" / "tp1"
         if not d.is_dir():
@@ -608,6 +609,7 @@ def profiler(shared: Path) -> None:
             print(f"{name} silu_and_mul at 2,048 tokens: {moved / (act.time_us.iloc[0] * 1e-6) / bw:.2f} of datasheet")
         small = small_kernel_profiler_us(dense)
         if small is not None:
+            smallest.append(small)
             print(small_kernel_line(f"{name} (vLLM 0.19 eager, fused elementwise kernels at 1 token)", small))
         norm = dense[(dense.layer == "layernorm") & (dense.tokens == 2048)]
         if len(norm):   # fused residual add + RMSNorm: reads x and the residual, writes both
@@ -635,6 +637,7 @@ def profiler(shared: Path) -> None:
         v = np.concatenate(speeds)
         print(f"mixed-step KV re-reads from L2, both GPUs ({len(v)} rows): median {np.median(v):.1f}x "
               "(Efficiencies.mixed_reread_l2_speedup)")
+    return smallest
 
 
 PRIOR_BEFORE = dict(gemm_memory=0.75, gemm_fixed_s=2e-6, attention_memory=0.70, decode_attention_fixed_s=2e-6,
@@ -752,11 +755,7 @@ def main(argv=None) -> int:
         print(text)
     small = list(small_kernel_table_us(Path(root)).values()) if root is not None else []
     if have_shared:
-        profiler(shared)
-        for g in PROFILER_GPUS:
-            dense = shared / "real-runs" / "llmservingsim" / "profiler_perf" / f"{g}_Llama-3.1-8B_bf16" / "tp1" / "dense.csv"
-            us = small_kernel_profiler_us(pd.read_csv(dense)) if dense.exists() else None
-            small += [us] if us is not None else []
+        small += profiler(shared)
     if small:
         print(f"smallest streaming kernel, median of the {len(small)} figures above: {np.median(small):.2f} us "
               "(Efficiencies.kernel_launch_s)")
