@@ -11,7 +11,8 @@ For every run it fits, in closed form from the requests' own times (fidelity/req
 and replays every run (the one fitted, the same GPU with another model, the same model on another GPU)
 with each, next to the plain prior. Writes cross_fit.csv and cross_fit.md (TTFT, TPOT and E2E mean
 errors per fit run and target run, the fitted parameters, the fit's error on the 20% of requests it left
-out, and the fit's time). Without ../shared it says so and exits 0.
+out, and the fit's time). Without ../shared (or its llmservingsim runs) it says so and exits 0; a
+`--shared` folder without real-runs/ is refused (exit 2).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_fidelity import LSS_DIR, _lss_metrics, find_shared, say  # noqa: E402
+from benchmarks.gpu_fidelity import LSS_DIR, _lss_metrics, say  # noqa: E402
+from benchmarks.shared_data import shared_folder  # noqa: E402
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 
@@ -136,9 +138,9 @@ def main(argv=None) -> int:
         out_dir(a.out)
     except OutputError as e:
         ap.error(str(e))
-    shared = find_shared(a.shared)
+    shared = shared_folder(ap, a.shared)
     if shared is None or not (shared / LSS_DIR).is_dir():
-        print("gpu_cross_fit: no ../shared/real-runs/llmservingsim beside the checkout (or --shared): skipped")
+        print(f"gpu_cross_fit: no real-runs/llmservingsim in {shared or '../shared beside the checkout'}: skipped")
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ core receiving the tokenised request). Cost models: `roofline`
 and they have the GPU, else the same prior); for a multi-GPU run on a PCIe GPU also `roofline-pcie_host`,
 the prior with the GPUs described as having no peer-to-peer path (host_staged_point says why). Writes
 stages.csv, runs.csv and report.md under --out.
-Without ../shared (or --shared) it says so and exits 0.
+Without ../shared it says so and exits 0; a `--shared` folder without real-runs/ is refused (exit 2).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shared_data import shared_folder  # noqa: E402
 from commandline.argtypes import positive_float  # noqa: E402
 from commandline.exits import run_main  # noqa: E402
 from commandline.interrupts import raise_if_interrupted  # noqa: E402
@@ -56,8 +57,6 @@ from commandline.parser import Parser  # noqa: E402
 from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, per_token_ms,  # noqa: E402
                                   read_stage_file, row_problem, row_settings, stage_files, stage_profile)
 
-# ../shared beside the checkout (a user's layout), else beside the main checkout of a git worktree
-SHARED_CANDIDATES = (ROOT.parent / "shared", ROOT.parents[1] / "shared")
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
 LSS_DIR = "real-runs/llmservingsim"
 
@@ -77,12 +76,6 @@ PROMPTS_PER_SYSTEM_PROMPT = 10
 # than 1% of its requests.
 SATURATED_TTFT_P99_S = 10.0
 METRICS = ("ttft_mean_ms", "ttft_p99_ms", "per_token_ms", "e2e_mean_ms", "e2e_p99_ms", "throughput_tok_s")
-
-
-def find_shared(given: str | None) -> Path | None:
-    if given:
-        return Path(given) if Path(given).is_dir() else None
-    return next((p for p in SHARED_CANDIDATES if (p / "real-runs").is_dir()), None)
 
 
 def say(msg: str) -> None:
@@ -492,11 +485,9 @@ def main(argv=None) -> int:
         out_dir(a.out)   # before minutes of replay
     except OutputError as e:
         ap.error(str(e))
-    shared = find_shared(a.shared)
-    if shared is not None and not (shared / "real-runs").is_dir():
-        shared = None
+    shared = shared_folder(ap, a.shared)
     if shared is None and not named:
-        print("gpu_fidelity: no ../shared/real-runs beside the checkout (or --shared): nothing to replay, skipped")
+        print("gpu_fidelity: no ../shared/real-runs beside the checkout: nothing to replay, skipped")
         return 0
     tables = []
     if "h100" in sets:

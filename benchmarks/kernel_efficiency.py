@@ -28,6 +28,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shared_data import shared_folder  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 from costmodels.attention_kernel import fp8_kv_decode_on_chip_bound  # noqa: E402
 from costmodels.catalog import GPUS  # noqa: E402
@@ -740,26 +741,22 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", action="store_true",
                     help="also print the roofline's per-op terms against vLLM 0.19's per-layer timings")
     a = ap.parse_args(argv)
-    if a.shared and not (Path(a.shared) / "real-runs").is_dir():
-        ap.error(f"argument --shared: {a.shared} has no real-runs folder")
+    shared = shared_folder(ap, a.shared)
     from costmodels import aic
     root = aic.tables_root()
     if root is not None:
         tables(Path(root))
     else:
         print("aiconfigurator-core not installed: table fits skipped")
-    shared = Path(a.shared) if a.shared else next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared")
-                                                   if (p / "real-runs").is_dir()), None)
-    have_shared = shared is not None and (shared / "real-runs").is_dir()
-    for text in prefill_tile_lines(Path(root) if root is not None else None, shared if have_shared else None):
+    for text in prefill_tile_lines(Path(root) if root is not None else None, shared):
         print(text)
     small = list(small_kernel_table_us(Path(root)).values()) if root is not None else []
-    if have_shared:
+    if shared is not None:
         small += profiler(shared)
     if small:
         print(f"smallest streaming kernel, median of the {len(small)} figures above: {np.median(small):.2f} us "
               "(Efficiencies.kernel_launch_s)")
-    if have_shared:
+    if shared is not None:
         if root is not None:
             for text in aic_prefill_lines(shared):
                 print(text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from benchmarks import gpu_fidelity
+from benchmarks import gpu_fidelity, shared_data
 from tests.test_llmservingsim_reader import write_run
 
 STAGE = {"experiment": "llama-2-7b-tp1-general", "model": "meta-llama/Llama-2-7b-hf", "profile": "general",
@@ -24,9 +24,18 @@ def test_help_has_no_side_effects(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_shared_data_it_skips(tmp_path, capsys):
-    assert gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 0
+def test_without_shared_data_it_skips(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(shared_data, "SHARED_CANDIDATES", (tmp_path / "none",))
+    assert gpu_fidelity.main(["--out", str(tmp_path / "out")]) == 0
     assert "skipped" in capsys.readouterr().out and not (tmp_path / "out").exists()
+
+
+def test_a_named_shared_folder_without_real_runs_is_one_line(tmp_path, capsys):
+    """A mistyped --shared is refused, not read as "no data" (which would skip with exit 0)."""
+    with pytest.raises(SystemExit) as e:
+        gpu_fidelity.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--shared" in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 def test_bad_argument_is_one_line(tmp_path, capsys):

@@ -6,13 +6,19 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from benchmarks import gpu_fidelity
+from benchmarks import gpu_fidelity, shared_data
 from costmodels.catalog import get_model
 from fidelity.vllm_stages import catalog_gpu, gpu_in_file_name, row_settings, stage_profile
 from tests.test_gpu_fidelity_benchmark import STAGE
 
-H100_FILE = next((c / gpu_fidelity.STAGES_CSV for c in gpu_fidelity.SHARED_CANDIDATES
+H100_FILE = next((c / gpu_fidelity.STAGES_CSV for c in shared_data.SHARED_CANDIDATES
                   if (c / gpu_fidelity.STAGES_CSV).exists()), None)
+
+
+@pytest.fixture(autouse=True)
+def no_shared_folder(monkeypatch):
+    """The named stage files alone: ../shared's own runs are not replayed beside them."""
+    monkeypatch.setattr(shared_data, "SHARED_CANDIDATES", ())
 
 
 @pytest.mark.parametrize("written, name", [
@@ -62,7 +68,7 @@ def replay_args(tmp_path, rows: list[dict], name: str) -> list[str]:
     """gpu_fidelity's arguments replaying `rows`, written as a stage file `name`, with the prior, 2 s a stage."""
     path = tmp_path / name
     pd.DataFrame(rows).to_csv(path, index=False)
-    return ["--shared", str(tmp_path / "none"), "--stages", str(path), "--out", str(tmp_path / "out"),
+    return ["--stages", str(path), "--out", str(tmp_path / "out"),
             "--models", "roofline", "--max-stage-s", "2", "--sets", "h100"]
 
 
@@ -102,7 +108,7 @@ def test_a_stage_file_without_a_needed_column_is_one_line(tmp_path, capsys):
     pd.DataFrame([{k: v for k, v in STAGE.items() if k != "sent"}]).to_csv(path, index=False)
     for arg in (str(path), str(tmp_path / "missing.csv")):
         with pytest.raises(SystemExit) as e:
-            gpu_fidelity.main(["--stages", arg, "--out", str(tmp_path / "out"), "--shared", str(tmp_path)])
+            gpu_fidelity.main(["--stages", arg, "--out", str(tmp_path / "out")])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and ("'sent'" in err or "missing.csv" in err)
 
@@ -149,7 +155,7 @@ def test_a_stage_file_that_measured_nothing_is_one_line(tmp_path, capsys):
     path = tmp_path / "vllm-0.15.1-l40s-stages.csv"
     pd.DataFrame([{k: v for k, v in STAGE.items() if k not in MEASURED}]).to_csv(path, index=False)
     with pytest.raises(SystemExit) as e:
-        gpu_fidelity.main(["--stages", str(path), "--out", str(tmp_path / "out"), "--shared", str(tmp_path)])
+        gpu_fidelity.main(["--stages", str(path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "no measured column" in err
     s = replay(tmp_path, [{**STAGE, **{k: None for k in MEASURED}}], path.name)   # the columns, no figures

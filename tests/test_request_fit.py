@@ -131,12 +131,16 @@ def test_scaled_model_prices_alike_by_every_entry_point(lss_run):
     assert m.step_time_s() == 0.0 and m.describe()["kind"] == "scaled-prior"
 
 
-def test_cross_fit_table_over_runs(tmp_path, capsys):
+def test_cross_fit_table_over_runs(tmp_path, capsys, monkeypatch):
     """benchmarks.gpu_cross_fit fits each run and replays every run with each fit (and the plain prior);
-    without the shared folder it skips, exit 0."""
-    from benchmarks import gpu_cross_fit
-    assert gpu_cross_fit.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "o0")]) == 0
+    without the shared folder it skips, exit 0; a named one without real-runs/ is refused in one line."""
+    from benchmarks import gpu_cross_fit, shared_data
+    monkeypatch.setattr(shared_data, "SHARED_CANDIDATES", (tmp_path / "none",))
+    assert gpu_cross_fit.main(["--out", str(tmp_path / "o0")]) == 0
     assert "skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        gpu_cross_fit.main(["--shared", str(tmp_path / "none"), "--out", str(tmp_path / "o0")])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
     lss = tmp_path / "shared" / "real-runs" / "llmservingsim"
     write_lss_run(lss / "H100_tiny", seed=3)
     small = json.loads(json.dumps(POINT))
