@@ -154,9 +154,12 @@ def kv_bytes_per_token(model: ModelShape, d: Deployment) -> int:
 # 7,463 blocks, ../shared/real-runs/README.md -> 0.19e9; RTX 4090, Llama-3.1-8B, vLLM 0.19.0: 2,588
 # blocks, LLMServingSim's vllm_meta.json -> 0.21e9), and what vLLM's own start-up log prints in public
 # reports ("non_torch_memory takes 0.16GiB", H100 80GB, vllm-project/vllm PR #12126; "0.20GiB", a 24 GB
-# card, PR #14447; at TP > 1 NCCL's buffers add more, not modelled here). The CUDA context exists before vLLM's baseline
-# snapshot and is not counted; CUDA graphs are captured after the KV cache is allocated and counted only
-# from vLLM 0.21 on (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), so not in the versions this represents.
+# card, PR #14447). The CUDA context exists before vLLM's baseline snapshot and is not counted; nor, at TP >
+# 1, are NCCL's buffers (about 4.5 GiB in PR #25359's report), which vLLM allocates before that snapshot
+# since that PR (September 2025, before 0.15: gpu_worker.init_device runs the distributed init first), so
+# they sit outside the gpu_memory_utilization budget and do not shrink the KV pool. CUDA graphs are
+# captured after the KV cache is allocated and counted only from vLLM 0.21 on
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), so not in the versions this represents.
 NON_TORCH_PROFILE_BYTES = 0.2e9
 # vLLM's dummy sampler run (gpu_model_runner._dummy_sampler_run) samples min(max_num_seqs, token budget)
 # rows with top-k = vocab - 1 and top-p 0.9, so the full-vocabulary sort path runs: fp32 logits, the
