@@ -21,14 +21,24 @@ Sweep files override it under `engine.frontend` (experiments/engine_config.py):
     # or a kind alone: `frontend: http_chat`, `frontend: in_process`, `frontend: none`
 
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
+
+The API server is also a resource: one Python process (one core, under the GIL) per engine replica admits
+every request and streams every token. `server_busy` is the share of its time that a run's served requests
+and streamed chunks take at the measured CPU per request and per chunk (`api_server_cpu_per_request_ms`,
+`api_server_cpu_per_chunk_us`, `api_server_count`: processes per replica, vLLM's `--api-server-count`). The
+simulator does not queue requests there: a run that would keep it busy most of the time says so in words
+(`api_server_busy` in the results, simcore/metrics.py `untrusted_notes`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 KINDS = ("http", "http_chat", "in_process", "none")
-KEYS = ("kind", "fixed_ms", "per_1k_prompt_tokens_ms")
+KEYS = ("kind", "fixed_ms", "per_1k_prompt_tokens_ms", "api_server_cpu_per_request_ms", "api_server_cpu_per_chunk_us",
+        "api_server_count")
 
 
 @dataclass(frozen=True)
@@ -37,12 +47,18 @@ class FrontendLatency:
     fixed_s: float
     per_prompt_token_s: float = 0.0
     kind: str = "http"
+    # the API server's own CPU time per request admitted and per streamed chunk (0: not known, no check)
+    cpu_per_request_s: float = 0.0
+    cpu_per_chunk_s: float = 0.0
+    api_servers: int = 1   # API-server processes per engine replica
 
     def __post_init__(self):
-        for name in ("fixed_s", "per_prompt_token_s"):
+        for name in ("fixed_s", "per_prompt_token_s", "cpu_per_request_s", "cpu_per_chunk_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"FrontendLatency.{name}: must be a non-negative number, not {v!r}")
+        if isinstance(self.api_servers, bool) or not isinstance(self.api_servers, int) or self.api_servers < 1:
+            raise ValueError(f"FrontendLatency.api_servers: must be an integer >= 1, not {self.api_servers!r}")
         if self.kind not in KINDS + ("fitted",):
             raise ValueError(f"FrontendLatency.kind: expected one of {', '.join(KINDS)}, not {self.kind!r}")
 
@@ -54,9 +70,28 @@ class FrontendLatency:
     def is_zero(self) -> bool:
         return self.fixed_s == 0 and self.per_prompt_token_s == 0
 
+    @property
+    def has_server_cpu(self) -> bool:
+        """Whether the API server's CPU per request and per chunk are known (so its load can be checked)."""
+        return self.cpu_per_request_s > 0 or self.cpu_per_chunk_s > 0
+
+    def server_busy(self, num_requests, num_chunks, seconds):
+        """The share of one replica's API-server time that `num_requests` admitted and `num_chunks` streamed
+        take over `seconds` (numbers or numpy arrays, one per replica); NaN where it is not known."""
+        if not self.has_server_cpu:
+            return math.nan
+        work = self.cpu_per_request_s * num_requests + self.cpu_per_chunk_s * num_chunks
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return work / (seconds * self.api_servers)
+
     def describe(self) -> dict:
-        return {"kind": self.kind, "fixed_ms": round(self.fixed_s * 1e3, 6),
-                "per_1k_prompt_tokens_ms": round(self.per_prompt_token_s * 1e6, 6)}
+        out = {"kind": self.kind, "fixed_ms": round(self.fixed_s * 1e3, 6),
+               "per_1k_prompt_tokens_ms": round(self.per_prompt_token_s * 1e6, 6)}
+        if self.has_server_cpu:
+            out.update(api_server_cpu_per_request_ms=round(self.cpu_per_request_s * 1e3, 6),
+                       api_server_cpu_per_chunk_us=round(self.cpu_per_chunk_s * 1e6, 6),
+                       api_server_count=self.api_servers)
+        return out
 
 
 # In-process (AsyncLLM, prompt token ids): 2.3 ms a request, measured on real vLLM 0.32 through AsyncLLM on
@@ -80,8 +115,17 @@ IN_PROCESS = FrontendLatency(fixed_s=2.3e-3, per_prompt_token_s=0.0, kind="in_pr
 # The same split of the in-process client gives 2.2 ms + 0.1 per 1k, what `IN_PROCESS` has from whole runs.
 # Host-CPU work, so it carries to a GPU server as far as its host CPU's single-core speed matches this one's
 # (a virtualised Intel Xeon): an assumption, not a measurement on a GPU host.
-HTTP = FrontendLatency(fixed_s=4.8e-3, per_prompt_token_s=2.1e-6, kind="http")
-HTTP_CHAT = FrontendLatency(fixed_s=5.1e-3, per_prompt_token_s=2.2e-6, kind="http_chat")
+#
+# The API server's CPU under concurrent load, measured by benchmarks.frontend_load on the same server
+# (docs/fidelity/frontend.md, "Under concurrent load": bursts of 50-200 streams, the API-server process's
+# on-CPU time, least squares over 12 bursts a way): /v1/completions 1.20 ms a request and 60 us a streamed
+# chunk, /v1/chat/completions 1.32 ms and 59 us. One process runs them on one core, so they bound what it
+# serves: about 830 short requests or 17,000 streamed tokens a second. Less than a lone request's latency
+# above: concurrent requests share the event loop's turns and the output thread's hand-offs.
+HTTP = FrontendLatency(fixed_s=4.8e-3, per_prompt_token_s=2.1e-6, kind="http",
+                       cpu_per_request_s=1.20e-3, cpu_per_chunk_s=60e-6)
+HTTP_CHAT = FrontendLatency(fixed_s=5.1e-3, per_prompt_token_s=2.2e-6, kind="http_chat",
+                            cpu_per_request_s=1.32e-3, cpu_per_chunk_s=59e-6)
 
 NONE = FrontendLatency(fixed_s=0.0, per_prompt_token_s=0.0, kind="none")
 PRESETS = {"http": HTTP, "http_chat": HTTP_CHAT, "in_process": IN_PROCESS, "none": NONE}
@@ -103,7 +147,8 @@ def parse_frontend(spec, where: str = "engine.frontend") -> FrontendLatency:
         raise ValueError(f"{where}.kind: expected one of {', '.join(KINDS)}, got {kind!r}")
     base = PRESETS[kind]
     values = {}
-    for k, scale in (("fixed_ms", 1e-3), ("per_1k_prompt_tokens_ms", 1e-6)):
+    for k, scale in (("fixed_ms", 1e-3), ("per_1k_prompt_tokens_ms", 1e-6), ("api_server_cpu_per_request_ms", 1e-3),
+                     ("api_server_cpu_per_chunk_us", 1e-6)):
         if k not in spec:
             continue
         v = spec[k]
@@ -112,9 +157,15 @@ def parse_frontend(spec, where: str = "engine.frontend") -> FrontendLatency:
         if v < 0:
             raise ValueError(f"{where}.{k}: must be non-negative, got {v!r}")
         values[k] = float(v) * scale
+    servers = spec.get("api_server_count", base.api_servers)
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ValueError(f"{where}.api_server_count: expected an integer >= 1, got {servers!r}")
     return FrontendLatency(fixed_s=values.get("fixed_ms", base.fixed_s),
                            per_prompt_token_s=values.get("per_1k_prompt_tokens_ms", base.per_prompt_token_s),
-                           kind=kind)
+                           kind=kind,
+                           cpu_per_request_s=values.get("api_server_cpu_per_request_ms", base.cpu_per_request_s),
+                           cpu_per_chunk_s=values.get("api_server_cpu_per_chunk_us", base.cpu_per_chunk_s),
+                           api_servers=servers)
 
 
 def frontend_of(cost_model) -> FrontendLatency:

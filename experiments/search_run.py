@@ -34,14 +34,16 @@ from costmodels.basis import cost_model_basis
 from experiments.simulate import SimResult, point_cost_model, simulate
 from experiments.tables import write_run_tables
 from simcore.engine import SimulationError
+from simcore.metrics import API_SERVER_BUSY_LIMIT
 from workloads.errors import WorkloadError
 from workloads.synthetic import OPEN_LOOP_PROCESSES
 
-METRICS_VERSION = 3  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
+METRICS_VERSION = 4  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
 GANTT_USERS = 16
 RUN_COLUMNS = ("num_requests", "num_rejected", "rejected_reasons", "num_clipped_prompts", "num_preemptions",
                "mean_running", "mean_waiting", "kv_usage_max", "ttft_p99_ms", "throughput_rps", "output_tok_per_s",
-               "offered_rate_per_s", "achieved_rate_per_s", "waiting_at_end_frac", "unstable", "flags")
+               "offered_rate_per_s", "achieved_rate_per_s", "waiting_at_end_frac", "unstable", "api_server_busy",
+               "flags")
 
 
 @dataclass
@@ -246,6 +248,12 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
                 f"requests were rejected at {row['loads_with_rejections']}, so those loads fail")
         if row["unstable_at_max"]:
             row["note"] += ("; " if row["note"] else "") + "the run at the answer was unstable (backlog growing)"
+        busy = [r.get("run_api_server_busy", math.nan) for r in at.values()]
+        row["api_server_busy_at_max"] = float(np.nanmax(busy)) if busy and not np.all(np.isnan(busy)) else math.nan
+        if row["api_server_busy_at_max"] >= API_SERVER_BUSY_LIMIT:
+            row["note"] += ("; " if row["note"] else "") + (
+                f"at the answer the API server would be busy {row['api_server_busy_at_max']:.0%} of the time: its "
+                "queue, not simulated, would lower it (engine.frontend.api_server_count adds processes)")
         rows.append(row)
     return pd.DataFrame(rows)
 

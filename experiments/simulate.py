@@ -33,8 +33,9 @@ from simcore.gateway import gateway_counts
 from experiments.autoscaling_run import autoscaled_cluster, autoscaling_keys
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats, iterations_frame, load_stats,
-                             meets_slo, rejected_reasons, replicas_frame, requests_frame, summarize)
+from simcore.metrics import (api_server_keys, client_view, cluster_summary, flag_words, goodput_stats,
+                             iterations_frame, load_stats, meets_slo, rejected_reasons, replicas_frame,
+                             requests_frame, summarize)
 from simcore.pipeline import PipelinedEngine, add_pipeline_results, pipeline_error
 from simcore.wiring import on_done_of, start_arrivals
 from workloads.synthetic import GeneratedRequests, describe_workload, generate
@@ -218,9 +219,9 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
                                                  disagg)
     if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
         add_pipeline_results(engines, iterations, summary, replicas, usable)
-    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if limits.speculative is not None:   # the replicas' shared counters (simcore/speculative.py)
         summary.update(speculative_keys(limits.speculative.counters))
+    run_keys(cfg, plan, cost_model, gen, requests, summary, frontend)
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     add_binding(cfg, plan, requests, iterations, summary)
@@ -317,9 +318,11 @@ def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) 
     return dataclasses.replace(cfg, workload=dataclasses.replace(w, arrival=arrival))
 
 
-def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict) -> None:
+def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict,
+             frontend: FrontendLatency = NO_FRONTEND) -> None:
     """The summary keys both engines share beyond the metrics (in place): memory, clipping, offered vs
-    achieved load and stability, reject reasons, goodput, and the `flags` words (simcore/metrics.py)."""
+    achieved load and stability, reject reasons, goodput, the API server's load (not for a disaggregated
+    deployment, whose requests cross two replicas) and the `flags` words (simcore/metrics.py)."""
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?"),
@@ -330,6 +333,9 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
     if cfg.gateway is not None:   # what admission control ended (simcore/gateway.py)
         summary.update(gateway_counts(requests.loc[requests["status"] == "rejected", "reject_reason"]))
     add_goodput(cfg, requests, summary)
+    accepted = summary.get("spec_acceptance_length", 1.0)
+    summary.update(api_server_keys(requests, NO_FRONTEND if cfg.disaggregation is not None else frontend,
+                                   1.0 if accepted is None or math.isnan(accepted) else accepted))
     summary["flags"] = flag_words(summary)
 
 
@@ -401,9 +407,9 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     requests = with_frontend(requests, frontend)
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
-    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if limits.speculative is not None:
         summary.update(speculative_keys(limits.speculative.counters))
+    run_keys(cfg, plan, cost_model, gen, requests, summary, frontend)
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)

@@ -429,6 +429,37 @@ def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> 
     return out
 
 
+# Above this share of its time, the API server's own queue (not modelled: costmodels/frontend.py) holds a
+# request for more than its busy periods' length on average (an M/D/1 queue waits rho / (2 (1 - rho)) service
+# times: 2x at 0.8), tens of milliseconds behind a step's batch of streamed chunks.
+API_SERVER_BUSY_LIMIT = 0.8
+
+
+def api_server_keys(requests: pd.DataFrame, frontend, acceptance_length: float = 1.0) -> dict:
+    """`api_server_busy`: the busiest replica's API server, the share of its time that the replica's served
+    requests and their streamed chunks take (`FrontendLatency.server_busy`) over the replica's span, its first
+    arrival to its last finish; NaN where the front end's CPU figures are unknown. One chunk a step that
+    gave the request tokens (vLLM streams each step's tokens together): its first token, then its other
+    tokens over the speculative acceptance length (1 without speculation)."""
+    if not frontend.has_server_cpu:
+        return {"api_server_busy": math.nan}
+    fin = (requests["status"] == "finished").to_numpy()
+    if not fin.any():
+        return {"api_server_busy": math.nan}
+    replica = requests["replica_id"].to_numpy()[fin]
+    out = requests["output_tokens"].to_numpy(float)[fin]
+    chunks = 1.0 + np.maximum(out - 1.0, 0.0) / max(1.0, acceptance_length)
+    n = int(replica.max()) + 1
+    first = np.full(n, np.inf)
+    last = np.full(n, -np.inf)
+    np.minimum.at(first, replica, requests["arrival_s"].to_numpy(float)[fin])
+    np.maximum.at(last, replica, requests["finish_s"].to_numpy(float)[fin])
+    served = np.bincount(replica, minlength=n)
+    busy = frontend.server_busy(served, np.bincount(replica, weights=chunks, minlength=n), last - first)
+    busy = busy[(served > 0) & (last > first)]
+    return {"api_server_busy": float(busy.max()) if len(busy) else math.nan}
+
+
 def rejected_reasons(requests: pd.DataFrame) -> str:
     """'reason=count' for each reject reason, most frequent first ('' when none was rejected)."""
     r = requests.loc[requests["status"] == "rejected", "reject_reason"]
@@ -466,6 +497,12 @@ def untrusted_notes(row) -> list[str]:
     if _many_outputs_clipped(row, get):
         k = int(get("num_clipped_outputs"))
         notes.append(f"{k} of {n} outputs were cut where prompt + output reached max_model_len")
+    busy = float(get("api_server_busy", 0.0))
+    if busy >= API_SERVER_BUSY_LIMIT:
+        notes.append(f"the API server would be busy {busy:.0%} of the time (the front end's measured CPU per "
+                     "request and per streamed chunk, one process per replica): its queue, which is not simulated, "
+                     f"would add to TTFT{' and cap the throughput' if busy >= 1 else ''}; more API servers "
+                     "(engine.frontend.api_server_count, vLLM's --api-server-count) or a faster host core lower it")
     return notes
 
 
@@ -485,5 +522,6 @@ def flag_words(row) -> str:
     words = [w for w, on in (("all_rejected", get("num_requests") and get("num_rejected") == get("num_requests")),
                              ("rejected", 0 < get("num_rejected") < get("num_requests")),
                              ("unstable", get("unstable")),
-                             ("clipped", get("num_clipped_prompts") or _many_outputs_clipped(row, get))) if on]
+                             ("clipped", get("num_clipped_prompts") or _many_outputs_clipped(row, get)),
+                             ("frontend", (get("api_server_busy") or 0) >= API_SERVER_BUSY_LIMIT)) if on]
     return " ".join(words)

@@ -240,3 +240,63 @@ def test_serve_command_parses_in_vllms_own_server_parser(tmp_path):
                    "block_size": 32, "enable_prefix_caching": False, "load_format": "dummy",
                    "num_gpu_blocks_override": 8448 // 32 + 8, "max_num_batched_tokens": 8448,
                    "disable_log_stats": False}   # stats on, as `vllm serve` runs by default: /metrics splits TTFT
+
+
+def test_the_api_servers_load_is_its_cpu_per_request_and_chunk_over_the_time():
+    """`server_busy`: (CPU per request x requests + CPU per chunk x chunks) / (seconds x processes); the
+    HTTP presets carry benchmarks.frontend_load's figures, the others none (no check: NaN)."""
+    fe = FrontendLatency(fixed_s=0.0, cpu_per_request_s=1e-3, cpu_per_chunk_s=50e-6, api_servers=2)
+    assert fe.server_busy(100, 2000, 1.0) == pytest.approx((0.1 + 0.1) / 2)
+    assert np.allclose(fe.server_busy(np.array([10, 20]), np.array([0, 0]), np.array([1.0, 2.0])), [0.005, 0.005])
+    assert HTTP.has_server_cpu and HTTP_CHAT.has_server_cpu
+    assert (HTTP.cpu_per_request_s, HTTP.cpu_per_chunk_s) == (1.2e-3, 60e-6)
+    assert not IN_PROCESS.has_server_cpu and np.isnan(NONE.server_busy(10, 10, 1.0))
+    assert HTTP.describe()["api_server_cpu_per_chunk_us"] == 60.0 and "api_server_count" not in NONE.describe()
+
+
+@pytest.mark.parametrize("spec, name", [
+    ({"api_server_count": 0}, "engine.frontend.api_server_count"),
+    ({"api_server_count": 1.5}, "engine.frontend.api_server_count"),
+    ({"api_server_count": True}, "engine.frontend.api_server_count"),
+    ({"api_server_cpu_per_chunk_us": -1}, "engine.frontend.api_server_cpu_per_chunk_us"),
+    ({"api_server_cpu_per_request_ms": "1ms"}, "engine.frontend.api_server_cpu_per_request_ms"),
+])
+def test_bad_api_server_figures_are_one_line_naming_the_key(spec, name):
+    with pytest.raises(ValueError, match=name) as e:
+        parse_frontend(spec)
+    assert "\n" not in str(e.value)
+
+
+def busy_point(frontend=None, rate=400.0, fast_path="auto"):
+    """A small model at hundreds of short requests a second: the GPU keeps up, one API server would not."""
+    raw = {"model": "meta-llama/Llama-3.2-1B-Instruct", "hardware": "h200-sxm", "profile": "roofline",
+           "engine": {"policy": "chunked_prefill", "max_num_seqs": 512, "fast_path": fast_path},
+           "workload": {"num_requests": 3000, "arrival": {"process": "poisson", "rate_per_s": rate},
+                        "prompt_tokens": {"dist": "fixed", "value": 200},
+                        "output_tokens": {"dist": "fixed", "value": 60}}}
+    if frontend is not None:
+        raw["engine"]["frontend"] = frontend
+    return resolve_point(raw)
+
+
+def test_a_run_that_would_swamp_the_api_server_says_so():
+    from simcore.metrics import untrusted_notes
+    res = simulate(busy_point())
+    s = res.summary
+    fin = res.requests[res.requests["status"] == "finished"]
+    span = fin["finish_s"].max() - fin["arrival_s"].min()
+    assert s["api_server_busy"] == pytest.approx(len(fin) * (1.2e-3 + 60 * 60e-6) / span)
+    assert s["api_server_busy"] > 1 and "frontend" in s["flags"].split()
+    assert any("API server would be busy" in n for n in untrusted_notes(s))
+    four = simulate(busy_point({"kind": "http", "api_server_count": 4})).summary
+    assert four["api_server_busy"] == pytest.approx(s["api_server_busy"] / 4)
+    assert np.isnan(simulate(busy_point("in_process")).summary["api_server_busy"])
+    calm = simulate(busy_point(rate=20.0)).summary   # the same per request, a twentieth of the rate
+    assert calm["api_server_busy"] < 0.8 and "frontend" not in (calm["flags"] or "").split()
+    assert not any("API server" in n for n in untrusted_notes(calm))
+
+
+def test_both_engines_report_the_same_api_server_load():
+    fast = simulate(busy_point(rate=100.0)).summary["api_server_busy"]
+    simpy = simulate(busy_point(rate=100.0, fast_path="off")).summary["api_server_busy"]
+    assert fast == simpy
