@@ -94,6 +94,11 @@ def shape(model: str):
 # The first vLLM release whose KV connectors (the OffloadingConnector among them) keep the hybrid KV cache
 # manager on: 0.21.0 (release notes, "KV offloading + HMA"; PR #41847)
 HMA_WITH_CONNECTOR = (0, 21)
+# The first release whose scheduler admits a waiting request only when its whole prompt fits in free KV
+# (`scheduler_reserve_full_isl`, on by default; vllm-project/vllm PR #37307): 0.19.0 (0.18's SchedulerConfig
+# has no such field). Before it, the first chunk had to fit (benchmarks.scheduler_equivalence against
+# vLLM 0.15.1: 0 of the plain, async and priority workloads diverge with the knob off).
+FULL_ISL_ADMISSION = (0, 19)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -123,6 +128,8 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
               "max_num_batched_tokens": settings["max_num_batched_tokens"],
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
               "gpu_memory_utilization": settings["gpu_memory_utilization"]}
+    if version_tuple(settings["vllm_version"]) < FULL_ISL_ADMISSION:
+        engine["scheduler_reserve_full_isl"] = False
     if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
         engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
         if version_tuple(settings["vllm_version"]) < HMA_WITH_CONNECTOR and has_sliding_layers(model):

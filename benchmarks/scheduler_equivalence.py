@@ -4,9 +4,12 @@
 
 Each workload (fidelity.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random:
 tight KV, prompts beyond the token budget, long_prefill_token_threshold, binding max_num_seqs, shared
-prefixes with prefix caching, priority scheduling, async scheduling, chunked prefill off) runs through
-vLLM's Scheduler and through our engine (chunked_prefill, or continuous with chunked prefill off); every
-step is compared. Async-scheduling workloads are compared with vLLM's synchronous scheduler (our model),
+prefixes with prefix caching, priority scheduling, async scheduling, chunked prefill off, admission when
+the first chunk fits instead of the whole sequence) runs through vLLM's Scheduler and through our engine
+(chunked_prefill, or continuous with chunked prefill off); every step is compared. It compares with
+whatever vLLM is importable: vLLM 0.18 and before have no `scheduler_reserve_full_isl` and admit on the
+first chunk, so every chunked workload is then run with that rule on our side, and the async effect below
+is not measured (docs/how-it-works.md, "Older vLLM versions"). Async-scheduling workloads are compared with vLLM's synchronous scheduler (our model),
 and the effect of async scheduling's decisions on TTFT / TPOT is measured by pricing both step sequences
 with one cost model (Llama-3-8B on H100, the shipped profile). The same is done for `continuous` at its
 defaults (prefill-only steps, 1% watermark) against vLLM without chunking. Prints progress, the counts
@@ -26,7 +29,8 @@ from commandline.argtypes import non_negative_int, positive_int
 from commandline.exits import INTERRUPTED_RC, refuse, run_main
 from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
-from fidelity.vllm_scheduler import FEATURES, compare, latency_effect, random_case, run_ours, run_vllm
+from fidelity.vllm_scheduler import (FEATURES, FIRST_CHUNK_ADMISSION, compare, latency_effect, random_case, run_ours,
+                                    run_vllm, vllm_has_full_isl_knob)
 from costmodels import cost_model
 from policies import Continuous
 
@@ -40,7 +44,8 @@ def features_of(case) -> list[str]:
         on.append("long_prompts")
     for name, flag in (("threshold", case.long_prefill_token_threshold > 0), ("max_num_seqs", case.max_num_seqs < 16),
                        ("prefix_caching", case.enable_prefix_caching), ("priority", case.scheduling_policy == "priority"),
-                       ("async", case.async_scheduling), ("no_chunking", not case.enable_chunked_prefill)):
+                       ("async", case.async_scheduling), ("no_chunking", not case.enable_chunked_prefill),
+                       (FIRST_CHUNK_ADMISSION, not case.scheduler_reserve_full_isl)):
         if flag:
             on.append(name)
     return on
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(e)
     try:
         random_case(0)  # cheap; the vLLM import below is the slow part
-        run_vllm(random_case(0, ("tight_kv",), num_requests=2))
+        run_vllm(random_case(0, ("tight_kv", FIRST_CHUNK_ADMISSION), num_requests=2))
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 2
@@ -78,9 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     async_effects, continuous_effects, examples = [], [], []
     num_done, interrupted = 0, False
     try:
+        only_first_chunk = not vllm_has_full_isl_knob()   # vLLM 0.18 and before: no other admission rule
         for k in range(args.num_workloads):
             seed = args.first_seed + k
             case = random_case(seed, num_requests=args.num_requests)
+            if only_first_chunk and case.enable_chunked_prefill:
+                case = replace(case, scheduler_reserve_full_isl=False)
             feats = features_of(case)
             by_feature.update(feats)
             ours = run_ours(case)
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 divergent_by_feature.update(feats)
                 if len(examples) < 5:
                     examples.append(f"seed {seed} {case.knobs()}: {d}")
-            if case.async_scheduling:
+            if case.async_scheduling and not only_first_chunk:   # (the async driver follows vLLM 0.19+)
                 async_effects.append(latency_effect(ours, run_vllm(case), case, cm))
             if not case.enable_chunked_prefill:
                 v0 = run_ours(case, Continuous(case.max_num_seqs, case.max_num_batched_tokens))
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_requests_per_workload": args.num_requests, "num_steps_compared": num_steps,
         "num_preemptions": num_preemptions, "num_workloads_with_preemptions": num_preempting,
         "num_divergent_workloads": num_divergent, "divergences_by_kind": dict(by_kind),
-        "workloads_by_feature": {f: by_feature[f] for f in FEATURES},
+        "workloads_by_feature": {f: by_feature[f] for f in FEATURES + (FIRST_CHUNK_ADMISSION,)},
         "divergent_by_feature": dict(divergent_by_feature), "examples": examples,
         "async_scheduling_effect": {"num_workloads": len(async_effects), **summarize_effects(async_effects)},
         "default_continuous_vs_v1_no_chunking": {"num_workloads": len(continuous_effects),

@@ -18,6 +18,8 @@ tokens, accepted drawn from simcore.speculative's draws for that request, the sa
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
@@ -54,6 +56,7 @@ class Case:
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = True  # False: vLLM schedules prompts whole; ours runs `continuous`
     async_scheduling: bool = False
+    scheduler_reserve_full_isl: bool = True   # False: admit when the first chunk fits (vLLM 0.18 and before)
     max_model_len: int = 4096
     prefix_tokens: tuple[int, ...] = ()  # per request: leading prompt tokens shared with its group
     prefix_group: tuple[int, ...] = ()
@@ -130,7 +133,7 @@ class _Feed:
 def our_policy(case: Case):
     if case.enable_chunked_prefill:
         return ChunkedPrefill(case.max_num_seqs, case.max_num_batched_tokens, case.long_prefill_token_threshold,
-                              case.scheduling_policy)
+                              case.scheduling_policy, case.scheduler_reserve_full_isl)
     if case.scheduling_policy != "fcfs" or case.long_prefill_token_threshold:
         raise ValueError("continuous is compared with FCFS and no long_prefill_token_threshold only")
     # vLLM V1 with chunked prefill off runs decodes and whole new prompts in one step, with no watermark.
@@ -217,6 +220,8 @@ def _vllm():
                                "torchvision torchaudio torchcodec, which do not match torch 2.13.0+cpu)") from e
         init_none_hash(sha256)
         logging.getLogger("vllm").setLevel(logging.ERROR)  # its per-config CPU-platform warnings
+        if "eos_token_id" in inspect.signature(Request.__init__).parameters:   # vLLM 0.15: a required argument
+            Request = functools.partial(Request, eos_token_id=None)
         _VLLM = dict(locals())
     return _VLLM
 
@@ -238,6 +243,22 @@ def _model_dir() -> str:
     return _MODEL_DIR
 
 
+def vllm_has_full_isl_knob() -> bool:
+    """Whether the installed vLLM has `scheduler_reserve_full_isl` (0.19 on); before it, vLLM admitted a
+    waiting request when its first chunk fit (a case compared with it must say False)."""
+    return "scheduler_reserve_full_isl" in getattr(_vllm()["SchedulerConfig"], "__dataclass_fields__", {})
+
+
+def full_isl_knob(case: Case) -> dict:
+    """The SchedulerConfig argument for `case`'s admission rule: none where vLLM predates the knob (its only
+    rule is the first chunk's), which a case asking for the full sequence cannot be compared with."""
+    if vllm_has_full_isl_knob():
+        return {"scheduler_reserve_full_isl": case.scheduler_reserve_full_isl}
+    if case.scheduler_reserve_full_isl and case.enable_chunked_prefill:   # (a whole prompt is its only chunk)
+        raise ValueError("this vLLM admits on the first chunk only: compare it with scheduler_reserve_full_isl=False")
+    return {}
+
+
 def vllm_scheduler(case: Case):
     """vLLM's Scheduler (or AsyncScheduler) with `case`'s knobs over a KV pool of `num_gpu_blocks`."""
     v = _vllm()
@@ -248,7 +269,7 @@ def vllm_scheduler(case: Case):
         max_model_len=case.max_model_len, is_encoder_decoder=False,
         enable_chunked_prefill=case.enable_chunked_prefill,
         long_prefill_token_threshold=case.long_prefill_token_threshold, policy=case.scheduling_policy,
-        async_scheduling=case.async_scheduling)
+        async_scheduling=case.async_scheduling, **full_isl_knob(case))
     cache = v["CacheConfig"](block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
     cache.num_gpu_blocks = case.num_gpu_blocks
     speculative = None
@@ -269,8 +290,9 @@ def vllm_scheduler(case: Case):
                    for i in range(case.num_sliding_groups)]
     # vLLM's server resolves the retention of sliding groups' cached blocks from CacheConfig (default 0: only
     # the blocks before a resumable boundary); a KVCacheConfig made by hand would default to keeping them all
-    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                            prefix_cache_retention_interval=cache.prefix_cache_retention_interval)
+    retention = ({"prefix_cache_retention_interval": cache.prefix_cache_retention_interval}
+                 if hasattr(cache, "prefix_cache_retention_interval") else {})   # vLLM 0.2x has no such knob
+    kv = v["KVCacheConfig"](num_blocks=case.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **retention)
     base = v["AsyncScheduler"] if case.async_scheduling else v["Scheduler"]
 
     class Recording(base):  # vLLM reports preemptions as a set: keep their order
@@ -290,6 +312,16 @@ def vllm_tokens(case: Case, i: int) -> list[int]:
     group = case.prefix_group[i] if case.prefix_group else 0
     return [_GROUP_TOKEN + group * _UNIQUE_TOKEN + p if p < shared else (spec.request_id + 1) * _UNIQUE_TOKEN + p
             for p in range(spec.num_prompt_tokens)]
+
+
+def _prefill_chunk(request) -> bool:
+    """Whether vLLM scheduled `request` as a non-final prefill chunk (no token sampled): its own flag where
+    it has one, else (vLLM 0.15) the same test, on the computed tokens the scheduler advances at scheduling
+    (a resumed request recomputes its generated tokens too)."""
+    flag = getattr(request, "is_prefill_chunk", None)
+    if flag is not None:
+        return flag
+    return request.num_computed_tokens < request.num_tokens + getattr(request, "num_output_placeholders", 0)
 
 
 def run_vllm(case: Case) -> list[Step]:
@@ -319,7 +351,7 @@ def run_vllm(case: Case) -> list[Step]:
             out = s.schedule()
             sched = [(int(rid), n, s.requests[rid].num_computed_tokens - n)
                      for rid, n in out.num_scheduled_tokens.items()]
-            sampled = tuple(int(rid) for rid in out.num_scheduled_tokens if not s.requests[rid].is_prefill_chunk)
+            sampled = tuple(int(rid) for rid in out.num_scheduled_tokens if not _prefill_chunk(s.requests[rid]))
             admitted = tuple(int(r.request_id) for r in s.running if r.request_id not in running_before)
             steps.append(Step(tuple(x.request_id for x in specs), tuple(sched), admitted,
                               tuple(s.preempted_in_order), sampled, (), -1))
@@ -412,6 +444,8 @@ def latency_effect(ours: list[Step], vllm: list[Step], case: Case, cost_model) -
 # ---- random workloads ----
 FEATURES = ("tight_kv", "long_prompts", "threshold", "max_num_seqs", "prefix_caching", "priority", "async",
             "no_chunking")
+# drawn from a stream of its own (the workloads above stay what they were): vLLM 0.18's admission rule
+FIRST_CHUNK_ADMISSION = "first_chunk_admission"
 
 
 def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 24) -> Case:
@@ -420,8 +454,10 @@ def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 2
     priority and async, which vLLM or `continuous` do not combine with it)."""
     rng = np.random.default_rng(seed)
     on = set(features) if features else {f for f in FEATURES if rng.random() < 0.35}
+    if not features and np.random.default_rng((seed, 1)).random() < 0.35:
+        on.add(FIRST_CHUNK_ADMISSION)
     if "no_chunking" in on:
-        on -= {"threshold", "priority", "async"}
+        on -= {"threshold", "priority", "async", FIRST_CHUNK_ADMISSION}
     bs = int(rng.choice([4, 8, 16]))
     budget = int(rng.choice([64, 128, 256, 512]))
     long_prompts = "long_prompts" in on and "no_chunking" not in on
@@ -459,6 +495,6 @@ def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 2
                 long_prefill_token_threshold=int(rng.integers(1, budget)) if "threshold" in on else 0,
                 scheduling_policy="priority" if "priority" in on else "fcfs",
                 enable_prefix_caching="prefix_caching" in on, enable_chunked_prefill="no_chunking" not in on,
-                async_scheduling="async" in on,
+                async_scheduling="async" in on, scheduler_reserve_full_isl=FIRST_CHUNK_ADMISSION not in on,
                 max_model_len=budget if "no_chunking" in on else 4096,
                 prefix_tokens=tokens, prefix_group=tuple(max(0, x) for x in groups))

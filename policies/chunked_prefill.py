@@ -76,7 +76,9 @@ class ChunkedPrefill:
     running, handing back its tokens and blocks if it was already scheduled this step). Phase B, only if
     nothing was preempted: admits waiting requests FCFS (or by priority) with strict head-of-line
     blocking, while `max_num_seqs` and the budget allow and the
-    whole current sequence fits in free KV (`scheduler_reserve_full_isl`, on by default since 0.19).
+    whole current sequence fits in free KV (`scheduler_reserve_full_isl`, vLLM PR #37307, on by default since
+    0.19; with it off, as in vLLM 0.18 and before, only the step's chunk must fit, so a long prompt is admitted
+    into a nearly full pool and preempted part way, benchmarks.scheduler_equivalence against vLLM 0.15.1).
     `long_prefill_token_threshold` applies only when more than one request is running or waiting
     (alone, a request takes the whole budget, as in vLLM 0.32).
     """
@@ -89,6 +91,7 @@ class ChunkedPrefill:
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self):
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -96,6 +99,9 @@ class ChunkedPrefill:
                              f"not {self.scheduling_policy!r}")
         check_at_least(self, 1, "max_num_seqs", "max_num_batched_tokens")
         check_at_least(self, 0, "long_prefill_token_threshold")
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            raise ValueError(f"engine.scheduler_reserve_full_isl: expected true or false, got "
+                             f"{self.scheduler_reserve_full_isl!r}")
 
     @classmethod
     def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "ChunkedPrefill":
@@ -176,6 +182,8 @@ class ChunkedPrefill:
                     j = running.index(victim)
                     running.pop(j)
                     if victim.request_id in scheduled:  # give back what it was given this step
+                        k = list(scheduled).index(victim.request_id)   # earlier victims came after it: they
+                        preempt_at[:] = [at - 1 if at > k else at for at in preempt_at]   # now precede one less
                         budget += scheduled.pop(victim.request_id).num_new_tokens
                         free += blocks_taken.pop(victim.request_id)
                     if j < i:
@@ -218,7 +226,8 @@ class ChunkedPrefill:
                     break
                 left = 1 + pad
             n = min(threshold if 0 < threshold < left else left, room)   # _cap, inlined (the fast path's hot loop)
-            need = view.blocks_to_hold(req, num_tokens)
+            full_isl = self.scheduler_reserve_full_isl
+            need = view.blocks_to_hold(req, num_tokens) if full_isl else 0
             if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted
             lookahead = view.num_lookahead_tokens
@@ -228,7 +237,7 @@ class ChunkedPrefill:
                 if need > free:
                     break
                 out.append(Scheduled(req.request_id, n, held))
-            elif n < left or view.hybrid_kv is not None:   # a chunk: it holds KV only for what it computes
+            elif n < left or view.hybrid_kv is not None or not full_isl:   # a chunk: KV only for what it computes
                 # this step (vLLM checks that too; under the hybrid manager a hit may outrun the admission cap)
                 need = view.blocks_to_allocate(req, req.num_computed_tokens + hit + n)
                 if need > free:

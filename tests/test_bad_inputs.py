@@ -81,6 +81,7 @@ CASES = [
     ("gpu-util-inf", {"engine.gpu_memory_utilization": INF}, "engine.gpu_memory_utilization"),
     ("max-num-seqs-negative", {"engine.max_num_seqs": -3}, "engine.max_num_seqs"),
     ("max-num-seqs-string", {"engine.max_num_seqs": "many"}, "engine.max_num_seqs"),
+    ("full-isl-not-a-boolean", {"engine.scheduler_reserve_full_isl": "no"}, "engine.scheduler_reserve_full_isl"),
     ("fast-path-word", {"engine.fast_path": "maybe"}, "engine.fast_path"),
     ("preemption-mode", {"engine.preemption_mode": "evict"}, "engine.preemption_mode"),
     ("max-model-len-one", {"engine.max_model_len": 1}, "engine.max_model_len"),

@@ -30,7 +30,9 @@ def assert_equal(case: Case):
 
 FEATURE_SETS = [("tight_kv", "long_prompts"), ("tight_kv", "threshold"), ("tight_kv", "max_num_seqs"),
                 ("prefix_caching", "tight_kv"), ("priority", "tight_kv"), ("prefix_caching", "priority", "threshold"),
-                ("no_chunking", "tight_kv"), ("no_chunking", "prefix_caching", "tight_kv")]
+                ("no_chunking", "tight_kv"), ("no_chunking", "prefix_caching", "tight_kv"),
+                ("first_chunk_admission", "tight_kv", "long_prompts"),
+                ("first_chunk_admission", "prefix_caching", "priority", "tight_kv")]
 
 
 @pytest.mark.parametrize("features", FEATURE_SETS, ids="+".join)
@@ -141,3 +143,14 @@ def test_speculative_prefix_hit_as_vllm(vllm, method, admitted):
                 prefix_group=(0, 0), num_speculative_tokens=2, spec_method=method, spec_acceptance=(0.5, 0.25))
     theirs = assert_equal(case)
     assert admitted in [s for st in theirs for s in st.scheduled if s[0] == 1][:1]
+
+
+def test_first_chunk_admission_admits_what_the_full_sequence_rule_holds_back(vllm):
+    """vLLM 0.18 and before (`scheduler_reserve_full_isl` off) admit a prompt whose first chunk fits a nearly
+    full pool; 0.19's default waits for room for the whole prompt. Both equal vLLM 0.32 run either way."""
+    runs = {}
+    for full in (True, False):
+        case = replace(random_case(3, ("tight_kv", "long_prompts"), num_requests=16), scheduler_reserve_full_isl=full)
+        theirs = assert_equal(case)
+        runs[full] = (len(theirs), sum(len(s.preempted) for s in theirs))
+    assert runs[True] != runs[False]
