@@ -9,7 +9,9 @@ the first chunk fits instead of the whole sequence) runs through vLLM's Schedule
 (chunked_prefill, or continuous with chunked prefill off); every step is compared. It compares with
 whatever vLLM is importable: vLLM 0.18 and before have no `scheduler_reserve_full_isl` and admit on the
 first chunk, so every chunked workload is then run with that rule on our side, and the async effect below
-is not measured (docs/how-it-works.md, "Older vLLM versions"). Async-scheduling workloads are compared with vLLM's synchronous scheduler (our model),
+is not measured (docs/how-it-works.md, "Older vLLM versions"). A workload on which our engine stops with a
+livelock (that rule admitting and preempting without end, as vLLM 0.15.1's own scheduler does on it) is
+counted and not run through vLLM, which would never return. Async-scheduling workloads are compared with vLLM's synchronous scheduler (our model),
 and the effect of async scheduling's decisions on TTFT / TPOT is measured by pricing both step sequences
 with one cost model (Llama-3-8B on H100, the shipped profile). The same is done for `continuous` at its
 defaults (prefill-only steps, 1% watermark) against vLLM without chunking. Prints progress, the counts
@@ -33,6 +35,7 @@ from fidelity.vllm_scheduler import (FEATURES, FIRST_CHUNK_ADMISSION, compare, l
                                     run_vllm, vllm_has_full_isl_knob)
 from costmodels import cost_model
 from policies import Continuous
+from simcore.errors import SimulationError
 
 
 def features_of(case) -> list[str]:
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     num_steps = num_divergent = num_preemptions = num_preempting = 0
     by_kind, by_feature, divergent_by_feature = Counter(), Counter(), Counter()
     async_effects, continuous_effects, examples = [], [], []
-    num_done, interrupted = 0, False
+    num_done, interrupted, num_livelocked = 0, False, 0
     try:
         only_first_chunk = not vllm_has_full_isl_knob()   # vLLM 0.18 and before: no other admission rule
         for k in range(args.num_workloads):
@@ -91,25 +94,32 @@ def main(argv: list[str] | None = None) -> int:
                 case = replace(case, scheduler_reserve_full_isl=False)
             feats = features_of(case)
             by_feature.update(feats)
-            ours = run_ours(case)
-            sync = replace(case, async_scheduling=False)
-            theirs = run_vllm(sync)
-            num_steps += len(theirs)
-            n = sum(len(st.preempted) for st in theirs)
-            num_preemptions += n
-            num_preempting += n > 0
-            d = compare(ours, theirs)
-            if d is not None:
-                num_divergent += 1
-                by_kind["+".join(d.fields)] += 1
-                divergent_by_feature.update(feats)
-                if len(examples) < 5:
-                    examples.append(f"seed {seed} {case.knobs()}: {d}")
-            if case.async_scheduling and not only_first_chunk:   # (the async driver follows vLLM 0.19+)
-                async_effects.append(latency_effect(ours, run_vllm(case), case, cm))
-            if not case.enable_chunked_prefill:
-                v0 = run_ours(case, Continuous(case.max_num_seqs, case.max_num_batched_tokens))
-                continuous_effects.append(latency_effect(v0, theirs, case, cm))
+            try:
+                ours = run_ours(case)
+            except SimulationError as e:   # a livelock (vLLM's own scheduler would loop forever): not run there
+                if "livelocks" not in str(e):
+                    raise
+                ours = None
+                num_livelocked += 1
+            if ours is not None:
+                sync = replace(case, async_scheduling=False)
+                theirs = run_vllm(sync)
+                num_steps += len(theirs)
+                n = sum(len(st.preempted) for st in theirs)
+                num_preemptions += n
+                num_preempting += n > 0
+                d = compare(ours, theirs)
+                if d is not None:
+                    num_divergent += 1
+                    by_kind["+".join(d.fields)] += 1
+                    divergent_by_feature.update(feats)
+                    if len(examples) < 5:
+                        examples.append(f"seed {seed} {case.knobs()}: {d}")
+                if case.async_scheduling and not only_first_chunk:   # (the async driver follows vLLM 0.19+)
+                    async_effects.append(latency_effect(ours, run_vllm(case), case, cm))
+                if not case.enable_chunked_prefill:
+                    v0 = run_ours(case, Continuous(case.max_num_seqs, case.max_num_batched_tokens))
+                    continuous_effects.append(latency_effect(v0, theirs, case, cm))
             if (k + 1) % 50 == 0 or k + 1 == args.num_workloads:
                 print(f"[{k + 1}/{args.num_workloads}] {num_steps:,} steps, {num_divergent} divergent, "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -122,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_requests_per_workload": args.num_requests, "num_steps_compared": num_steps,
         "num_preemptions": num_preemptions, "num_workloads_with_preemptions": num_preempting,
         "num_divergent_workloads": num_divergent, "divergences_by_kind": dict(by_kind),
+        "num_livelocked_workloads": num_livelocked,
         "workloads_by_feature": {f: by_feature[f] for f in FEATURES + (FIRST_CHUNK_ADMISSION,)},
         "divergent_by_feature": dict(divergent_by_feature), "examples": examples,
         "async_scheduling_effect": {"num_workloads": len(async_effects), **summarize_effects(async_effects)},

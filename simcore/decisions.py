@@ -19,6 +19,13 @@ from simcore.request import Request, Status
 RUNNING, WAITING, SWAPPED = Status.RUNNING, Status.WAITING, Status.SWAPPED
 
 
+# A request preempted this many times in a row without a new token is in a livelock: every admission's KV is
+# taken back before its prefill completes, the state repeats and the run would never end. vLLM before 0.19
+# does this (its scheduler admits a prompt whose first chunk fits, benchmarks.scheduler_equivalence: vLLM
+# 0.15.1's own scheduler loops forever on such workloads); the simulator stops and says so instead.
+LIVELOCK_PREEMPTIONS = 1000
+
+
 class DecisionApplier:
     """Mixed into an engine that has `policy`, `limits`, `pool`, `prefix_cache` (or None), `swap_space`,
     `waiting` (deque), `running`, `draining`, `receiving` (lists), `requests` (id -> record), `holds_slots`
@@ -112,12 +119,28 @@ class DecisionApplier:
                 req.status = Status.SWAPPED
             else:
                 # Recompute (vLLM default, and V0's fallback when swap space is full): KV dropped.
+                self._count_fruitless_preemption(req)
                 self.pool.free(req)
                 req.num_computed_tokens = 0
                 req.status = Status.WAITING
             self.waiting.appendleft(req)  # vLLM: waiting.prepend_request
             self.log.preemption(req, now_s)
         return transfer_s
+
+    def _count_fruitless_preemption(self, req: Request) -> None:
+        """Count `req`'s preemptions since it last gained a token; SimulationError at LIVELOCK_PREEMPTIONS."""
+        stalls = getattr(self, "_stalls", None)
+        if stalls is None:
+            stalls = self._stalls = {}   # request id -> (its generated tokens, preemptions at that count)
+        gen, count = stalls.get(req.request_id, (-1, 0))
+        count = count + 1 if gen == req.num_generated_tokens else 1
+        if count >= LIVELOCK_PREEMPTIONS:
+            raise SimulationError(
+                f"{self.policy.name}: request {req.request_id} was preempted {count} times in a row without a new "
+                "token: the scheduler livelocks (each admission's KV is taken back before its prefill ends). "
+                "vLLM before 0.19 does this when a prompt's first chunk fits the free KV but the whole prompt "
+                "does not: set engine.scheduler_reserve_full_isl: true, or give the engine more KV")
+        stalls[req.request_id] = (req.num_generated_tokens, count)
 
     def _num_waiting_blocks(self) -> int:
         """Blocks held by waiting requests that are not swapped out: those whose host load ended

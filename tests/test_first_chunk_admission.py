@@ -33,3 +33,17 @@ def test_admitting_on_the_first_chunk_preempts_more_and_both_engines_agree():
 def test_the_knob_takes_true_or_false_only():
     with pytest.raises(ConfigError, match="engine.scheduler_reserve_full_isl"):
         point("no")
+
+
+def test_a_livelock_stops_with_one_line_instead_of_running_forever():
+    """A tiny pool, priority preemption and first-chunk admission: requests are admitted and preempted
+    without end (vLLM 0.15.1's own scheduler loops forever on this workload); the engine says so."""
+    from dataclasses import replace
+
+    from fidelity.vllm_scheduler import random_case, run_ours
+    from simcore.errors import SimulationError
+    case = replace(random_case(772), scheduler_reserve_full_isl=False)
+    with pytest.raises(SimulationError, match="livelocks") as e:
+        run_ours(case)
+    assert "\n" not in str(e.value) and "scheduler_reserve_full_isl: true" in str(e.value)
+    run_ours(replace(case, scheduler_reserve_full_isl=True))   # 0.19's rule ends
