@@ -115,6 +115,11 @@ def has_sliding_layers(model: str) -> bool:
     return m is not None and bool(m.sliding_window and m.num_sliding_layers)
 
 
+def admission_knobs(vllm_version: str) -> dict:
+    """The engine knob of `vllm_version`'s admission rule: vLLM before 0.19 admits on the first chunk."""
+    return {"scheduler_reserve_full_isl": False} if version_tuple(vllm_version) < FULL_ISL_ADMISSION else {}
+
+
 def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None,
                 profile: dict | None = None) -> dict:
     """The sweep-style point of one stage, with the engine settings of its row (fidelity.vllm_stages)."""
@@ -128,8 +133,7 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
               "max_num_batched_tokens": settings["max_num_batched_tokens"],
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
               "gpu_memory_utilization": settings["gpu_memory_utilization"]}
-    if version_tuple(settings["vllm_version"]) < FULL_ISL_ADMISSION:
-        engine["scheduler_reserve_full_isl"] = False
+    engine.update(admission_knobs(settings["vllm_version"]))
     if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
         engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
         if version_tuple(settings["vllm_version"]) < HMA_WITH_CONNECTOR and has_sliding_layers(model):
