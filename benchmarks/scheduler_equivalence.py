@@ -11,9 +11,9 @@ whatever vLLM is importable: vLLM 0.18 and before have no `scheduler_reserve_ful
 first chunk, so every chunked workload is then run with that rule on our side, and the async effect below
 is not measured (docs/how-it-works.md, "Older vLLM versions"). A workload on which our engine stops with a
 livelock (that rule admitting and preempting without end, as vLLM 0.15.1's own scheduler does on it) is
-counted and not run through vLLM, which would never return. Async-scheduling workloads are compared with vLLM's synchronous scheduler (our model),
-and the effect of async scheduling's decisions on TTFT / TPOT is measured by pricing both step sequences
-with one cost model (Llama-3-8B on H100, the shipped profile). The same is done for `continuous` at its
+counted and not run through vLLM, which would never return. Async-scheduling workloads are compared with
+vLLM's synchronous scheduler (our model), and the effect of async scheduling's decisions on TTFT / TPOT is
+measured by pricing both step sequences with one cost model (Llama-3-8B on H100, the shipped profile). The same is done for `continuous` at its
 defaults (prefill-only steps, 1% watermark) against vLLM without chunking. Prints progress, the counts
 of workloads and steps compared and divergences by kind.
 """
