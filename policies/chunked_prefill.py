@@ -211,6 +211,7 @@ class ChunkedPrefill:
         out = []
         waiting = _in_priority_order(view.waiting) if self.scheduling_policy == "priority" else view.waiting
         caching = view.prefix_cache is not None   # (the fast path asks often: skip no-op calls)
+        full_isl = self.scheduler_reserve_full_isl
         for req in waiting:
             room = budget - (num_ran + len(out) + 1) * view.num_draft_slots if view.num_draft_slots else budget
             if room <= 0 or num_seqs >= self.max_num_seqs:
@@ -226,7 +227,6 @@ class ChunkedPrefill:
                     break
                 left = 1 + pad
             n = min(threshold if 0 < threshold < left else left, room)   # _cap, inlined (the fast path's hot loop)
-            full_isl = self.scheduler_reserve_full_isl
             need = view.blocks_to_hold(req, num_tokens) if full_isl else 0
             if need > free:
                 break  # head-of-line blocking: nobody behind it is admitted
