@@ -82,44 +82,6 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def shape(model: str):
-    """The model's ModelShape, or None where costmodels does not resolve the name."""
-    from costmodels.catalog import CatalogError, get_model
-    try:
-        return get_model(model)
-    except (CatalogError, OSError, ValueError):
-        return None
-
-
-# The first vLLM release whose KV connectors (the OffloadingConnector among them) keep the hybrid KV cache
-# manager on: 0.21.0 (release notes, "KV offloading + HMA"; PR #41847)
-HMA_WITH_CONNECTOR = (0, 21)
-# The first release whose scheduler admits a waiting request only when its whole prompt fits in free KV
-# (`scheduler_reserve_full_isl`, on by default; vllm-project/vllm PR #37307): 0.19.0 (0.18's SchedulerConfig
-# has no such field). Before it, the first chunk had to fit (benchmarks.scheduler_equivalence against
-# vLLM 0.15.1 with the knob off: 0 of the 520 of 1,000 workloads without a threshold or prefix caching diverge).
-FULL_ISL_ADMISSION = (0, 19)
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """'0.15.1' -> (0, 15, 1); a version that does not read as numbers counts as the newest."""
-    try:
-        return tuple(int(p) for p in str(version).split(".")[:3])
-    except ValueError:
-        return (999,)
-
-
-def has_sliding_layers(model: str) -> bool:
-    """Whether the model has sliding-window layers (the hybrid KV cache manager's case); False if unresolved."""
-    m = shape(model)
-    return m is not None and bool(m.sliding_window and m.num_sliding_layers)
-
-
-def admission_knobs(vllm_version: str) -> dict:
-    """The engine knob of `vllm_version`'s admission rule: vLLM before 0.19 admits on the first chunk."""
-    return {"scheduler_reserve_full_isl": False} if version_tuple(vllm_version) < FULL_ISL_ADMISSION else {}
-
-
 def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None,
                 profile: dict | None = None) -> dict:
     """The sweep-style point of one stage, with the engine settings of its row (fidelity.vllm_stages)."""
@@ -133,13 +95,10 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
               "max_num_batched_tokens": settings["max_num_batched_tokens"],
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
               "gpu_memory_utilization": settings["gpu_memory_utilization"]}
-    engine.update(admission_knobs(settings["vllm_version"]))
+    # the run's release: its admission, free-queue and KV-connector rules (policies/vllm_versions.py)
+    engine["vllm_version"] = settings["vllm_version"]
     if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
         engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
-        if version_tuple(settings["vllm_version"]) < HMA_WITH_CONNECTOR and has_sliding_layers(model):
-            # before 0.21 any KV connector turned vLLM's hybrid KV cache manager off (vllm/config/vllm.py;
-            # PR #41847 made it follow the connector's SupportsHMA): sliding-window layers held whole
-            engine["disable_hybrid_kv_cache_manager"] = True
     point = {"model": model, "hardware": settings["gpu"],
              "tensor_parallel_size": int(row["tensor_parallel_size"]), "dtype": settings["dtype"],
              "engine": engine,

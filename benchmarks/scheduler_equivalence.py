@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     num_done, interrupted, num_livelocked = 0, False, 0
     try:
         only_first_chunk = not vllm_has_full_isl_knob()   # vLLM 0.18 and before: no other admission rule
+        version = _vllm_version()   # our side runs as the release compared (policies/vllm_versions.py)
         for k in range(args.num_workloads):
             seed = args.first_seed + k
-            case = random_case(seed, num_requests=args.num_requests)
+            case = replace(random_case(seed, num_requests=args.num_requests), vllm_version=version)
             if only_first_chunk and case.enable_chunked_prefill:
                 case = replace(case, scheduler_reserve_full_isl=False)
             feats = features_of(case)

@@ -6,10 +6,26 @@ from __future__ import annotations
 from policies import imitated
 
 
-def schedules_line(policies) -> str:
+def schedules_line(policies, vllm_versions=()) -> str:
     """'schedules as chunked_prefill: vLLM V1's scheduler, ...': which engine and version each policy of
-    the answers imitates (policies.imitated)."""
-    return f"schedules as {imitated(policies)}"
+    the answers imitates (policies.imitated; `vllm_versions`: the results' `vllm_version` column)."""
+    return f"schedules as {imitated(policies, vllm_versions)}"
+
+
+def vllm_version_column(policy) -> dict:
+    """A results row's `vllm_version`: the release a chunked_prefill point ran as; none for other policies."""
+    version = getattr(policy, "vllm_version", None)
+    return {} if version is None else {"vllm_version": version}
+
+
+def point_vllm_versions(points) -> list:
+    """The release each point's policy runs as, where it has one (chunked_prefill's engine.vllm_version)."""
+    return [getattr(p.config.policy, "vllm_version", None) for p in points]
+
+
+def vllm_versions_of(results) -> list:
+    """The `vllm_version` column of a results table (the release each chunked_prefill point ran as)."""
+    return list(results["vllm_version"]) if "vllm_version" in results else []
 
 
 def seeds_line(num_seeds: int) -> str:

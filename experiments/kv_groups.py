@@ -3,7 +3,8 @@ for a model with sliding-window layers served by vLLM V1, SGLang's two pools (si
 with both full and sliding layers served by SGLang, or one group of every layer.
 
 vLLM turns the hybrid manager on by itself for such a model (vllm/config/vllm.py) unless told
-`--disable-hybrid-kv-cache-manager` (engine.disable_hybrid_kv_cache_manager: true here); a model whose
+`--disable-hybrid-kv-cache-manager` (engine.disable_hybrid_kv_cache_manager: true here), or before vLLM 0.22
+when a KV connector runs (engine.kv_offload, under an engine.vllm_version that old); a model whose
 layers are all sliding keeps its window either way (one uniform group). Engines other than vLLM V1
 (TRT-LLM, TGI, vLLM V0, static batching) keep their own allocators, counted whole here; SGLang's
 `--disable-hybrid-swa-memory` is the same flag here. Prefix
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from costmodels import deployment
 from costmodels.deployment import Deployment
+from policies.vllm_versions import rules_of
 from simcore.errors import SimulationError
 from simcore.hybridkv import KVCacheGroups, kv_cache_groups
 from simcore.limits import HYBRID_KV_POLICIES
@@ -36,7 +38,10 @@ def point_kv_groups(cfg) -> KVCacheGroups | SwaPools | None:
         return sglang_swa_pools(cfg, num_full)
     if cfg.policy.name not in HYBRID_KV_POLICIES:
         return None
-    if num_full and cfg.engine.disable_hybrid_kv_cache_manager:
+    rules = rules_of(cfg.policy)
+    if num_full and (cfg.engine.disable_hybrid_kv_cache_manager or (
+            cfg.engine.disable_hybrid_kv_cache_manager is None and cfg.engine.kv_offload is not None
+            and not rules.hybrid_kv_with_connector)):   # before vLLM 0.22 a KV connector turned it off
         return None   # vLLM promotes the sliding layers to full attention for KV management
     d = cfg.deployment or Deployment(dtype=cfg.dtype, tensor_parallel_size=cfg.tensor_parallel_size)
     why = ("pipeline_parallel_size > 1" if d.pipeline_parallel_size > 1 else

@@ -37,7 +37,7 @@ with imports_frozen():
     from commandline.interrupts import raise_if_interrupted, remember_interrupts
     from commandline.progress import PROGRESS_MODES
     from costmodels.basis import rests_on
-    from experiments.answer_basis import schedules_line, seeds_line
+    from experiments.answer_basis import schedules_line, seeds_line, vllm_versions_of
     from commandline.argtypes import positive_int
     from commandline.outputs import OutputError, out_dir
     from commandline.parser import Parser
@@ -116,7 +116,7 @@ def _run(args, progress: str) -> str:
             sweep_report(sweep, out, result.results)
             text += f"; plots and summary.md in {out}"
         text += (f"\nrests on the {rests_on(point_bases(result.results))}\n"
-                 f"{schedules_line(result.results['policy'])}; {seeds_line(result.results['seed'].nunique())}")
+                 f"{schedules_line(result.results['policy'], vllm_versions_of(result.results))}; {seeds_line(result.results['seed'].nunique())}")
         notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
         if notes:
             text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "

@@ -24,6 +24,7 @@ from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
 from experiments.tables import TableWriter, write_run_tables
+from policies.vllm_versions import rules_of
 from simcore.async_scheduling import async_scheduling_of
 from simcore.dp_lockstep import lockstep_groups
 from simcore.cluster import Cluster
@@ -276,12 +277,13 @@ def described(cost_model, frontend: FrontendLatency) -> dict:
 def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:
     """The engine's limits for a resolved point and its memory plan: the one place a sweep file's `engine:`
     settings become what both engines read. Async scheduling: the sweep file's `engine.async_scheduling`,
-    else the cost model's own (simcore/async_scheduling.py); never with pipeline parallelism (vLLM's V1
+    else the cost model's own (simcore/async_scheduling.py) where engine.vllm_version has it on by default
+    (0.14 and later); never with pipeline parallelism (vLLM's V1
     model runner turns it off there)."""
     block_bytes = plan.block_size * plan.kv_bytes_per_token
     async_scheduling = cfg.engine.async_scheduling
-    if async_scheduling is None:
-        async_scheduling = async_scheduling_of(cost_model)
+    if async_scheduling is None:   # (off by default before vLLM 0.14: policies/vllm_versions.py)
+        async_scheduling = async_scheduling_of(cost_model) and rules_of(cfg.policy).async_scheduling_default
     if cfg.deployment is not None and cfg.deployment.pipeline_parallel_size > 1:
         async_scheduling = False
     return EngineLimits(
@@ -291,7 +293,7 @@ def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:
         num_swap_blocks=int(cfg.engine.swap_space_gb * 1024**3 // block_bytes),
         check_invariants=cfg.engine.check_invariants, enable_prefix_caching=cfg.engine.enable_prefix_caching,
         gateway=cfg.gateway, kv_groups=plan.kv_groups, kv_offload=offload_limits(cfg, plan),
-        async_scheduling=async_scheduling)
+        async_scheduling=async_scheduling, hashless_blocks_first=rules_of(cfg.policy).hashless_blocks_first)
 
 
 def offload_limits(cfg: PointConfig, plan):

@@ -25,6 +25,7 @@ import yaml
 
 from commandline.interrupts import raise_if_interrupted
 from commandline.files import content_hash, write_csv_atomic, write_json_atomic
+from experiments.answer_basis import vllm_version_column
 from experiments.executors import open_executor
 from experiments.offload_report import with_offload_columns
 from experiments.config import Point, expand
@@ -65,7 +66,7 @@ def flatten(values: dict, prefix: str = "") -> dict:
 
 def _row(point: Point, summary: dict) -> dict:
     row = {"point": point.point_id, **flatten(point.grid_values), "seed": point.seed,
-           "policy": point.config.policy.name}
+           "policy": point.config.policy.name, **vllm_version_column(point.config.policy)}
     row.update(summary)
     return row
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import Continuous
+from policies.vllm_versions import MODELLED, vllm_rules
 from simcore.batch import split_shape
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
@@ -57,6 +58,7 @@ class Case:
     enable_chunked_prefill: bool = True  # False: vLLM schedules prompts whole; ours runs `continuous`
     async_scheduling: bool = False
     scheduler_reserve_full_isl: bool = True   # False: admit when the first chunk fits (vLLM 0.18 and before)
+    vllm_version: str = MODELLED   # the release our side runs as (policies/vllm_versions.py): the vLLM compared
     max_model_len: int = 4096
     prefix_tokens: tuple[int, ...] = ()  # per request: leading prompt tokens shared with its group
     prefix_group: tuple[int, ...] = ()
@@ -133,7 +135,7 @@ class _Feed:
 def our_policy(case: Case):
     if case.enable_chunked_prefill:
         return ChunkedPrefill(case.max_num_seqs, case.max_num_batched_tokens, case.long_prefill_token_threshold,
-                              case.scheduling_policy, case.scheduler_reserve_full_isl)
+                              case.scheduling_policy, case.scheduler_reserve_full_isl, case.vllm_version)
     if case.scheduling_policy != "fcfs" or case.long_prefill_token_threshold:
         raise ValueError("continuous is compared with FCFS and no long_prefill_token_threshold only")
     # vLLM V1 with chunked prefill off runs decodes and whole new prompts in one step, with no watermark.
@@ -143,7 +145,8 @@ def our_policy(case: Case):
 def run_ours(case: Case, policy=None) -> list[Step]:
     limits = EngineLimits(case.num_gpu_blocks, case.block_size, case.max_model_len,
                           enable_prefix_caching=case.enable_prefix_caching, kv_groups=case.kv_groups(),
-                          speculative=case.speculation())
+                          speculative=case.speculation(),
+                          hashless_blocks_first=vllm_rules(case.vllm_version).hashless_blocks_first)
     feed, steps = _Feed(case.requests), []
     state = {"arrived": (), "running": set(), "generated": {}, "num_done": 0, "computed": {}, "hits": {}}
     # with speculation a step rolls rejected drafts back, so what a request had computed before the step

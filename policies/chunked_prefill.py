@@ -3,7 +3,9 @@ all under one token budget per step (docs/engines.md sections 1.2 and 6).
 
 Checked step by step against vLLM 0.32's own Scheduler (vllm/v1/core/sched/scheduler.py) on random
 workloads: same tokens per request, admissions, preemptions, finishes and KV blocks in every step
-(fidelity/vllm_scheduler.py, tests/test_vllm_scheduler.py, benchmarks/scheduler_equivalence.py).
+(fidelity/vllm_scheduler.py, tests/test_vllm_scheduler.py, benchmarks/scheduler_equivalence.py), and
+against vLLM 0.15.1's and 0.19.0's with `vllm_version` set to theirs (policies/vllm_versions.py: the rules
+that changed between releases).
 
 `scheduling_policy: priority` (vLLM's `--scheduling-policy priority`) orders waiting requests by
 (priority, arrival, id), lower value first, and preempts the running request with the largest (priority,
@@ -31,6 +33,7 @@ from typing import ClassVar
 
 from policies.defaults import (GpuLike, check_at_least, check_vllm_budget, vllm_batch_knobs,
                                vllm_server_batch_defaults)
+from policies.vllm_versions import MODELLED, vllm_rules
 from simcore.batch import QUIET, Batch, DecodeShortcut, Scheduled
 from simcore.request import Request, RequestSpec
 from simcore.view import EngineView
@@ -80,20 +83,33 @@ class ChunkedPrefill:
     0.19; with it off, as in vLLM 0.18 and before, only the step's chunk must fit, so a long prompt is admitted
     into a nearly full pool and preempted part way, benchmarks.scheduler_equivalence against vLLM 0.15.1).
     `long_prefill_token_threshold` applies only when more than one request is running or waiting
-    (alone, a request takes the whole budget, as in vLLM 0.32).
+    (alone, a request takes the whole budget, as since vLLM 0.31).
+
+    `vllm_version` (default the newest modelled) picks the rules that changed between releases
+    (policies/vllm_versions.py): an unset `scheduler_reserve_full_isl` takes that release's default, the
+    threshold caps a lone request before 0.31, `for_gpu` applies that release's per-GPU batch defaults, and
+    `vllm_rules` tells experiments.simulate the rest (the KV free queue's order, async scheduling's default,
+    the hybrid KV cache manager beside a KV connector).
     """
     name: ClassVar[str] = "chunked_prefill"
     # what an answer says it rests on (policies.imitated)
-    imitates: ClassVar[str] = "vLLM V1's scheduler, step for step as vLLM 0.32.0's (benchmarks.scheduler_equivalence)"
+    imitates: ClassVar[str] = ("vLLM V1's scheduler, step for step as vLLM {vllm_version}'s "
+                               "(benchmarks.scheduler_equivalence; engine.vllm_version)")
     holds_slots_until_drained: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
-    scheduler_reserve_full_isl: bool = True
+    scheduler_reserve_full_isl: bool | None = None   # None: vllm_version's default (on since 0.19)
+    vllm_version: str | None = None                  # None: policies.vllm_versions.MODELLED
 
     def __post_init__(self):
+        rules = vllm_rules(MODELLED if self.vllm_version is None else self.vllm_version)
+        object.__setattr__(self, "vllm_version", rules.version)
+        object.__setattr__(self, "vllm_rules", rules)   # not a field: derived, read by the engine
+        if self.scheduler_reserve_full_isl is None:
+            object.__setattr__(self, "scheduler_reserve_full_isl", rules.reserve_full_isl)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"engine.scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"not {self.scheduling_policy!r}")
@@ -109,7 +125,8 @@ class ChunkedPrefill:
         chunked_prefill}` builds): unset max_num_seqs / max_num_batched_tokens take the per-GPU defaults
         (1024 / 8192 on an H100, 256 / 2048 under 70 GiB: policies/defaults.py), and a budget below
         max_num_seqs is refused, as vLLM does. The field defaults are those of a GPU under 70 GiB."""
-        seqs, tokens = vllm_server_batch_defaults(gpu)
+        version = knobs.get("vllm_version")
+        seqs, tokens = vllm_server_batch_defaults(gpu, vllm_rules(MODELLED if version is None else version))
         policy = cls(**vllm_batch_knobs(knobs, seqs, tokens, max_model_len))
         check_vllm_budget(policy)
         return policy
@@ -153,9 +170,11 @@ class ChunkedPrefill:
         return DecodeShortcut(tuple(admitted)) if admitted else QUIET
 
     def _threshold(self, view: EngineView) -> int:
-        # vLLM applies long_prefill_token_threshold only when another request (running or waiting) could be
-        # starved by a long prefill: alone, a request gets the whole budget.
-        return self.long_prefill_token_threshold if len(view.running) + len(view.waiting) > 1 else 0
+        # Since vLLM 0.31 long_prefill_token_threshold applies only when another request (running or waiting)
+        # could be starved by a long prefill: alone, a request gets the whole budget. Before, it always did.
+        if len(view.running) + len(view.waiting) > 1 or not self.vllm_rules.threshold_spares_lone_request:
+            return self.long_prefill_token_threshold
+        return 0
 
     def _schedule_running(self, view, running, scheduled, preempted, preempt_at, budget, free, threshold):
         """Phase A: running requests, in list order (preempting as the class docstring says). Fills

@@ -17,15 +17,16 @@ class GpuLike(Protocol):
     memory_bytes: float
 
 
-def vllm_server_batch_defaults(gpu: GpuLike) -> tuple[int, int]:
+def vllm_server_batch_defaults(gpu: GpuLike, rules=None) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) of vLLM 0.32's OpenAI-compatible server when neither is given:
     `EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py (UsageContext.OPENAI_API_SERVER). It looks at
-    the device's total memory and name: >= 160 GiB 1024 / 16384 (B200-class); >= 70 GiB and not an A100
-    1024 / 8192 (H100, H200); anything else 256 / 2048 (vLLM's comment: large budgets lowered A100
-    throughput, PR #17885). The catalog's memory is what the driver reports; the 0.1% slack keeps a figure a
-    user rounded on the same side of a threshold."""
+    the device's total memory and name: >= 160 GiB 1024 / 16384 (B200-class; since vLLM 0.28, before it as
+    an H100: `rules`, policies/vllm_versions.py); >= 70 GiB and not an A100 1024 / 8192 (H100, H200);
+    anything else 256 / 2048 (vLLM's comment: large budgets lowered A100 throughput, PR #17885). The
+    catalog's memory is what the driver reports; the 0.1% slack keeps a figure a user rounded on the same
+    side of a threshold."""
     memory_gib = gpu.memory_bytes / GIB * 1.001
-    if memory_gib >= 160:
+    if memory_gib >= 160 and (rules is None or rules.large_gpu_budget):
         return 1024, 16384
     if memory_gib >= 70 and "a100" not in gpu.name.lower():
         return 1024, 8192

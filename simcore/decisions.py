@@ -46,6 +46,10 @@ class DecisionApplier:
                 raise ValueError(f"engine.{'speculative' if drop else 'kv_offload'}: not modelled with prefix caching "
                                  "under vLLM's hybrid KV cache manager")
             self.prefix_cache.drop_last_hit_block = drop
+            if not limits.hashless_blocks_first and limits.kv_groups is None:
+                # vLLM before 0.24's free-queue order; the hybrid pool frees (and retains sliding blocks) as
+                # vLLM 0.32 does for every release (experiments/config_warnings.py says so)
+                self.prefix_cache.hashless_blocks_first = False
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)

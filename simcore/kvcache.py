@@ -197,7 +197,8 @@ class PrefixCachingBlockPool(BlockPool, RequestBlockHashes):
     by different requests are all kept (vLLM does not deduplicate); a lookup takes the first registered.
     Free blocks wait in one queue; allocation pops the head. A request's blocks are freed in reverse order
     (deepest first): cached ones are appended at the tail (LRU eviction; shared prefixes go last), blocks
-    without a hash are put back at the head (vLLM 0.32 reuses them first). A cached block leaves the hash
+    without a hash are put back at the head (vLLM 0.24 and later reuse them first; before, every freed block
+    went to the tail: `hashless_blocks_first`, policies/vllm_versions.py). A cached block leaves the hash
     table only when it is reallocated (lazy eviction). Never-used blocks sit between the two ends, as in
     vLLM's initial free list (counted, not made, until used: a pool may hold millions).
 
@@ -205,6 +206,8 @@ class PrefixCachingBlockPool(BlockPool, RequestBlockHashes):
     cached idle blocks count as free); `num_block_refs` = sum of the blocks each request holds (shared
     blocks counted once per holder), which equals the sum of `Request.num_blocks`.
     """
+
+    hashless_blocks_first = True   # vLLM's free-queue order since 0.24 (the engine sets it per release)
 
     def __init__(self, num_gpu_blocks: int, block_size: int):
         super().__init__(num_gpu_blocks, block_size)
@@ -348,11 +351,12 @@ class PrefixCachingBlockPool(BlockPool, RequestBlockHashes):
         rid = req.request_id
         blocks = self._held.pop(rid, [])
         first = []
+        hashless_first = self.hashless_blocks_first
         for b in reversed(blocks):  # tail first: shared prefixes are evicted last
             b.ref_count -= 1
             if b.ref_count == 0:
                 self.num_used_blocks -= 1
-                if b.block_hash is None:
+                if b.block_hash is None and hashless_first:
                     first.append(b)
                 else:
                     self._free[b] = None

@@ -38,6 +38,10 @@ class EngineLimits:
     # vLLM V1's async scheduling (simcore/async_scheduling.py): a request arriving during a step is
     # scheduled one decision later than by a synchronous engine.
     async_scheduling: bool = False
+    # The prefix-caching pool's free-queue order (simcore.kvcache.PrefixCachingBlockPool): blocks without a
+    # hash reused first, as vLLM since 0.24; False: every freed block to the tail, as before (the release
+    # engine.vllm_version names, policies/vllm_versions.py)
+    hashless_blocks_first: bool = True
 
 
 def engine_settings_error(policy, preemption_mode: str, enable_prefix_caching: bool, kv_groups=None) -> str | None:

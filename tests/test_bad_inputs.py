@@ -82,6 +82,8 @@ CASES = [
     ("max-num-seqs-negative", {"engine.max_num_seqs": -3}, "engine.max_num_seqs"),
     ("max-num-seqs-string", {"engine.max_num_seqs": "many"}, "engine.max_num_seqs"),
     ("full-isl-not-a-boolean", {"engine.scheduler_reserve_full_isl": "no"}, "engine.scheduler_reserve_full_isl"),
+    ("vllm-version-unquoted", {"engine.vllm_version": 0.19}, "engine.vllm_version"),
+    ("vllm-version-unmodelled", {"engine.vllm_version": "0.8.5"}, "engine.vllm_version"),
     ("fast-path-word", {"engine.fast_path": "maybe"}, "engine.fast_path"),
     ("preemption-mode", {"engine.preemption_mode": "evict"}, "engine.preemption_mode"),
     ("max-model-len-one", {"engine.max_model_len": 1}, "engine.max_model_len"),

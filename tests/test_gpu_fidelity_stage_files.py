@@ -167,7 +167,7 @@ def test_the_h100_file_replays_as_its_readme_says():
     table = pd.read_csv(H100_FILE).assign(stage_file=H100_FILE.name)
     engine = {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": True, "gpu_memory_utilization": 0.9, "kv_offload": {"cpu_gb": 8},
-              "scheduler_reserve_full_isl": False}   # vLLM 0.15.1 admits on the first chunk
+              "vllm_version": "0.15.1"}   # the run's release: its admission and free-queue rules
     for _, r in table.iterrows():
         assert stage_profile(r)["source"] == r["profile"]
         point = gpu_fidelity.stage_point(r, 600.0)
@@ -190,16 +190,22 @@ def test_headers_match_whatever_their_case_and_the_experiment_may_name_the_gpu(t
         read_stage_file(f)
 
 
-def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_21():
-    # vLLM before 0.21 turned its hybrid KV cache manager off whenever a KV connector was set (the runs' KV
-    # CPU offloading is one); 0.21 keeps it on for connectors that support it, as the OffloadingConnector does
+def test_kv_offload_turns_the_hybrid_manager_off_before_vllm_0_22():
+    # vLLM before 0.22 turned its hybrid KV cache manager off whenever a KV connector was set (the runs' KV
+    # CPU offloading is one); 0.22 keeps it on for connectors that support it, as the OffloadingConnector
+    # does, which the simulator does not model beside offloading: the row's own release decides
+    from experiments.config import resolve_point
+    from experiments.kv_groups import point_kv_groups
+    from simcore.errors import SimulationError
     row = pd.Series({**STAGE, "model": "openai/gpt-oss-20b", "gpu": "L40S"})
     old = gpu_fidelity.stage_point(row, 600.0)
-    assert old["engine"]["kv_offload"] == {"cpu_gb": 8} and old["engine"]["disable_hybrid_kv_cache_manager"] is True
-    new = gpu_fidelity.stage_point(pd.Series({**row, "vllm_version": "0.21.0"}), 600.0)
-    assert "disable_hybrid_kv_cache_manager" not in new["engine"]
+    assert old["engine"]["kv_offload"] == {"cpu_gb": 8} and old["engine"]["vllm_version"] == "0.15.1"
+    assert point_kv_groups(resolve_point(old)) is None   # every layer counted whole
+    new = gpu_fidelity.stage_point(pd.Series({**row, "vllm_version": "0.22.0"}), 600.0)
+    with pytest.raises(SimulationError, match="not modelled with engine.kv_offload"):
+        point_kv_groups(resolve_point(new))
     none = gpu_fidelity.stage_point(pd.Series({**row, "kv_offload_gb": 0}), 600.0)
-    assert "kv_offload" not in none["engine"] and "disable_hybrid_kv_cache_manager" not in none["engine"]
+    assert "kv_offload" not in none["engine"] and point_kv_groups(resolve_point(none)) is not None
 
 
 def test_run_table_columns_dp_mbt_kv_offload_and_precision():

