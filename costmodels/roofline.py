@@ -10,7 +10,8 @@ quantisation, wave effects, cache reuse and compute/communication overlap; profi
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -535,6 +536,16 @@ class RooflineCostModel:
     @property
     def frontend(self) -> FrontendLatency:
         return self.eff.frontend
+
+    def synchronous(self) -> "RooflineCostModel":
+        """This model for an engine without async scheduling (`engine.async_scheduling: false`, or a vLLM
+        before 0.14): each step's CPU time adds to its GPU time. The memos hold GPU terms only, so they are
+        shared."""
+        if not self.eff.async_scheduling:
+            return self
+        out = copy.copy(self)
+        out.eff = replace(self.eff, async_scheduling=False)
+        return out
 
     def decode_step_time_fn(self, num_seqs: int, num_logits: int | None = None):
         """A function of the decode context sum giving `step_time_sums_s((), num_seqs, sum, num_logits)`,

@@ -164,7 +164,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     without them (`tables_saved`); the SimPy engine ignores it (the caller saves its tables)."""
     cfg = config if isinstance(config, PointConfig) else resolve_point(config)
     plan = memory_plan(cfg)
-    cost_model = point_cost_model(cfg) if cost_model is None else cost_model
+    cost_model = as_scheduled(cfg, point_cost_model(cfg) if cost_model is None else cost_model)
     frontend = cfg.engine.frontend or frontend_of(cost_model)
     gen = (generate(cfg.workload, seed, cfg.model.max_model_len, plan.block_size) if specs is None
            else GeneratedRequests(tuple(specs), 0, 0))
@@ -272,6 +272,18 @@ def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency) -> pd.DataF
 def described(cost_model, frontend: FrontendLatency) -> dict:
     """The cost model's description with the front end the run applied (its own or the sweep file's)."""
     return {**cost_model.describe(), "frontend": frontend.describe()}
+
+
+def as_scheduled(cfg: PointConfig, cost_model):
+    """`cost_model` as the point's engine schedules: where async scheduling is off (`engine.async_scheduling:
+    false`, or an engine.vllm_version before 0.14 that left it off), a model that hides the CPU's time per
+    step behind the GPU's (the prior, [aic]: `Efficiencies.async_scheduling`) adds it instead. Pipeline
+    parallelism, which turns async scheduling off in vLLM but overlaps a batch's CPU work with the other
+    stages' GPU work, keeps the model as it is."""
+    setting = cfg.engine.async_scheduling
+    if setting is None:
+        setting = rules_of(cfg.policy).async_scheduling_default
+    return cost_model if setting or not hasattr(cost_model, "synchronous") else cost_model.synchronous()
 
 
 def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:

@@ -94,4 +94,6 @@ def test_async_scheduling_raises_ttft_by_about_a_step_at_light_load():
     on = simulate(POINT, 0).summary
     off = simulate({**POINT, "engine": {"async_scheduling": False}}, 0).summary
     assert on["ttft_mean_ms"] > off["ttft_mean_ms"]
-    assert on["tpot_mean_ms"] == pytest.approx(off["tpot_mean_ms"], rel=0.05)
+    # synchronous, each step also waits for its CPU time (0.4 ms a step and 6 us a sequence, the prior's),
+    # which async scheduling hides behind the GPU's
+    assert 0.4 <= off["tpot_mean_ms"] - on["tpot_mean_ms"] <= 0.6

@@ -76,6 +76,9 @@ def test_async_scheduling_is_off_by_default_before_014():
         assert engine_limits(cfg, memory_plan(cfg), point_cost_model(cfg)).async_scheduling is on
     cfg = resolve_point(point(vllm_version="0.13.0", async_scheduling=True))   # said explicitly: kept
     assert engine_limits(cfg, memory_plan(cfg), point_cost_model(cfg)).async_scheduling
+    # a synchronous engine's CPU time per step adds to its GPU time: every step is longer
+    sync, overlapped = (simulate(resolve_point(point(vllm_version=v))).summary for v in ("0.13.0", "0.14.0"))
+    assert sync["tpot_mean_ms"] > overlapped["tpot_mean_ms"]
 
 
 def freed_order(hashless_first: bool) -> list[int]:
