@@ -1,8 +1,7 @@
 """vLLM V1's async scheduling as the engines model it (simcore/async_scheduling.py): a request that arrives
 while a step runs is scheduled one decision later; an idle engine takes it at once; both engines agree
-bitwise; the default follows the cost model (the roofline prior: on) and a sweep file can say otherwise."""
-
-import dataclasses
+bitwise; the default follows the cost model (the roofline prior: on) and engine.vllm_version, and a sweep file
+can say otherwise (then the prior adds each step's CPU time to its GPU time)."""
 
 import pytest
 
