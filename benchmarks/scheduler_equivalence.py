@@ -5,10 +5,11 @@
 Each workload (fidelity.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random:
 tight KV, prompts beyond the token budget, long_prefill_token_threshold, binding max_num_seqs, shared
 prefixes with prefix caching, priority scheduling, async scheduling, chunked prefill off, admission when
-the first chunk fits instead of the whole sequence) runs through vLLM's Scheduler and through our engine
+the first chunk fits instead of the whole sequence, the adaptive threshold of vLLM 0.31+) runs through vLLM's Scheduler and through our engine
 (chunked_prefill, or continuous with chunked prefill off); every step is compared. It compares with
-whatever vLLM is importable: vLLM 0.18 and before have no `scheduler_reserve_full_isl` and admit on the
-first chunk, so every chunked workload is then run with that rule on our side, and the async effect below
+whatever vLLM is importable, our side running as that release (engine.vllm_version): vLLM 0.18 and before
+have no `scheduler_reserve_full_isl` and admit on the first chunk, so every chunked workload is then run
+with that rule, before 0.31 no workload draws the adaptive threshold, and the async effect below
 is not measured (docs/how-it-works.md, "Older vLLM versions"). A workload on which our engine stops with a
 livelock (that rule admitting and preempting without end, as vLLM 0.15.1's own scheduler does on it) is
 counted and not run through vLLM, which would never return. Async-scheduling workloads are compared with
@@ -31,8 +32,9 @@ from commandline.argtypes import non_negative_int, positive_int
 from commandline.exits import INTERRUPTED_RC, refuse, run_main
 from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
-from fidelity.vllm_scheduler import (FEATURES, FIRST_CHUNK_ADMISSION, compare, latency_effect, random_case, run_ours,
-                                    run_vllm, vllm_has_full_isl_knob)
+from fidelity.vllm_scheduler import (ADAPTIVE_THRESHOLD, FEATURES, FIRST_CHUNK_ADMISSION, compare, latency_effect,
+                                    random_case, run_ours, run_vllm, vllm_has_full_isl_knob)
+from policies.vllm_versions import vllm_rules
 from costmodels import cost_model
 from policies import Continuous
 from simcore.errors import SimulationError
@@ -48,7 +50,8 @@ def features_of(case) -> list[str]:
     for name, flag in (("threshold", case.long_prefill_token_threshold > 0), ("max_num_seqs", case.max_num_seqs < 16),
                        ("prefix_caching", case.enable_prefix_caching), ("priority", case.scheduling_policy == "priority"),
                        ("async", case.async_scheduling), ("no_chunking", not case.enable_chunked_prefill),
-                       (FIRST_CHUNK_ADMISSION, not case.scheduler_reserve_full_isl)):
+                       (FIRST_CHUNK_ADMISSION, not case.scheduler_reserve_full_isl),
+                       (ADAPTIVE_THRESHOLD, case.long_prefill_token_threshold_adaptive)):
         if flag:
             on.append(name)
     return on
@@ -88,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         only_first_chunk = not vllm_has_full_isl_knob()   # vLLM 0.18 and before: no other admission rule
         version = _vllm_version()   # our side runs as the release compared (policies/vllm_versions.py)
+        adaptive = vllm_rules(version).adaptive_threshold_knob   # (vLLM 0.31 and later)
         for k in range(args.num_workloads):
             seed = args.first_seed + k
             case = replace(random_case(seed, num_requests=args.num_requests), vllm_version=version)
+            if not adaptive:
+                case = replace(case, long_prefill_token_threshold_adaptive=False)
             if only_first_chunk and case.enable_chunked_prefill:
                 case = replace(case, scheduler_reserve_full_isl=False)
             feats = features_of(case)
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_preemptions": num_preemptions, "num_workloads_with_preemptions": num_preempting,
         "num_divergent_workloads": num_divergent, "divergences_by_kind": dict(by_kind),
         "num_livelocked_workloads": num_livelocked,
-        "workloads_by_feature": {f: by_feature[f] for f in FEATURES + (FIRST_CHUNK_ADMISSION,)},
+        "workloads_by_feature": {f: by_feature[f] for f in FEATURES + (FIRST_CHUNK_ADMISSION, ADAPTIVE_THRESHOLD)},
         "divergent_by_feature": dict(divergent_by_feature), "examples": examples,
         "async_scheduling_effect": {"num_workloads": len(async_effects), **summarize_effects(async_effects)},
         "default_continuous_vs_v1_no_chunking": {"num_workloads": len(continuous_effects),

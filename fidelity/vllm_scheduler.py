@@ -53,6 +53,7 @@ class Case:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False   # vLLM 0.31+
     scheduling_policy: str = "fcfs"
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = True  # False: vLLM schedules prompts whole; ours runs `continuous`
@@ -135,7 +136,8 @@ class _Feed:
 def our_policy(case: Case):
     if case.enable_chunked_prefill:
         return ChunkedPrefill(case.max_num_seqs, case.max_num_batched_tokens, case.long_prefill_token_threshold,
-                              case.scheduling_policy, case.scheduler_reserve_full_isl, case.vllm_version)
+                              case.scheduling_policy, case.scheduler_reserve_full_isl, case.vllm_version,
+                              case.long_prefill_token_threshold_adaptive)
     if case.scheduling_policy != "fcfs" or case.long_prefill_token_threshold:
         raise ValueError("continuous is compared with FCFS and no long_prefill_token_threshold only")
     # vLLM V1 with chunked prefill off runs decodes and whole new prompts in one step, with no watermark.
@@ -262,6 +264,16 @@ def full_isl_knob(case: Case) -> dict:
     return {}
 
 
+def adaptive_knob(case: Case) -> dict:
+    """The SchedulerConfig argument for the adaptive threshold: none where vLLM predates it (0.31), which a
+    case asking for it cannot be compared with."""
+    if "long_prefill_token_threshold_adaptive" in getattr(_vllm()["SchedulerConfig"], "__dataclass_fields__", {}):
+        return {"long_prefill_token_threshold_adaptive": case.long_prefill_token_threshold_adaptive}
+    if case.long_prefill_token_threshold_adaptive:
+        raise ValueError("this vLLM has no long_prefill_token_threshold_adaptive (0.31 and later)")
+    return {}
+
+
 def vllm_scheduler(case: Case):
     """vLLM's Scheduler (or AsyncScheduler) with `case`'s knobs over a KV pool of `num_gpu_blocks`."""
     v = _vllm()
@@ -272,7 +284,7 @@ def vllm_scheduler(case: Case):
         max_model_len=case.max_model_len, is_encoder_decoder=False,
         enable_chunked_prefill=case.enable_chunked_prefill,
         long_prefill_token_threshold=case.long_prefill_token_threshold, policy=case.scheduling_policy,
-        async_scheduling=case.async_scheduling, **full_isl_knob(case))
+        async_scheduling=case.async_scheduling, **full_isl_knob(case), **adaptive_knob(case))
     cache = v["CacheConfig"](block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
     cache.num_gpu_blocks = case.num_gpu_blocks
     speculative = None
@@ -449,6 +461,8 @@ FEATURES = ("tight_kv", "long_prompts", "threshold", "max_num_seqs", "prefix_cac
             "no_chunking")
 # drawn from a stream of its own (the workloads above stay what they were): vLLM 0.18's admission rule
 FIRST_CHUNK_ADMISSION = "first_chunk_admission"
+# likewise, in half of the workloads with a threshold: vLLM 0.31's adaptive threshold
+ADAPTIVE_THRESHOLD = "adaptive_threshold"
 
 
 def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 24) -> Case:
@@ -459,8 +473,12 @@ def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 2
     on = set(features) if features else {f for f in FEATURES if rng.random() < 0.35}
     if not features and np.random.default_rng((seed, 1)).random() < 0.35:
         on.add(FIRST_CHUNK_ADMISSION)
+    if not features and np.random.default_rng((seed, 2)).random() < 0.5:
+        on.add(ADAPTIVE_THRESHOLD)
     if "no_chunking" in on:
         on -= {"threshold", "priority", "async", FIRST_CHUNK_ADMISSION}
+    if "threshold" not in on:
+        on.discard(ADAPTIVE_THRESHOLD)
     bs = int(rng.choice([4, 8, 16]))
     budget = int(rng.choice([64, 128, 256, 512]))
     long_prompts = "long_prompts" in on and "no_chunking" not in on
@@ -498,6 +516,7 @@ def random_case(seed: int, features: tuple[str, ...] = (), num_requests: int = 2
                 long_prefill_token_threshold=int(rng.integers(1, budget)) if "threshold" in on else 0,
                 scheduling_policy="priority" if "priority" in on else "fcfs",
                 enable_prefix_caching="prefix_caching" in on, enable_chunked_prefill="no_chunking" not in on,
+                long_prefill_token_threshold_adaptive=ADAPTIVE_THRESHOLD in on,
                 async_scheduling="async" in on, scheduler_reserve_full_isl=FIRST_CHUNK_ADMISSION not in on,
                 max_model_len=budget if "no_chunking" in on else 4096,
                 prefix_tokens=tokens, prefix_group=tuple(max(0, x) for x in groups))

@@ -83,7 +83,8 @@ class ChunkedPrefill:
     0.19; with it off, as in vLLM 0.18 and before, only the step's chunk must fit, so a long prompt is admitted
     into a nearly full pool and preempted part way, benchmarks.scheduler_equivalence against vLLM 0.15.1).
     `long_prefill_token_threshold` applies only when more than one request is running or waiting
-    (alone, a request takes the whole budget, as since vLLM 0.31).
+    (alone, a request takes the whole budget, as since vLLM 0.31); `long_prefill_token_threshold_adaptive`
+    (vLLM 0.31+) floors it at max_num_batched_tokens // (running + waiting requests).
 
     `vllm_version` (default the newest modelled) picks the rules that changed between releases
     (policies/vllm_versions.py): an unset `scheduler_reserve_full_isl` takes that release's default, the
@@ -103,6 +104,8 @@ class ChunkedPrefill:
     scheduling_policy: str = "fcfs"
     scheduler_reserve_full_isl: bool | None = None   # None: vllm_version's default (on since 0.19)
     vllm_version: str | None = None                  # None: policies.vllm_versions.MODELLED
+    # vLLM 0.31+: the threshold floored at max_num_batched_tokens // (running + waiting requests)
+    long_prefill_token_threshold_adaptive: bool = False
 
     def __post_init__(self):
         rules = vllm_rules(MODELLED if self.vllm_version is None else self.vllm_version)
@@ -115,9 +118,12 @@ class ChunkedPrefill:
                              f"not {self.scheduling_policy!r}")
         check_at_least(self, 1, "max_num_seqs", "max_num_batched_tokens")
         check_at_least(self, 0, "long_prefill_token_threshold")
-        if not isinstance(self.scheduler_reserve_full_isl, bool):
-            raise ValueError(f"engine.scheduler_reserve_full_isl: expected true or false, got "
-                             f"{self.scheduler_reserve_full_isl!r}")
+        for knob in ("scheduler_reserve_full_isl", "long_prefill_token_threshold_adaptive"):
+            if not isinstance(getattr(self, knob), bool):
+                raise ValueError(f"engine.{knob}: expected true or false, got {getattr(self, knob)!r}")
+        if self.long_prefill_token_threshold_adaptive and not rules.adaptive_threshold_knob:
+            raise ValueError(f"engine.long_prefill_token_threshold_adaptive: a knob of vLLM 0.31 and later, and "
+                             f"engine.vllm_version is {rules.version}")
 
     @classmethod
     def for_gpu(cls, gpu: GpuLike, max_model_len: int, **knobs) -> "ChunkedPrefill":
@@ -172,9 +178,14 @@ class ChunkedPrefill:
     def _threshold(self, view: EngineView) -> int:
         # Since vLLM 0.31 long_prefill_token_threshold applies only when another request (running or waiting)
         # could be starved by a long prefill: alone, a request gets the whole budget. Before, it always did.
-        if len(view.running) + len(view.waiting) > 1 or not self.vllm_rules.threshold_spares_lone_request:
-            return self.long_prefill_token_threshold
-        return 0
+        # Adaptive (0.31+), it is never below the budget's fair share over those requests.
+        num_eligible = len(view.running) + len(view.waiting)
+        if num_eligible <= 1 and self.vllm_rules.threshold_spares_lone_request:
+            return 0
+        threshold = self.long_prefill_token_threshold
+        if threshold > 0 and self.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, self.max_num_batched_tokens // num_eligible)
+        return threshold
 
     def _schedule_running(self, view, running, scheduled, preempted, preempt_at, budget, free, threshold):
         """Phase A: running requests, in list order (preempting as the class docstring says). Fills

@@ -36,6 +36,9 @@ CHANGES = (
     ((0, 31), "threshold_spares_lone_request",
      "`long_prefill_token_threshold` caps a chunk only when another request is running or waiting "
      "(PR #57951); before, it capped a lone request too"),
+    ((0, 31), "adaptive_threshold_knob",
+     "`long_prefill_token_threshold_adaptive` exists (vllm/config/scheduler.py): the threshold floored at "
+     "the budget's fair share over the running and waiting requests"),
 )
 
 
@@ -49,6 +52,7 @@ class VllmRules:
     hashless_blocks_first: bool = True
     large_gpu_budget: bool = True
     threshold_spares_lone_request: bool = True
+    adaptive_threshold_knob: bool = True
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(?:post|rc|dev)\d*)?(?:\+[\w.]+)?")

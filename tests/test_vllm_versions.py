@@ -64,6 +64,16 @@ def test_the_threshold_caps_a_lone_request_before_031():
         assert policy.schedule(alone) == Batch((S(10, tokens),))
 
 
+def test_the_adaptive_threshold_floors_the_cap_at_the_budgets_fair_share():
+    two = view(waiting=[req(10, 1000), req(11, 1000)])
+    for adaptive, tokens in ((False, 100), (True, 256)):   # 512 // 2 requests
+        policy = ChunkedPrefill(max_num_seqs=8, max_num_batched_tokens=512, long_prefill_token_threshold=100,
+                                long_prefill_token_threshold_adaptive=adaptive)
+        assert policy.schedule(two) == Batch((S(10, tokens), S(11, tokens)))
+    with pytest.raises(ConfigError, match="engine.long_prefill_token_threshold_adaptive: a knob of vLLM 0.31"):
+        resolve_point(point(long_prefill_token_threshold_adaptive=True, vllm_version="0.30.0"))
+
+
 def test_batch_defaults_of_a_b200_follow_the_release():
     b200 = get_gpu("b200")
     assert ChunkedPrefill.for_gpu(b200, 8192).max_num_batched_tokens == 16384
