@@ -4,8 +4,8 @@ all under one token budget per step (docs/engines.md sections 1.2 and 6).
 Checked step by step against vLLM 0.32's own Scheduler (vllm/v1/core/sched/scheduler.py) on random
 workloads: same tokens per request, admissions, preemptions, finishes and KV blocks in every step
 (fidelity/vllm_scheduler.py, tests/test_vllm_scheduler.py, benchmarks/scheduler_equivalence.py), and
-against vLLM 0.15.1's and 0.19.0's with `vllm_version` set to theirs (policies/vllm_versions.py: the rules
-that changed between releases).
+against vLLM 0.15.1's to 0.31.0's with `vllm_version` set to theirs (policies/vllm_versions.py: the rules
+that changed between releases; docs/how-it-works.md, "Older vLLM versions").
 
 `scheduling_policy: priority` (vLLM's `--scheduling-policy priority`) orders waiting requests by
 (priority, arrival, id), lower value first, and preempts the running request with the largest (priority,
@@ -110,7 +110,7 @@ class ChunkedPrefill:
     def __post_init__(self):
         rules = vllm_rules(MODELLED if self.vllm_version is None else self.vllm_version)
         object.__setattr__(self, "vllm_version", rules.version)
-        object.__setattr__(self, "vllm_rules", rules)   # not a field: derived, read by the engine
+        object.__setattr__(self, "vllm_rules", rules)   # not a field: derived (policies.vllm_versions.rules_of)
         if self.scheduler_reserve_full_isl is None:
             object.__setattr__(self, "scheduler_reserve_full_isl", rules.reserve_full_isl)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
