@@ -56,6 +56,7 @@ from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
 from fidelity.vllm_stages import (StageFileError, data_parallel, measured_per_token_ms, per_token_ms,  # noqa: E402
                                   read_stage_file, row_problem, row_settings, stage_files, stage_profile)
+from policies.vllm_versions import nearest_modelled  # noqa: E402
 
 STAGES_CSV = "real-runs/vllm-0.15.1-h100-stages.csv"
 LSS_DIR = "real-runs/llmservingsim"
@@ -96,7 +97,9 @@ def stage_point(row: pd.Series, max_stage_s: float, settings: dict | None = None
               "max_model_len": settings["max_model_len"], "enable_prefix_caching": True,
               "gpu_memory_utilization": settings["gpu_memory_utilization"]}
     # the run's release: its admission, free-queue and KV-connector rules (policies/vllm_versions.py)
-    engine["vllm_version"] = settings["vllm_version"]
+    version = nearest_modelled(settings["vllm_version"])
+    if version is not None:
+        engine["vllm_version"] = version
     if settings["kv_offload_gb"] > 0:   # the runs' KV CPU offloading (vLLM's OffloadingConnector)
         engine["kv_offload"] = {"cpu_gb": settings["kv_offload_gb"]}
     point = {"model": model, "hardware": settings["gpu"],

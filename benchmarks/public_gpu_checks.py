@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from commandline.outputs import OutputError, out_dir  # noqa: E402
 from commandline.parser import Parser  # noqa: E402
+from policies.vllm_versions import nearest_modelled  # noqa: E402
 
 GPUSTACK = "https://github.com/gpustack/gpustack/blob/main/docs/performance-lab"
 MUSGRAVE = "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on"
@@ -159,7 +160,7 @@ def point_config(row: pd.Series, hardware=None) -> dict:
             "tensor_parallel_size": int(row["tp"]), "dtype": "bf16",
             "engine": {"policy": "chunked_prefill", "max_num_seqs": seqs, "max_num_batched_tokens": budget,
                        "max_model_len": int(row["max_model_len"]), "enable_prefix_caching": True,
-                       "gpu_memory_utilization": 0.9, "vllm_version": str(row["vllm"])},
+                       "gpu_memory_utilization": 0.9, "vllm_version": nearest_modelled(row["vllm"])},
             "workload": {"num_requests": int(row["num_requests"]), "arrival": arrival,
                          "prompt_tokens": _lengths(row["prompt"], "prompt", chat),
                          "output_tokens": _lengths(row["output"], "output", 0)}}

@@ -24,7 +24,7 @@ import numpy as np
 
 from fidelity.realruns import RealRun, RealRunError, _table
 from fidelity.vllm_stages import data_parallel
-from policies.vllm_versions import release
+from policies.vllm_versions import nearest_modelled
 
 REQUESTS, META, PEER = "vllm_requests.jsonl", "vllm_meta.json", "validation_summary.txt"
 NEED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
@@ -141,9 +141,9 @@ def replay_point(run: RealRun, model: str | None = None, hardware=None) -> dict:
         engine["max_model_len"] = int(kw["max_model_len"])
     if kv.get("block_size"):
         engine["block_size"] = int(kv["block_size"])
-    version = run.meta.get("vllm_version")
-    if version is not None and _modelled_release(version):   # its scheduler's rules (policies/vllm_versions.py)
-        engine["vllm_version"] = str(version)
+    version = nearest_modelled(run.meta.get("vllm_version"))   # its release's rules (policies/vllm_versions.py)
+    if version is not None:
+        engine["vllm_version"] = version
     hf_id = kw.get("model") or run.meta.get("model_id")
     point = {"model": model or MODEL_NAMES.get(hf_id, hf_id),
              "hardware": hardware if hardware is not None else gpu_of(run),
@@ -154,15 +154,6 @@ def replay_point(run: RealRun, model: str | None = None, hardware=None) -> dict:
     if kw.get("kv_cache_dtype") not in (None, "auto"):
         point["kv_cache_dtype"] = kw["kv_cache_dtype"]
     return point
-
-
-def _modelled_release(version) -> bool:
-    """Whether engine.vllm_version takes the run's release (else the replay runs the newest's rules)."""
-    try:
-        release(str(version))
-        return True
-    except ValueError:
-        return False
 
 
 _PEER_ROW = re.compile(r"^(TTFT|TPOT|Latency)\s+(Mean|Median|P50|P99)\s+([-\d.]+)\s+([-\d.]+)\s+([-+\d.]+)%")

@@ -55,30 +55,45 @@ class VllmRules:
     adaptive_threshold_knob: bool = True
 
 
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(?:post|rc|dev)\d*)?(?:\+[\w.]+)?")
+# 'v'? major.minor[.patch], then any suffix a build adds ('.post2', 'rc1', '.dev12+g1a2b', '+cu128', '+cpu')
+_VERSION = re.compile(r"[vV]?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z][\w.+-]*)?")
+
+
+def _parsed(version: str) -> tuple[int, int, int] | None:
+    m = _VERSION.fullmatch(version.strip())
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3] or 0))
+
+
+def _in_range(at: tuple[int, int, int]) -> int:
+    """-1 older than OLDEST, 1 newer than MODELLED's minor release, else 0."""
+    oldest, newest = _parsed(OLDEST), _parsed(MODELLED)
+    return -1 if at < oldest else 1 if at >= (newest[0], newest[1] + 1, 0) else 0
 
 
 def release(version) -> tuple[int, int, int]:
-    """'0.15.1' -> (0, 15, 1); '0.19' -> (0, 19, 0); suffixes such as '.post2' or '+cpu' are ignored. A
-    value that is not such a string, or outside OLDEST..MODELLED's minor releases, raises ValueError naming
-    the key (YAML reads an unquoted 0.19 as a number, so it is refused with the fix)."""
+    """'0.15.1' -> (0, 15, 1); '0.19' -> (0, 19, 0); a leading 'v' and suffixes such as '.post2' or '+cpu'
+    are ignored. A value that is not such a string, or outside OLDEST..MODELLED's minor releases, raises
+    ValueError naming the key (YAML reads an unquoted 0.19 as a number, so it is refused with the fix)."""
     if not isinstance(version, str):
         raise ValueError(f"engine.vllm_version: expected a release as a quoted string, such as '0.19.0', got "
                          f"{version!r}")
-    m = _VERSION.fullmatch(version.strip())
-    if m is None:
+    out = _parsed(version)
+    if out is None:
         raise ValueError(f"engine.vllm_version: expected a release such as '0.19.0', got {version!r}")
-    out = (int(m[1]), int(m[2]), int(m[3] or 0))
-    oldest, newest = release_tuple(OLDEST), release_tuple(MODELLED)
-    if not oldest <= out < (newest[0], newest[1] + 1, 0):
+    if _in_range(out):
         raise ValueError(f"engine.vllm_version: {version!r} is outside the releases modelled, {OLDEST} to "
                          f"{MODELLED} (policies/vllm_versions.py)")
     return out
 
 
-def release_tuple(version: str) -> tuple[int, int, int]:
-    a, b, *c = (int(p) for p in version.split("."))
-    return a, b, (c[0] if c else 0)
+def nearest_modelled(version) -> str | None:
+    """What a replay of a run made with vLLM `version` runs as: that release, or the oldest or newest
+    modelled where it lies outside them (the nearest rules there are); None where `version` does not read
+    as a release (the replay then keeps the newest's rules)."""
+    at = _parsed(str(version))
+    if at is None:
+        return None
+    return {-1: OLDEST, 1: MODELLED}.get(_in_range(at), str(version).strip())
 
 
 def vllm_rules(version: str = MODELLED) -> VllmRules:

@@ -36,6 +36,14 @@ def test_each_rule_turns_on_at_the_release_that_brought_it():
     assert vllm_rules("0.11.2.post2") == VllmRules("0.11.2.post2", **{f: False for _, f, _ in CHANGES})
 
 
+def test_a_replay_runs_as_the_nearest_release_modelled():
+    from policies.vllm_versions import nearest_modelled
+    assert [nearest_modelled(v) for v in ("0.15.1", "v0.15.1", "0.15.1+cu128", "0.19.0rc1", "0.10.2", "0.40.0",
+                                          "unknown", None)] == \
+        ["0.15.1", "v0.15.1", "0.15.1+cu128", "0.19.0rc1", "0.11.0", MODELLED, None, None]
+    assert vllm_rules("v0.18.1") == VllmRules("v0.18.1", **{f: since < (0, 19) for since, f, _ in CHANGES})
+
+
 @pytest.mark.parametrize("value, words", [
     (0.19, "quoted string"), ("nineteen", "a release such as"), ("0.10.2", "outside the releases modelled"),
     ("0.33.0", "outside the releases modelled")])
