@@ -2,21 +2,21 @@
 
     python -m benchmarks.scheduler_equivalence --num-workloads 1000
 
-Each workload (fidelity.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random:
-tight KV, prompts beyond the token budget, long_prefill_token_threshold, binding max_num_seqs, shared
-prefixes with prefix caching, priority scheduling, async scheduling, chunked prefill off, admission when
-the first chunk fits instead of the whole sequence, the adaptive threshold of vLLM 0.31+) runs through vLLM's Scheduler and through our engine
-(chunked_prefill, or continuous with chunked prefill off); every step is compared. It compares with
-whatever vLLM is importable, our side running as that release (engine.vllm_version): vLLM 0.18 and before
-have no `scheduler_reserve_full_isl` and admit on the first chunk, so every chunked workload is then run
-with that rule, before 0.31 no workload draws the adaptive threshold, and the async effect below
-is not measured (docs/how-it-works.md, "Older vLLM versions"). A workload on which our engine stops with a
+Each workload (fidelity.vllm_scheduler.random_case: 24 requests, knobs and features drawn at random: tight KV,
+prompts beyond the token budget, long_prefill_token_threshold, binding max_num_seqs, shared prefixes with
+prefix caching, priority scheduling, async scheduling, chunked prefill off, admission when the first chunk
+fits instead of the whole sequence, the adaptive threshold of vLLM 0.31+) runs through vLLM's Scheduler and
+through our engine (chunked_prefill, or continuous with chunked prefill off); every step is compared. It
+compares with whatever vLLM is importable, our side running as that release (engine.vllm_version): vLLM 0.18
+and before have no `scheduler_reserve_full_isl` and admit on the first chunk, so every chunked workload is
+then run with that rule, before 0.31 no workload draws the adaptive threshold, and the async effect below is
+not measured (docs/how-it-works.md, "Older vLLM versions"). A workload on which our engine stops with a
 livelock (that rule admitting and preempting without end, as vLLM 0.15.1's own scheduler does on it) is
 counted and not run through vLLM, which would never return. Async-scheduling workloads are compared with
 vLLM's synchronous scheduler (our model), and the effect of async scheduling's decisions on TTFT / TPOT is
-measured by pricing both step sequences with one cost model (Llama-3-8B on H100, the shipped profile). The same is done for `continuous` at its
-defaults (prefill-only steps, 1% watermark) against vLLM without chunking. Prints progress, the counts
-of workloads and steps compared and divergences by kind.
+measured by pricing both step sequences with one cost model (Llama-3-8B on H100, the shipped profile). The
+same is done for `continuous` at its defaults (prefill-only steps, 1% watermark) against vLLM without
+chunking. Prints progress, the counts of workloads and steps compared and divergences by kind.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from commandline.exits import INTERRUPTED_RC, refuse, run_main
 from commandline.outputs import OutputError, out_file
 from commandline.parser import Parser
 from fidelity.vllm_scheduler import (ADAPTIVE_THRESHOLD, FEATURES, FIRST_CHUNK_ADMISSION, compare, latency_effect,
-                                    random_case, run_ours, run_vllm, vllm_has_full_isl_knob)
-from policies.vllm_versions import vllm_rules
+                                    random_case, run_ours, run_vllm, vllm_has_knob)
+from policies.vllm_versions import nearest_modelled
 from costmodels import cost_model
 from policies import Continuous
 from simcore.errors import SimulationError
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     async_effects, continuous_effects, examples = [], [], []
     num_done, interrupted, num_livelocked = 0, False, 0
     try:
-        only_first_chunk = not vllm_has_full_isl_knob()   # vLLM 0.18 and before: no other admission rule
-        version = _vllm_version()   # our side runs as the release compared (policies/vllm_versions.py)
-        adaptive = vllm_rules(version).adaptive_threshold_knob   # (vLLM 0.31 and later)
+        only_first_chunk = not vllm_has_knob("scheduler_reserve_full_isl")   # vLLM 0.18 and before
+        adaptive = vllm_has_knob("long_prefill_token_threshold_adaptive")   # vLLM 0.31 and later
+        version = nearest_modelled(_vllm_version())   # our side runs as the release compared
         for k in range(args.num_workloads):
             seed = args.first_seed + k
             case = replace(random_case(seed, num_requests=args.num_requests), vllm_version=version)

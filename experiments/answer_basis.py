@@ -20,7 +20,7 @@ def vllm_version_column(policy) -> dict:
 
 def point_vllm_versions(points) -> list:
     """The release each point's policy runs as, where it has one (chunked_prefill's engine.vllm_version)."""
-    return [getattr(p.config.policy, "vllm_version", None) for p in points]
+    return [vllm_version_column(p.config.policy).get("vllm_version") for p in points]
 
 
 def vllm_versions_of(results) -> list:

@@ -42,9 +42,9 @@ def point_warnings(cfg, described: dict) -> list[str]:
                        f"deployment differs from it, so the {basis_line(described).split(' (')[0]} prices it")
     rules = rules_of(cfg.policy)
     if cfg.engine.enable_prefix_caching and not rules.hashless_blocks_first and _hybrid(cfg):
-        out.append(f"engine.vllm_version: {rules.version}'s free queue and sliding-window block retention are not "
-                   f"modelled under the hybrid KV cache manager: {cfg.model.name}'s prefix cache frees and keeps blocks "
-                   "as vLLM 0.32 does (policies/vllm_versions.py)")
+        out.append(f"engine.vllm_version: {rules.version}'s free queue and sliding-window block retention are "
+                   f"not modelled under the hybrid KV cache manager: {cfg.model.name}'s prefix cache frees and "
+                   "keeps blocks as vLLM 0.32 does (policies/vllm_versions.py)")
     return out
 
 

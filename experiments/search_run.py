@@ -204,7 +204,8 @@ def run_search(sweep: dict, out_dir: str | Path | None = None, jobs: int | None 
         verdict = spec.seeds_pass(list(per_seed.values()))
         for s, r in results[(gi, value)].items():
             rows.append({"grid_point": f"g{gi:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
-                         **vllm_version_column(p.config.policy), spec.over.split(".")[-1]: value, "seed": s, "meets_slo": per_seed[s],
+                         **vllm_version_column(p.config.policy), spec.over.split(".")[-1]: value, "seed": s,
+                         "meets_slo": per_seed[s],
                          "load_passes": verdict, **r})
     points_df = pd.DataFrame(rows)
     searches = _summary_rows(spec, points, outcomes, results, seeds)
@@ -221,7 +222,8 @@ def _summary_rows(spec: SearchSpec, points: list[Point], outcomes: dict[int, Out
     for p in points:
         o = outcomes[p.index]
         row = {"grid_point": f"g{p.index:03d}", **flat(p.grid_values), "policy": p.config.policy.name,
-               **vllm_version_column(p.config.policy), "over": spec.over, "unit": spec.unit, "slo": spec.slo_text, "rule": spec.rule_text,
+               **vllm_version_column(p.config.policy), "over": spec.over, "unit": spec.unit, "slo": spec.slo_text,
+               "rule": spec.rule_text,
                "seeds": len(seeds), "status": o.status,
                "max_value": math.nan if o.best is None else o.best,
                "first_fail": math.nan if o.first_fail is None else o.first_fail,

@@ -248,30 +248,27 @@ def _model_dir() -> str:
     return _MODEL_DIR
 
 
-def vllm_has_full_isl_knob() -> bool:
-    """Whether the installed vLLM has `scheduler_reserve_full_isl` (0.19 on); before it, vLLM admitted a
-    waiting request when its first chunk fit (a case compared with it must say False)."""
-    return "scheduler_reserve_full_isl" in getattr(_vllm()["SchedulerConfig"], "__dataclass_fields__", {})
+def vllm_has_knob(name: str) -> bool:
+    """Whether the installed vLLM's SchedulerConfig has `name`: `scheduler_reserve_full_isl` from 0.19 (before
+    it vLLM admitted a waiting request when its first chunk fit), `long_prefill_token_threshold_adaptive` from
+    0.31."""
+    return name in getattr(_vllm()["SchedulerConfig"], "__dataclass_fields__", {})
 
 
-def full_isl_knob(case: Case) -> dict:
-    """The SchedulerConfig argument for `case`'s admission rule: none where vLLM predates the knob (its only
-    rule is the first chunk's), which a case asking for the full sequence cannot be compared with."""
-    if vllm_has_full_isl_knob():
-        return {"scheduler_reserve_full_isl": case.scheduler_reserve_full_isl}
-    if case.scheduler_reserve_full_isl and case.enable_chunked_prefill:   # (a whole prompt is its only chunk)
-        raise ValueError("this vLLM admits on the first chunk only: compare it with scheduler_reserve_full_isl=False")
-    return {}
-
-
-def adaptive_knob(case: Case) -> dict:
-    """The SchedulerConfig argument for the adaptive threshold: none where vLLM predates it (0.31), which a
-    case asking for it cannot be compared with."""
-    if "long_prefill_token_threshold_adaptive" in getattr(_vllm()["SchedulerConfig"], "__dataclass_fields__", {}):
-        return {"long_prefill_token_threshold_adaptive": case.long_prefill_token_threshold_adaptive}
-    if case.long_prefill_token_threshold_adaptive:
-        raise ValueError("this vLLM has no long_prefill_token_threshold_adaptive (0.31 and later)")
-    return {}
+def release_knobs(case: Case) -> dict:
+    """The SchedulerConfig arguments of `case`'s release-dependent knobs: each one the installed vLLM has.
+    Where it has none, a case must ask for what that vLLM does (the first chunk's admission, no adaptive
+    threshold), or it cannot be compared."""
+    out = {}
+    for name, value, without in (("scheduler_reserve_full_isl", case.scheduler_reserve_full_isl,
+                                  not case.enable_chunked_prefill),   # (a whole prompt is its only chunk)
+                                 ("long_prefill_token_threshold_adaptive", case.long_prefill_token_threshold_adaptive,
+                                  False)):
+        if vllm_has_knob(name):
+            out[name] = value
+        elif value and not without:
+            raise ValueError(f"this vLLM has no {name}: compare it with {name}=False")
+    return out
 
 
 def vllm_scheduler(case: Case):
@@ -284,7 +281,7 @@ def vllm_scheduler(case: Case):
         max_model_len=case.max_model_len, is_encoder_decoder=False,
         enable_chunked_prefill=case.enable_chunked_prefill,
         long_prefill_token_threshold=case.long_prefill_token_threshold, policy=case.scheduling_policy,
-        async_scheduling=case.async_scheduling, **full_isl_knob(case), **adaptive_knob(case))
+        async_scheduling=case.async_scheduling, **release_knobs(case))
     cache = v["CacheConfig"](block_size=case.block_size, enable_prefix_caching=case.enable_prefix_caching)
     cache.num_gpu_blocks = case.num_gpu_blocks
     speculative = None

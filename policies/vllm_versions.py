@@ -64,10 +64,12 @@ def _parsed(version: str) -> tuple[int, int, int] | None:
     return None if m is None else (int(m[1]), int(m[2]), int(m[3] or 0))
 
 
+_OLDEST, _NEWEST = _parsed(OLDEST), _parsed(MODELLED)
+
+
 def _in_range(at: tuple[int, int, int]) -> int:
     """-1 older than OLDEST, 1 newer than MODELLED's minor release, else 0."""
-    oldest, newest = _parsed(OLDEST), _parsed(MODELLED)
-    return -1 if at < oldest else 1 if at >= (newest[0], newest[1] + 1, 0) else 0
+    return -1 if at < _OLDEST else 1 if at >= (_NEWEST[0], _NEWEST[1] + 1, 0) else 0
 
 
 def release(version) -> tuple[int, int, int]:
