@@ -23,18 +23,19 @@ Sweep files override it under `engine.frontend` (experiments/engine_config.py):
 A kind alone takes that kind's figures below; `fixed_ms` and `per_1k_prompt_tokens_ms` replace them.
 
 The API server is also a resource: one Python process (one core, under the GIL) per engine replica admits
-every request and streams every token. `server_busy` is the share of its time that a run's served requests
-and streamed chunks take at the measured CPU per request and per chunk (`api_server_cpu_per_request_ms`,
-`api_server_cpu_per_chunk_us`, `api_server_count`: processes per replica, vLLM's `--api-server-count`). The
-simulator does not queue requests there: a run that would keep it busy most of the time says so in words
-(`api_server_busy` in the results, simcore/metrics.py `untrusted_notes`).
+every request and streams every token, at the measured CPU per request and per chunk
+(`api_server_cpu_per_request_ms`, `api_server_cpu_per_chunk_us`; `api_server_count`: processes per
+replica, vLLM's `--api-server-count`). simcore/api_server.py queues each run's requests there: each waits
+behind that work at admission and behind its step's other chunks for its first and last token, added to
+its TTFT and E2E beside the figures above (`api_server_wait_mean_ms` in the results), and `api_server_busy`
+is the share of the server's time that work takes. The engine itself is not held back by that queue, so a
+run that would keep the server busy most of the time says so in words (simcore/metrics.py
+`untrusted_notes`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
 
 KINDS = ("http", "http_chat", "in_process", "none")
 KEYS = ("kind", "fixed_ms", "per_1k_prompt_tokens_ms", "api_server_cpu_per_request_ms", "api_server_cpu_per_chunk_us",
@@ -74,15 +75,6 @@ class FrontendLatency:
     def has_server_cpu(self) -> bool:
         """Whether the API server's CPU per request and per chunk are known (so its load can be checked)."""
         return self.cpu_per_request_s > 0 or self.cpu_per_chunk_s > 0
-
-    def server_busy(self, num_requests, num_chunks, seconds):
-        """The share of one replica's API-server time that `num_requests` admitted and `num_chunks` streamed
-        take over `seconds` (numbers or numpy arrays, one per replica); NaN where it is not known."""
-        if not self.has_server_cpu:
-            return math.nan
-        work = self.cpu_per_request_s * num_requests + self.cpu_per_chunk_s * num_chunks
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return work / (seconds * self.api_servers)
 
     def describe(self) -> dict:
         out = {"kind": self.kind, "fixed_ms": round(self.fixed_s * 1e3, 6),

@@ -23,8 +23,10 @@ from experiments.speculative_config import speculation_for
 from simcore.speculative import summary_keys as speculative_keys
 from experiments.kv_groups import bytes_per_block, point_kv_groups
 from experiments.fast import num_replicas as fast_replicas
+from experiments.binding_streamed import iteration_chunks
 from experiments.tables import TableWriter, write_run_tables
 from policies.vllm_versions import rules_of
+from simcore.api_server import APIServerQueue
 from simcore.async_scheduling import async_scheduling_of
 from simcore.dp_lockstep import lockstep_groups
 from simcore.cluster import Cluster
@@ -34,7 +36,7 @@ from simcore.gateway import gateway_counts
 from experiments.autoscaling_run import autoscaled_cluster, autoscaling_keys
 from simcore.kvcache import MemoryPlan, num_usable_blocks, plan_memory, prefix_cache_stats
 from simcore.log import EngineLog
-from simcore.metrics import (api_server_keys, client_view, cluster_summary, flag_words, goodput_stats,
+from simcore.metrics import (client_view, cluster_summary, flag_words, goodput_stats,
                              iterations_frame, load_stats, meets_slo, rejected_reasons, replicas_frame,
                              requests_frame, summarize)
 from simcore.pipeline import PipelinedEngine, add_pipeline_results, pipeline_error
@@ -213,16 +215,19 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
         raise SimulationError(f"{cfg.policy.name}: {stuck} requests never finished (engine stalled at "
                               f"t={env.now:.3f}s with {sum(len(e.waiting) for e in engines)} waiting, "
                               f"{sum(len(e.running) for e in engines)} running)")
-    requests = with_frontend(requests_frame(log), frontend)
     iterations = iterations_frame(log)
+    queue_keys: dict = {}
+    requests = with_frontend(requests_frame(log), frontend, None if disagg is not None else iterations,
+                             drafts_per_step(cfg), queue_keys)
     usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
     requests, summary, replicas = pooled_results(cfg, requests, iterations, log.itl_gaps_s, usable, num_replicas,
                                                  disagg)
+    summary.update(queue_keys)
     if num_stages > 1:   # bubble columns and pipeline keys; time-weighted keys without double counting
         add_pipeline_results(engines, iterations, summary, replicas, usable)
     if limits.speculative is not None:   # the replicas' shared counters (simcore/speculative.py)
         summary.update(speculative_keys(limits.speculative.counters))
-    run_keys(cfg, plan, cost_model, gen, requests, summary, frontend)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if engine.prefix_cache is not None:
         add_prefix_cache_stats(summary, requests, [e.prefix_cache for e in engines])
     add_binding(cfg, plan, requests, iterations, summary)
@@ -259,14 +264,41 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
     return requests, summary, replicas
 
 
-def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency) -> pd.DataFrame:
+# The iteration columns the API server's queue reads (simcore/api_server.py)
+STEP_FRAMES = ["start_s", "duration_s", "decode_tokens", "replica_id"]
+
+
+def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None, drafts: int = 0,
+                  keys: dict | None = None) -> pd.DataFrame:
     """The request table as the client sees it: each request's front-end time (its prompt's) added to its
-    first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not."""
+    first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not. With `steps` (the
+    iterations, a frame or frames in order) and a front end whose API-server CPU is known, each request also
+    waits in its replica's API server (simcore/api_server.py): at admission, behind its step's other chunks
+    for its first token and at its last; `keys` then gets `api_server_wait_mean_ms`, the finished requests'
+    mean wait to their first token, and `api_server_busy`, the busiest replica's server's share of time
+    spent (APIServerQueue.busy). `drafts`: draft tokens a speculative step verifies per request."""
     if frontend.is_zero:
         return requests
-    if frontend.per_prompt_token_s == 0:
-        return client_view(requests, frontend.fixed_s)
-    return client_view(requests, frontend.latency_s(requests["prompt_tokens"].to_numpy(dtype=float)))
+    latency = (frontend.fixed_s if frontend.per_prompt_token_s == 0
+               else frontend.latency_s(requests["prompt_tokens"].to_numpy(dtype=float)))
+    if steps is None or not frontend.has_server_cpu or not len(requests):
+        return client_view(requests, latency)
+    queue = APIServerQueue(requests, frontend.cpu_per_request_s, frontend.cpu_per_chunk_s, frontend.api_servers,
+                           drafts)
+    for frame in ([steps] if isinstance(steps, pd.DataFrame) else steps):
+        queue.add_steps(frame)
+    first, last = queue.waits()
+    if keys is not None:
+        fin = (requests["status"] == "finished").to_numpy()
+        keys["api_server_busy"] = queue.busy()
+        keys["api_server_wait_mean_ms"] = float(first[fin].mean() * 1e3) if fin.any() else math.nan
+    return client_view(requests, latency + first, latency + last)
+
+
+def drafts_per_step(cfg: PointConfig) -> int:
+    """Draft tokens a speculative step verifies per request (a step's decode_tokens count them too)."""
+    spec = cfg.engine.speculative
+    return int(spec.num_speculative_tokens) if spec is not None else 0
 
 
 def described(cost_model, frontend: FrontendLatency) -> dict:
@@ -332,11 +364,11 @@ def with_request_latency(cfg: PointConfig, frontend: FrontendLatency, specs=()) 
     return dataclasses.replace(cfg, workload=dataclasses.replace(w, arrival=arrival))
 
 
-def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict,
-             frontend: FrontendLatency = NO_FRONTEND) -> None:
+def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.DataFrame, summary: dict) -> None:
     """The summary keys both engines share beyond the metrics (in place): memory, clipping, offered vs
-    achieved load and stability, reject reasons, goodput, the API server's load (not for a disaggregated
-    deployment, whose requests cross two replicas) and the `flags` words (simcore/metrics.py)."""
+    achieved load and stability, reject reasons, goodput and the `flags` words (simcore/metrics.py). The
+    API server's load comes with its queue (`with_frontend`; NaN without one, as for a disaggregated
+    deployment, whose requests cross two replicas)."""
     summary.update({"num_gpu_blocks": plan.num_gpu_blocks, "kv_capacity_tokens": plan.kv_capacity_tokens,
                     "num_clipped_prompts": gen.num_clipped_prompts, "num_clipped_outputs": gen.num_clipped_outputs,
                     "cost_model": cost_model.describe().get("kind", "?"),
@@ -347,9 +379,7 @@ def run_keys(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, requests: pd.D
     if cfg.gateway is not None:   # what admission control ended (simcore/gateway.py)
         summary.update(gateway_counts(requests.loc[requests["status"] == "rejected", "reject_reason"]))
     add_goodput(cfg, requests, summary)
-    accepted = summary.get("spec_acceptance_length", 1.0)
-    summary.update(api_server_keys(requests, NO_FRONTEND if cfg.disaggregation is not None else frontend,
-                                   1.0 if accepted is None or math.isnan(accepted) else accepted))
+    summary.setdefault("api_server_busy", math.nan)   # set with the API server's queue (with_frontend), if any
     summary["flags"] = flag_words(summary)
 
 
@@ -418,12 +448,15 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
     finally:
         if writer is not None:
             writer.close()
-    requests = with_frontend(requests, frontend)
+    steps = None if disagg is not None else iterations if writer is None else iteration_chunks(tables_dir, STEP_FRAMES)
+    queue_keys: dict = {}
+    requests = with_frontend(requests, frontend, steps, drafts_per_step(cfg), queue_keys)
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
+    summary.update(queue_keys)
     if limits.speculative is not None:
         summary.update(speculative_keys(limits.speculative.counters))
-    run_keys(cfg, plan, cost_model, gen, requests, summary, frontend)
+    run_keys(cfg, plan, cost_model, gen, requests, summary)
     if prefix_caches:
         add_prefix_cache_stats(summary, requests, prefix_caches)
     resolved = resolved_dict(cfg, plan, described(cost_model, frontend), seed)

@@ -52,16 +52,18 @@ def _with_latencies(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def client_view(requests: pd.DataFrame, latency_s: float) -> pd.DataFrame:
+def client_view(requests: pd.DataFrame, latency_s, finish_latency_s=None) -> pd.DataFrame:
     """The request table as the client sees it when a fixed `latency_s` per request lies outside the engine
     (a cost model's `request_latency_s`): tokens arrive that much later; TTFT and E2E grow by it, TPOT
     and ITL do not. `arrival_s` stays the time the request reached the engine. `latency_s` is one number
-    for every request or an array, one per row (a front end whose time depends on the prompt)."""
-    if np.ndim(latency_s) == 0 and not latency_s:
+    for every request or an array, one per row (a front end whose time depends on the prompt);
+    `finish_latency_s`, where the last token's differs (the API server's queue), the same for the finish."""
+    finish_latency_s = latency_s if finish_latency_s is None else finish_latency_s
+    if np.ndim(latency_s) == 0 and not latency_s and np.ndim(finish_latency_s) == 0 and not finish_latency_s:
         return requests
     out = requests.copy(deep=False)   # the shifted columns are new arrays; the rest are shared, not copied
     out["first_token_s"] = out["first_token_s"] + latency_s
-    out["finish_s"] = out["finish_s"] + latency_s
+    out["finish_s"] = out["finish_s"] + finish_latency_s
     return _with_latencies(out)
 
 
@@ -429,35 +431,11 @@ def load_stats(requests: pd.DataFrame, duration_s: float, closed_loop: bool) -> 
     return out
 
 
-# Above this share of its time, the API server's own queue (not modelled: costmodels/frontend.py) holds a
-# request for more than its busy periods' length on average (an M/D/1 queue waits rho / (2 (1 - rho)) service
-# times: 2x at 0.8), tens of milliseconds behind a step's batch of streamed chunks.
+# Above this share of its time, the API server's queue (simcore/api_server.py) holds a request for more than
+# its busy periods' length on average (an M/D/1 queue waits rho / (2 (1 - rho)) service times: 2x at 0.8),
+# tens of milliseconds behind a step's batch of streamed chunks; its waits are in TTFT, but the engine is
+# not held back by it (its back-pressure is not simulated), so there the engine's load is more than it got.
 API_SERVER_BUSY_LIMIT = 0.8
-
-
-def api_server_keys(requests: pd.DataFrame, frontend, acceptance_length: float = 1.0) -> dict:
-    """`api_server_busy`: the busiest replica's API server, the share of its time that the replica's served
-    requests and their streamed chunks take (`FrontendLatency.server_busy`) over the replica's span, its first
-    arrival to its last finish; NaN where the front end's CPU figures are unknown. One chunk a step that
-    gave the request tokens (vLLM streams each step's tokens together): its first token, then its other
-    tokens over the speculative acceptance length (1 without speculation)."""
-    if not frontend.has_server_cpu:
-        return {"api_server_busy": math.nan}
-    fin = (requests["status"] == "finished").to_numpy()
-    if not fin.any():
-        return {"api_server_busy": math.nan}
-    replica = requests["replica_id"].to_numpy()[fin]
-    out = requests["output_tokens"].to_numpy(float)[fin]
-    chunks = 1.0 + np.maximum(out - 1.0, 0.0) / max(1.0, acceptance_length)
-    n = int(replica.max()) + 1
-    first = np.full(n, np.inf)
-    last = np.full(n, -np.inf)
-    np.minimum.at(first, replica, requests["arrival_s"].to_numpy(float)[fin])
-    np.maximum.at(last, replica, requests["finish_s"].to_numpy(float)[fin])
-    served = np.bincount(replica, minlength=n)
-    busy = frontend.server_busy(served, np.bincount(replica, weights=chunks, minlength=n), last - first)
-    busy = busy[(served > 0) & (last > first)]
-    return {"api_server_busy": float(busy.max()) if len(busy) else math.nan}
 
 
 def rejected_reasons(requests: pd.DataFrame) -> str:
@@ -500,9 +478,11 @@ def untrusted_notes(row) -> list[str]:
     busy = float(get("api_server_busy", 0.0))
     if busy >= API_SERVER_BUSY_LIMIT:
         notes.append(f"the API server would be busy {busy:.0%} of the time (the front end's measured CPU per "
-                     "request and per streamed chunk, one process per replica): its queue, which is not simulated, "
-                     f"would add to TTFT{' and cap the throughput' if busy >= 1 else ''}; more API servers "
-                     "(engine.frontend.api_server_count, vLLM's --api-server-count) or a faster host core lower it")
+                     "request and per streamed chunk, one process per replica): its queue's waits are in TTFT, but "
+                     "the engine still got every request on time, as if the server kept up"
+                     f"{', and one process cannot stream what the GPU produced: the throughput is more than it serves' if busy >= 1 else ''}"
+                     "; more API servers (engine.frontend.api_server_count, vLLM's --api-server-count) or a faster "
+                     "host core lower it")
     return notes
 
 

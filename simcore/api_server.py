@@ -1,0 +1,192 @@
+"""The API server as a queue: what a client's TTFT and E2E wait in the serving front end's one process.
+
+vLLM's OpenAI-compatible server is one Python process per engine replica (`--api-server-count`, one by
+default) that both admits every request and streams every token back, on one core under the GIL
+(costmodels/frontend.py: 1.20 ms of its CPU a request admitted, 60 us a streamed chunk, measured by
+benchmarks.frontend_load on vLLM 0.32's CPU build). Its work arrives from two sides: a request's admission
+when the request arrives, and one chunk per request that got tokens each time a step ends (the engine core
+sends a step's outputs together; AsyncLLM's `output_handler` processes them in the order the scheduler
+lists them and each stream's coroutine then writes its chunk). It serves them first come, first served, so
+a request waits for what is ahead of it twice:
+
+  - at admission, for the server's backlog when it arrives;
+  - at its first token, for the backlog when its step's outputs arrive, and then for the chunks listed
+    before its own. vLLM lists a step's running requests first, in the order they were admitted, and the
+    newly scheduled after them (`Scheduler.schedule`, `update_from_output`, vLLM 0.32), so a request's first
+    chunk comes after every request still decoding in that step, and after the others that got their
+    first token in the same step and arrived before it;
+  - at its last token the same, at the middle of its step's chunks (where a finishing request sits among
+    the others is not recorded here).
+
+Waits only: the fixed front-end time (`FrontendLatency.latency_s`) was measured one request at a time, so it
+already holds one admission and one chunk's own CPU time. The queue is computed after the run from each
+replica's arrivals and steps, by Lindley's recursion in closed form (numpy, no event loop): the engine is
+not held back by it, as vLLM's engine core is not (another process), except that a request it would admit
+late still reaches the engine at its arrival time, a step's time at most below the back-pressure-free
+regime this is meant for (`api_server_busy` flags a run at 0.8 or more, where that no longer holds).
+`api_server_count` processes share the work evenly: one queue that serves that many times as fast.
+
+Steps come as frames of `start_s`, `duration_s`, `decode_tokens` and `replica_id` (the iterations table, whole
+or in chunks as experiments/binding_streamed.py reads it back), each replica's rows in time order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# A first token or a finish belongs to the step that ended at that time (the engines stamp both with the
+# step's end); the tolerance absorbs float rounding between the log's start + duration and the stamp.
+MATCH_TOL_S = 1e-9
+
+
+@dataclass
+class _Replica:
+    """One replica's queue as its steps stream in: its requests' rows sorted by arrival, by first token and
+    by finish, how far each has been consumed, and the time the server's last job so far completes."""
+    arrival: np.ndarray      # sorted arrival times, and their rows in the request table
+    arrival_rows: np.ndarray
+    first: np.ndarray        # sorted first-token times (ties by arrival), and their rows
+    first_rows: np.ndarray
+    finish: np.ndarray
+    finish_rows: np.ndarray
+    done: int = np.iinfo(np.int64).min // 2   # ns; "free since ever"
+    work: int = 0            # ns of service so far
+    last_s: float = -np.inf  # the last arrival or step end so far
+    next_arrival: int = 0
+    next_first: int = 0
+    next_finish: int = 0
+
+
+# The queue runs in whole nanoseconds (int64: 292 years), so its sums are exact and the same however the
+# steps are cut into frames: a streamed run's waits equal an in-memory run's bit for bit.
+NS = 1e9
+
+
+def _ns(seconds) -> np.ndarray:
+    return np.rint(np.asarray(seconds, dtype=float) * NS).astype(np.int64)
+
+
+def _lindley_starts(times: np.ndarray, service: np.ndarray, done: int) -> np.ndarray:
+    """Start times (ns) of jobs (times and service in ns, times sorted) served first come first served by
+    one server free from `done`: C_i = max(C_(i-1), t_i) + s_i in closed form, C_i = S_i + max(done,
+    max_(j<=i) (t_j - S_(j-1))) with S the running sum of service."""
+    s_cum = np.cumsum(service)
+    return s_cum - service + np.maximum(done, np.maximum.accumulate(times - (s_cum - service)))
+
+
+def _match(step_end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the step (sorted ends) that ended at each time of `t`, -1 where none did."""
+    j = np.clip(np.searchsorted(step_end, t - MATCH_TOL_S), 0, max(len(step_end) - 1, 0))
+    ok = np.abs(step_end[j] - t) <= MATCH_TOL_S if len(step_end) else np.zeros(len(t), dtype=bool)
+    return np.where(ok, j, -1)
+
+
+class APIServerQueue:
+    """The waits of one run's requests in its replicas' API servers. Feed it the steps (`add_steps`, each
+    replica's rows in time order, in as many frames as convenient), then read `waits()`."""
+
+    def __init__(self, requests: pd.DataFrame, cpu_per_request_s: float, cpu_per_chunk_s: float,
+                 api_servers: int = 1, drafts_per_step: int = 0):
+        self.admit_ns = int(_ns(cpu_per_request_s / api_servers))
+        self.chunk_s = cpu_per_chunk_s / api_servers
+        # a speculative step's decode_tokens count each verification's drafts too: one chunk per request
+        self.tokens_per_chunk = 1 + drafts_per_step
+        n = len(requests)
+        self.admission_wait = np.zeros(n)
+        self.first_wait = np.full(n, np.nan)
+        self.last_wait = np.full(n, np.nan)
+        replica = requests["replica_id"].to_numpy()
+        arrival = requests["arrival_s"].to_numpy(dtype=float)
+        first = requests["first_token_s"].to_numpy(dtype=float)
+        finish = requests["finish_s"].to_numpy(dtype=float)
+        self.replicas: dict[int, _Replica] = {}
+        for r in np.unique(replica[replica >= 0]).tolist():
+            rows = np.flatnonzero(replica == r)
+            by_arrival = rows[np.argsort(arrival[rows], kind="stable")]
+            got = rows[np.isfinite(first[rows])]
+            by_first = got[np.lexsort((arrival[got], first[got]))]
+            ended = rows[np.isfinite(finish[rows])]
+            by_finish = ended[np.argsort(finish[ended], kind="stable")]
+            self.replicas[r] = _Replica(arrival[by_arrival], by_arrival, first[by_first], by_first,
+                                        finish[by_finish], by_finish)
+
+    def add_steps(self, steps: pd.DataFrame) -> None:
+        """A frame of iteration rows (start_s, duration_s, decode_tokens, replica_id)."""
+        if not len(steps):
+            return
+        end = (steps["start_s"] + steps["duration_s"]).to_numpy(dtype=float)
+        decoding = steps["decode_tokens"].to_numpy(dtype=float) / self.tokens_per_chunk
+        replica = steps["replica_id"].to_numpy() if "replica_id" in steps else np.zeros(len(steps), dtype=np.int64)
+        for r in np.unique(replica).tolist():
+            q = self.replicas.get(r)
+            if q is None:   # steps of a replica without requests (none is possible; nothing waits)
+                continue
+            idx = np.flatnonzero(replica == r)
+            order = np.argsort(end[idx], kind="stable")
+            self._replica_steps(q, end[idx][order], decoding[idx][order])
+
+    def _replica_steps(self, q: _Replica, end: np.ndarray, decoding: np.ndarray) -> None:
+        last = float(end[-1])
+        # the first tokens these steps gave: each step's count, and each request's place among them
+        hi = int(np.searchsorted(q.first, last + MATCH_TOL_S, side="right"))
+        first_rows, first_t = q.first_rows[q.next_first:hi], q.first[q.next_first:hi]
+        q.next_first = hi
+        f_step = _match(end, first_t)
+        got = f_step >= 0
+        new = np.bincount(f_step[got], minlength=len(end)).astype(float)
+        place = np.zeros(len(first_rows))
+        if got.any():   # 1-based rank within its step: first tokens are sorted by time, then by arrival
+            s = f_step[got]
+            starts = np.r_[True, s[1:] != s[:-1]]
+            run_start = np.maximum.accumulate(np.where(starts, np.arange(len(s)), 0))
+            place[got] = np.arange(len(s)) - run_start + 1
+        chunks = decoding + new
+        # this stretch's jobs in time order (an admission before a step's chunks at the same instant)
+        hi_a = int(np.searchsorted(q.arrival, last, side="right"))
+        a_rows, a_t = q.arrival_rows[q.next_arrival:hi_a], q.arrival[q.next_arrival:hi_a]
+        q.next_arrival = hi_a
+        times = _ns(np.concatenate([a_t, end]))
+        service = np.concatenate([np.full(len(a_t), self.admit_ns), _ns(chunks * self.chunk_s)])
+        order = np.lexsort((np.r_[np.zeros(len(a_t)), np.ones(len(end))], times))
+        start = np.empty(len(times), dtype=np.int64)
+        start[order] = _lindley_starts(times[order], service[order], q.done)
+        q.done = int(np.max(start + service))
+        q.work += int(service.sum())
+        q.last_s = max(q.last_s, last, float(a_t[-1]) if len(a_t) else -np.inf)
+        wait = (start - times) / NS
+        self.admission_wait[a_rows] = wait[:len(a_t)]
+        step_wait = wait[len(a_t):]
+        rows, s = first_rows[got], f_step[got]
+        self.first_wait[rows] = step_wait[s] + (decoding[s] + place[got] - 1) * self.chunk_s
+        hi_f = int(np.searchsorted(q.finish, last + MATCH_TOL_S, side="right"))
+        fin_rows, fin_t = q.finish_rows[q.next_finish:hi_f], q.finish[q.next_finish:hi_f]
+        q.next_finish = hi_f
+        e_step = _match(end, fin_t)
+        ok = e_step >= 0
+        e = e_step[ok]
+        self.last_wait[fin_rows[ok]] = step_wait[e] + np.maximum(chunks[e] - 1, 0) / 2 * self.chunk_s
+
+    def waits(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first token, finish) seconds each request waited in the queue, admission included; 0 where it
+        has no such token or its step was not fed (a rejected request waits only to be admitted)."""
+        for q in self.replicas.values():   # arrivals after a replica's last step: admitted, never stepped
+            rows, t = q.arrival_rows[q.next_arrival:], q.arrival[q.next_arrival:]
+            if len(t):
+                t_ns = _ns(t)
+                self.admission_wait[rows] = (_lindley_starts(t_ns, np.full(len(t), self.admit_ns), q.done) - t_ns) / NS
+                q.next_arrival = len(q.arrival)
+                q.work += self.admit_ns * len(t)
+                q.last_s = max(q.last_s, float(t[-1]))
+        first = self.admission_wait + np.nan_to_num(self.first_wait)
+        last = self.admission_wait + np.nan_to_num(self.last_wait)
+        return first, last
+
+    def busy(self) -> float:
+        """The busiest replica's API server: the share of its time, from the replica's first arrival to its
+        last step (engine time), that the work fed so far takes; NaN where no replica spans any time. Read
+        after `waits()` (which adds the admissions after the last step)."""
+        shares = [q.work / NS / (q.last_s - q.arrival[0]) for q in self.replicas.values()
+                  if len(q.arrival) and q.last_s > q.arrival[0]]
+        return max(shares) if shares else float("nan")

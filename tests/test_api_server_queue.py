@@ -1,0 +1,108 @@
+"""The API server as a queue (simcore/api_server.py): its waits on a timeline worked by hand, the same waits
+whether the steps come whole or in frames (as a streamed run reads them back), and what a run reports."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.config import resolve_point
+from experiments.simulate import simulate
+from simcore.api_server import APIServerQueue
+
+
+def _requests(rows):
+    return pd.DataFrame(rows, columns=["replica_id", "arrival_s", "first_token_s", "finish_s", "status"])
+
+
+def _steps(rows):
+    return pd.DataFrame(rows, columns=["start_s", "duration_s", "decode_tokens", "replica_id"])
+
+
+def test_waits_on_a_timeline_worked_by_hand():
+    """1 ms to admit, 0.1 ms a chunk. A arrives at 0 and B at 0.5 ms: B waits for A's admission (0.5 ms).
+    C arrives at 9.9 ms and is never scheduled: its admission runs to 10.9 ms, so the step ending at 10 ms
+    (A's first token, one chunk) waits 0.9 ms. At 20 ms A decodes and B gets its first token: B's chunk
+    comes after A's (0.1 ms). At 30 ms both finish: each at the middle of the two chunks (0.05 ms)."""
+    req = _requests([(0, 0.0, 0.010, 0.030, "finished"), (0, 0.0005, 0.020, 0.030, "finished"),
+                     (0, 0.0099, np.nan, np.nan, "rejected")])
+    steps = _steps([(0.0, 0.010, 0, 0), (0.010, 0.010, 1, 0), (0.020, 0.010, 2, 0)])
+    q = APIServerQueue(req, 1e-3, 1e-4)
+    q.add_steps(steps)
+    first, last = q.waits()
+    assert np.allclose(first, [0.0009, 0.0005 + 0.0001, 0.0], rtol=0, atol=1e-12)
+    assert np.allclose(last, [0.00005, 0.0005 + 0.00005, 0.0], rtol=0, atol=1e-12)
+
+
+def test_new_first_tokens_queue_after_the_decodes_and_by_arrival():
+    """Three requests get their first token in one step beside 10 decoding ones: they come after the ten
+    chunks, in arrival order. Two API servers halve every wait."""
+    req = _requests([(0, 0.002, 0.05, 0.05, "finished"), (0, 0.001, 0.05, 0.05, "finished"),
+                     (0, 0.003, 0.05, 0.05, "finished")])
+    steps = _steps([(0.04, 0.01, 10, 0)])
+    q = APIServerQueue(req, 0.0, 1e-4)
+    q.add_steps(steps)
+    first, last = q.waits()
+    assert np.allclose(first, [11e-4, 10e-4, 12e-4], rtol=0, atol=1e-12)
+    assert np.allclose(last, [6e-4] * 3, rtol=0, atol=1e-12)   # the middle of 13 chunks
+    two = APIServerQueue(req, 0.0, 1e-4, api_servers=2)
+    two.add_steps(steps)
+    assert np.allclose(two.waits()[0], first / 2, rtol=0, atol=1e-12)
+
+
+def test_speculative_steps_count_one_chunk_per_request():
+    req = _requests([(0, 0.0, 0.05, 0.05, "finished")])
+    q = APIServerQueue(req, 0.0, 1e-4, drafts_per_step=3)
+    q.add_steps(_steps([(0.04, 0.01, 8, 0)]))   # two decoding requests verifying 1 + 3 tokens each
+    assert q.waits()[0][0] == pytest.approx(2e-4)
+
+
+def _point(rate=40.0, frontend=None, replicas=None, fast_path="auto"):
+    raw = {"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h100-sxm", "profile": "roofline",
+           "engine": {"policy": "chunked_prefill", "max_num_seqs": 256, "fast_path": fast_path},
+           "workload": {"num_requests": 400, "arrival": {"process": "poisson", "rate_per_s": rate},
+                        "prompt_tokens": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max": 2000},
+                        "output_tokens": {"dist": "lognormal", "median": 120, "sigma": 0.6, "max": 600}}}
+    if frontend is not None:
+        raw["engine"]["frontend"] = frontend
+    if replicas:
+        raw["cluster"] = {"num_replicas": replicas}
+    return resolve_point(raw)
+
+
+def test_steps_in_frames_give_the_waits_of_the_whole_table():
+    """A streamed run reads its iterations back in frames: the same waits, bit for bit."""
+    res = simulate(_point(frontend="none"), 0)
+    whole = APIServerQueue(res.requests, 1.2e-3, 60e-6)
+    whole.add_steps(res.iterations)
+    framed = APIServerQueue(res.requests, 1.2e-3, 60e-6)
+    for lo in range(0, len(res.iterations), 7):
+        framed.add_steps(res.iterations.iloc[lo:lo + 7])
+    a, b = whole.waits(), framed.waits()
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert np.isnan(whole.first_wait[(res.requests["status"] == "finished").to_numpy()]).sum() == 0
+
+
+@pytest.mark.parametrize("replicas", [None, 2])
+def test_a_run_adds_the_waits_to_ttft_and_reports_them(replicas):
+    """The http front end with and without its API-server CPU: TTFT grows by each request's wait (never
+    shrinks), the mean of which the run reports; TPOT moves by under a percent; four servers wait less."""
+    calm = simulate(_point(frontend={"kind": "http", "api_server_cpu_per_request_ms": 0,
+                                     "api_server_cpu_per_chunk_us": 0}, replicas=replicas), 0)
+    queued = simulate(_point(frontend="http", replicas=replicas), 0)
+    fin = (queued.requests["status"] == "finished").to_numpy()
+    added = (queued.requests["ttft_s"] - calm.requests["ttft_s"]).to_numpy()[fin]
+    assert added.min() >= -1e-12 and added.mean() > 0   # float rounding of the two additions
+    assert queued.summary["api_server_wait_mean_ms"] == pytest.approx(added.mean() * 1e3, rel=1e-9)
+    assert "api_server_wait_mean_ms" not in calm.summary
+    assert queued.summary["tpot_mean_ms"] == pytest.approx(calm.summary["tpot_mean_ms"], rel=0.01)
+    four = simulate(_point(frontend={"kind": "http", "api_server_count": 4}, replicas=replicas), 0)
+    assert four.summary["api_server_wait_mean_ms"] < queued.summary["api_server_wait_mean_ms"]
+
+
+def test_both_engines_and_a_streamed_run_give_the_same_waits(tmp_path):
+    fast = simulate(_point(), 0)
+    simpy = simulate(_point(fast_path="off"), 0)
+    streamed = simulate(_point(), 0, tables_dir=tmp_path)
+    for k in ("ttft_mean_ms", "ttft_p99_ms", "e2e_mean_ms", "api_server_wait_mean_ms"):
+        assert fast.summary[k] == simpy.summary[k] == streamed.summary[k]
