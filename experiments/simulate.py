@@ -218,7 +218,7 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
     iterations = iterations_frame(log)
     queue_keys: dict = {}
     requests = with_frontend(requests_frame(log), frontend, None if disagg is not None else iterations,
-                             drafts_per_step(cfg), queue_keys)
+                             drafts_per_step(cfg), 2 if limits.async_scheduling else 1, queue_keys)
     usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
     requests, summary, replicas = pooled_results(cfg, requests, iterations, log.itl_gaps_s, usable, num_replicas,
                                                  disagg)
@@ -269,14 +269,15 @@ STEP_FRAMES = ["start_s", "duration_s", "decode_tokens", "replica_id"]
 
 
 def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None, drafts: int = 0,
-                  keys: dict | None = None) -> pd.DataFrame:
+                  async_lag: int = 2, keys: dict | None = None) -> pd.DataFrame:
     """The request table as the client sees it: each request's front-end time (its prompt's) added to its
     first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not. With `steps` (the
     iterations, a frame or frames in order) and a front end whose API-server CPU is known, each request also
     waits in its replica's API server (simcore/api_server.py): at admission, behind its step's other chunks
     for its first token and at its last; `keys` then gets `api_server_wait_mean_ms`, the finished requests'
     mean wait to their first token, and `api_server_busy`, the busiest replica's server's share of time
-    spent (APIServerQueue.busy). `drafts`: draft tokens a speculative step verifies per request."""
+    spent (APIServerQueue.busy). `drafts`: draft tokens a speculative step verifies per request;
+    `async_lag`: steps an arrival during a step waits for its first (2 under async scheduling, else 1)."""
     if frontend.is_zero:
         return requests
     latency = (frontend.fixed_s if frontend.per_prompt_token_s == 0
@@ -284,7 +285,7 @@ def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None,
     if steps is None or not frontend.has_server_cpu or not len(requests):
         return client_view(requests, latency)
     queue = APIServerQueue(requests, frontend.cpu_per_request_s, frontend.cpu_per_chunk_s, frontend.api_servers,
-                           drafts)
+                           drafts, async_lag)
     for frame in ([steps] if isinstance(steps, pd.DataFrame) else steps):
         queue.add_steps(frame)
     first, last = queue.waits()
@@ -450,7 +451,8 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
             writer.close()
     steps = None if disagg is not None else iterations if writer is None else iteration_chunks(tables_dir, STEP_FRAMES)
     queue_keys: dict = {}
-    requests = with_frontend(requests, frontend, steps, drafts_per_step(cfg), queue_keys)
+    requests = with_frontend(requests, frontend, steps, drafts_per_step(cfg), 2 if limits.async_scheduling else 1,
+                             queue_keys)
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
     summary.update(queue_keys)

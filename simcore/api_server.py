@@ -9,7 +9,10 @@ sends a step's outputs together; AsyncLLM's `output_handler` processes them in t
 lists them and each stream's coroutine then writes its chunk). It serves them first come, first served, so
 a request waits for what is ahead of it twice:
 
-  - at admission, for the server's backlog when it arrives;
+  - at admission, for the server's backlog when it arrives, less what the engine would have kept it
+    waiting anyway: the server hands requests over in arrival order, so one that then sits in the engine's
+    queue longer than the server delayed it is scheduled when it would have been (a burst of arrivals at
+    a busy engine loses nothing to the server's admissions), and the rest of the delay adds to TTFT;
   - at its first token, for the backlog when its step's outputs arrive, and then for the chunks listed
     before its own. vLLM lists a step's running requests first, in the order they were admitted, and the
     newly scheduled after them (`Scheduler.schedule`, `update_from_output`, vLLM 0.32), so a request's first
@@ -57,6 +60,7 @@ class _Replica:
     next_arrival: int = 0
     next_first: int = 0
     next_finish: int = 0
+    pending: tuple = (np.empty(0), np.empty(0), np.empty(0))   # steps held for the next frame: start, end, chunks
 
 
 # The queue runs in whole nanoseconds (int64: 292 years), so its sums are exact and the same however the
@@ -85,20 +89,24 @@ def _match(step_end: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 class APIServerQueue:
     """The waits of one run's requests in its replicas' API servers. Feed it the steps (`add_steps`, each
-    replica's rows in time order, in as many frames as convenient), then read `waits()`."""
+    replica's rows in time order, in as many frames as convenient), then read `waits()`. `async_lag`: the
+    steps an arrival during a step waits before its first (1 synchronous, 2 under async scheduling)."""
 
     def __init__(self, requests: pd.DataFrame, cpu_per_request_s: float, cpu_per_chunk_s: float,
-                 api_servers: int = 1, drafts_per_step: int = 0):
+                 api_servers: int = 1, drafts_per_step: int = 0, async_lag: int = 2):
         self.admit_ns = int(_ns(cpu_per_request_s / api_servers))
         self.chunk_s = cpu_per_chunk_s / api_servers
         # a speculative step's decode_tokens count each verification's drafts too: one chunk per request
         self.tokens_per_chunk = 1 + drafts_per_step
+        self.async_lag = async_lag
         n = len(requests)
         self.admission_wait = np.zeros(n)
+        self.hidden = np.zeros(n)   # the part of it the engine's own queue would have held the request anyway
         self.first_wait = np.full(n, np.nan)
         self.last_wait = np.full(n, np.nan)
         replica = requests["replica_id"].to_numpy()
         arrival = requests["arrival_s"].to_numpy(dtype=float)
+        self.queued = requests["admitted_s"].to_numpy(dtype=float) - arrival   # NaN: never scheduled
         first = requests["first_token_s"].to_numpy(dtype=float)
         finish = requests["finish_s"].to_numpy(dtype=float)
         self.replicas: dict[int, _Replica] = {}
@@ -116,6 +124,7 @@ class APIServerQueue:
         """A frame of iteration rows (start_s, duration_s, decode_tokens, replica_id)."""
         if not len(steps):
             return
+        start = steps["start_s"].to_numpy(dtype=float)
         end = (steps["start_s"] + steps["duration_s"]).to_numpy(dtype=float)
         decoding = steps["decode_tokens"].to_numpy(dtype=float) / self.tokens_per_chunk
         replica = steps["replica_id"].to_numpy() if "replica_id" in steps else np.zeros(len(steps), dtype=np.int64)
@@ -124,69 +133,95 @@ class APIServerQueue:
             if q is None:   # steps of a replica without requests (none is possible; nothing waits)
                 continue
             idx = np.flatnonzero(replica == r)
-            order = np.argsort(end[idx], kind="stable")
-            self._replica_steps(q, end[idx][order], decoding[idx][order])
+            idx = idx[np.argsort(end[idx], kind="stable")]
+            # the last `async_lag` steps wait for the next frame: an arrival's first chance to be scheduled
+            # can be that many steps on
+            s, e, d = (np.concatenate([q.pending[i], x[idx]]) for i, x in enumerate((start, end, decoding)))
+            keep = min(self.async_lag, len(e))
+            if len(e) > keep:
+                self._replica_steps(q, s, e, d, len(e) - keep)
+            q.pending = (s[len(e) - keep:], e[len(e) - keep:], d[len(e) - keep:])
 
-    def _replica_steps(self, q: _Replica, end: np.ndarray, decoding: np.ndarray) -> None:
-        last = float(end[-1])
+    def _replica_steps(self, q: _Replica, start: np.ndarray, end: np.ndarray, decoding: np.ndarray,
+                       n: int) -> None:
+        """Serve the first `n` of these steps (the rest only say when the next steps began) and the
+        arrivals up to the last of them."""
+        last = float(end[n - 1])
         # the first tokens these steps gave: each step's count, and each request's place among them
         hi = int(np.searchsorted(q.first, last + MATCH_TOL_S, side="right"))
         first_rows, first_t = q.first_rows[q.next_first:hi], q.first[q.next_first:hi]
         q.next_first = hi
-        f_step = _match(end, first_t)
+        f_step = _match(end[:n], first_t)
         got = f_step >= 0
-        new = np.bincount(f_step[got], minlength=len(end)).astype(float)
+        new = np.bincount(f_step[got], minlength=n).astype(float)
         place = np.zeros(len(first_rows))
         if got.any():   # 1-based rank within its step: first tokens are sorted by time, then by arrival
-            s = f_step[got]
-            starts = np.r_[True, s[1:] != s[:-1]]
-            run_start = np.maximum.accumulate(np.where(starts, np.arange(len(s)), 0))
-            place[got] = np.arange(len(s)) - run_start + 1
-        chunks = decoding + new
+            fs = f_step[got]
+            starts = np.r_[True, fs[1:] != fs[:-1]]
+            run_start = np.maximum.accumulate(np.where(starts, np.arange(len(fs)), 0))
+            place[got] = np.arange(len(fs)) - run_start + 1
+        chunks = decoding[:n] + new
         # this stretch's jobs in time order (an admission before a step's chunks at the same instant)
         hi_a = int(np.searchsorted(q.arrival, last, side="right"))
         a_rows, a_t = q.arrival_rows[q.next_arrival:hi_a], q.arrival[q.next_arrival:hi_a]
         q.next_arrival = hi_a
-        times = _ns(np.concatenate([a_t, end]))
+        times = _ns(np.concatenate([a_t, end[:n]]))
         service = np.concatenate([np.full(len(a_t), self.admit_ns), _ns(chunks * self.chunk_s)])
-        order = np.lexsort((np.r_[np.zeros(len(a_t)), np.ones(len(end))], times))
-        start = np.empty(len(times), dtype=np.int64)
-        start[order] = _lindley_starts(times[order], service[order], q.done)
-        q.done = int(np.max(start + service))
+        order = np.lexsort((np.r_[np.zeros(len(a_t)), np.ones(n)], times))
+        begun = np.empty(len(times), dtype=np.int64)
+        begun[order] = _lindley_starts(times[order], service[order], q.done)
+        q.done = int(np.max(begun + service))
         q.work += int(service.sum())
         q.last_s = max(q.last_s, last, float(a_t[-1]) if len(a_t) else -np.inf)
-        wait = (start - times) / NS
+        wait = (begun - times) / NS
         self.admission_wait[a_rows] = wait[:len(a_t)]
+        self.hidden[a_rows] = np.minimum(wait[:len(a_t)], self._held_anyway(a_rows, a_t, start, end))
         step_wait = wait[len(a_t):]
-        rows, s = first_rows[got], f_step[got]
-        self.first_wait[rows] = step_wait[s] + (decoding[s] + place[got] - 1) * self.chunk_s
+        rows, fs = first_rows[got], f_step[got]
+        self.first_wait[rows] = step_wait[fs] + (decoding[fs] + place[got] - 1) * self.chunk_s
         hi_f = int(np.searchsorted(q.finish, last + MATCH_TOL_S, side="right"))
         fin_rows, fin_t = q.finish_rows[q.next_finish:hi_f], q.finish[q.next_finish:hi_f]
         q.next_finish = hi_f
-        e_step = _match(end, fin_t)
+        e_step = _match(end[:n], fin_t)
         ok = e_step >= 0
-        e = e_step[ok]
-        self.last_wait[fin_rows[ok]] = step_wait[e] + np.maximum(chunks[e] - 1, 0) / 2 * self.chunk_s
+        es = e_step[ok]
+        self.last_wait[fin_rows[ok]] = step_wait[es] + np.maximum(chunks[es] - 1, 0) / 2 * self.chunk_s
+
+    def _held_anyway(self, rows: np.ndarray, arrival: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """How long past its first chance to be scheduled the engine kept each arriving request waiting: its
+        first chance is the next step's start if the engine was idle, else `async_lag` steps on; 0 where it
+        was never scheduled or that step is not known."""
+        j = np.searchsorted(start, arrival, side="right") - 1   # the last step begun at its arrival
+        busy = (j >= 0) & (arrival < end[np.maximum(j, 0)])
+        k = j + np.where(busy, self.async_lag, 1)
+        known = k < len(start)
+        chance = np.where(known, start[np.minimum(k, len(start) - 1)], np.inf)
+        held = self.queued[rows] - (chance - arrival)
+        return np.where(known & np.isfinite(held), np.maximum(held, 0.0), 0.0)
 
     def waits(self) -> tuple[np.ndarray, np.ndarray]:
-        """(first token, finish) seconds each request waited in the queue, admission included; 0 where it
-        has no such token or its step was not fed (a rejected request waits only to be admitted)."""
-        for q in self.replicas.values():   # arrivals after a replica's last step: admitted, never stepped
+        """(first token, finish) seconds each request waited in the queue: its admission, less what the
+        engine's own queue would have held it anyway, and its chunks'; 0 where it has no such token or its
+        step was not fed (a rejected request waits only to be admitted)."""
+        for q in self.replicas.values():
+            if len(q.pending[1]):   # the last steps, with nothing after them
+                s, e, d = q.pending
+                q.pending = (s[:0], e[:0], d[:0])
+                self._replica_steps(q, s, e, d, len(e))
             rows, t = q.arrival_rows[q.next_arrival:], q.arrival[q.next_arrival:]
-            if len(t):
+            if len(t):   # arrivals after a replica's last step: admitted, never stepped
                 t_ns = _ns(t)
                 self.admission_wait[rows] = (_lindley_starts(t_ns, np.full(len(t), self.admit_ns), q.done) - t_ns) / NS
                 q.next_arrival = len(q.arrival)
                 q.work += self.admit_ns * len(t)
                 q.last_s = max(q.last_s, float(t[-1]))
-        first = self.admission_wait + np.nan_to_num(self.first_wait)
-        last = self.admission_wait + np.nan_to_num(self.last_wait)
-        return first, last
+        admission = self.admission_wait - self.hidden
+        return admission + np.nan_to_num(self.first_wait), admission + np.nan_to_num(self.last_wait)
 
     def busy(self) -> float:
         """The busiest replica's API server: the share of its time, from the replica's first arrival to its
-        last step (engine time), that the work fed so far takes; NaN where no replica spans any time. Read
-        after `waits()` (which adds the admissions after the last step)."""
+        last step (engine time), that its admissions and chunks take; NaN where no replica spans any time.
+        Read after `waits()`."""
         shares = [q.work / NS / (q.last_s - q.arrival[0]) for q in self.replicas.values()
                   if len(q.arrival) and q.last_s > q.arrival[0]]
         return max(shares) if shares else float("nan")

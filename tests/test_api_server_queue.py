@@ -11,8 +11,11 @@ from experiments.simulate import simulate
 from simcore.api_server import APIServerQueue
 
 
-def _requests(rows):
-    return pd.DataFrame(rows, columns=["replica_id", "arrival_s", "first_token_s", "finish_s", "status"])
+def _requests(rows, queued=None):
+    """Requests scheduled as they arrive unless `queued` gives the engine's queue time of each."""
+    df = pd.DataFrame(rows, columns=["replica_id", "arrival_s", "first_token_s", "finish_s", "status"])
+    df["admitted_s"] = df["arrival_s"] + (0.0 if queued is None else np.asarray(queued))
+    return df
 
 
 def _steps(rows):
@@ -32,6 +35,22 @@ def test_waits_on_a_timeline_worked_by_hand():
     first, last = q.waits()
     assert np.allclose(first, [0.0009, 0.0005 + 0.0001, 0.0], rtol=0, atol=1e-12)
     assert np.allclose(last, [0.00005, 0.0005 + 0.00005, 0.0], rtol=0, atol=1e-12)
+
+
+def test_an_engine_queue_longer_than_the_servers_hides_its_admission_wait():
+    """B arrives at 0.5 ms, during the first 10 ms step, and waits 0.5 ms to be admitted. Under async
+    scheduling its first chance is the step after next (20 ms): scheduled then, none of its wait was hidden;
+    scheduled at 30 ms, the engine held it 10 ms past that chance anyway and the server hands requests over
+    in order, so none of the 0.5 ms shows. Synchronous, its first chance is 10 ms: scheduled at 10.3 ms,
+    0.3 ms is hidden and 0.2 ms shows. The chunk waits after the engine are never hidden."""
+    rows = [(0, 0.0, 0.010, 0.040, "finished"), (0, 0.0005, 0.040, 0.040, "finished")]
+    steps = _steps([(0.0, 0.010, 0, 0), (0.010, 0.010, 1, 0), (0.020, 0.010, 1, 0), (0.030, 0.010, 1, 0)])
+    for lag, queued, shown in ((2, 0.0195, 0.0005), (2, 0.0295, 0.0), (1, 0.0098, 0.0002)):
+        q = APIServerQueue(_requests(rows, [0.0, queued]), 1e-3, 1e-4, async_lag=lag)
+        q.add_steps(steps)
+        first, last = q.waits()
+        assert first[1] == pytest.approx(shown + 0.0001, abs=1e-12)   # behind A's chunk
+        assert last[1] == pytest.approx(shown + 0.00005, abs=1e-12)    # the middle of two
 
 
 def test_new_first_tokens_queue_after_the_decodes_and_by_arrival():
