@@ -39,12 +39,12 @@ from simcore.metrics import API_SERVER_BUSY_LIMIT
 from workloads.errors import WorkloadError
 from workloads.synthetic import OPEN_LOOP_PROCESSES
 
-METRICS_VERSION = 4  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
+METRICS_VERSION = 5  # bump when steady_state_metrics or RUN_COLUMNS change, so saved evaluations are redone
 GANTT_USERS = 16
 RUN_COLUMNS = ("num_requests", "num_rejected", "rejected_reasons", "num_clipped_prompts", "num_preemptions",
                "mean_running", "mean_waiting", "kv_usage_max", "ttft_p99_ms", "throughput_rps", "output_tok_per_s",
                "offered_rate_per_s", "achieved_rate_per_s", "waiting_at_end_frac", "unstable", "api_server_busy",
-               "flags")
+               "api_server_wait_mean_ms", "flags")
 
 
 @dataclass
@@ -76,7 +76,7 @@ def evaluate_load(raw: dict, spec: SearchSpec, value: float, seed: int) -> dict:
     sim = simulate(cfg, seed)
     conc = int(value) if spec.is_integer else None
     row = steady_state_metrics(sim.requests, sim.itl_gaps_s, sim.itl_end_s, conc, spec.warmup, sim.iterations)
-    row.update({f"run_{k}": sim.summary[k] for k in RUN_COLUMNS})
+    row.update({f"run_{k}": sim.summary.get(k, math.nan) for k in RUN_COLUMNS})   # a wait only with a queue
     row["wall_s"] = round(time.perf_counter() - t0, 3)
     return row
 
