@@ -18,8 +18,9 @@ a request waits for what is ahead of it twice:
     newly scheduled after them (`Scheduler.schedule`, `update_from_output`, vLLM 0.32), so a request's first
     chunk comes after every request still decoding in that step, and after the others that got their
     first token in the same step and arrived before it;
-  - at its last token the same, at the middle of its step's chunks (where a finishing request sits among
-    the others is not recorded here).
+  - at its last token the same, behind the chunks of the requests in that step admitted before it and
+    still running: the running list keeps the order of admission (counted after the run, `_admitted_before`,
+    from each request's admission and finish; a preempted request's move to the back is not followed).
 
 Waits only: the fixed front-end time (`FrontendLatency.latency_s`) was measured one request at a time, so it
 already holds one admission and one chunk's own CPU time. The queue is computed after the run from each
@@ -80,6 +81,45 @@ def _lindley_starts(times: np.ndarray, service: np.ndarray, done: int) -> np.nda
     return s_cum - service + np.maximum(done, np.maximum.accumulate(times - (s_cum - service)))
 
 
+def _prior_greater(keys: np.ndarray) -> np.ndarray:
+    """For each position i, how many earlier positions j < i hold a larger key (keys: a permutation of
+    0..n-1), by a bottom-up merge sort whose levels are vectorised: at each level the right half of every
+    block looks its values up in the block's sorted left half (one searchsorted over all blocks, each
+    value offset by its block times n)."""
+    n = len(keys)
+    out = np.zeros(n, dtype=np.int64)
+    vals, pos = keys.astype(np.int64), np.arange(n)
+    idx = np.arange(n)
+    width = 1
+    while width < n:
+        block = idx // (2 * width)
+        right = (idx % (2 * width)) >= width
+        left_keys = block[~right] * n + vals[~right]          # sorted: blocks in order, each left half sorted
+        query = block[right] * n + vals[right]
+        block_end = np.searchsorted(left_keys, (block[right] + 1) * n)
+        out[pos[right]] += block_end - np.searchsorted(left_keys, query, side="right")
+        order = np.argsort(block * n + vals, kind="stable")  # merge each block's two sorted halves
+        vals, pos = vals[order], pos[order]
+        width *= 2
+    return out
+
+
+def _admitted_before(admitted: np.ndarray, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+    """For each request (one replica's), the requests admitted before it that had not finished before it:
+    those listed before it in vLLM's running list at its last step. NaN where it never finished."""
+    out = np.full(len(admitted), np.nan)
+    done = np.flatnonzero(np.isfinite(admitted) & np.isfinite(finish))
+    if not len(done):
+        return out
+    by_admission = done[np.lexsort((arrival[done], admitted[done]))]
+    # rank by finish, a tie ranked higher for the earlier admitted (it is listed first, so it counts)
+    place = np.arange(len(by_admission))
+    rank = np.empty(len(by_admission), dtype=np.int64)
+    rank[np.lexsort((-place, finish[by_admission]))] = place
+    out[by_admission] = _prior_greater(rank)
+    return out
+
+
 def _match(step_end: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Index of the step (sorted ends) that ended at each time of `t`, -1 where none did."""
     j = np.clip(np.searchsorted(step_end, t - MATCH_TOL_S), 0, max(len(step_end) - 1, 0))
@@ -106,7 +146,9 @@ class APIServerQueue:
         self.last_wait = np.full(n, np.nan)
         replica = requests["replica_id"].to_numpy()
         arrival = requests["arrival_s"].to_numpy(dtype=float)
-        self.queued = requests["admitted_s"].to_numpy(dtype=float) - arrival   # NaN: never scheduled
+        admitted = requests["admitted_s"].to_numpy(dtype=float)
+        self.queued = admitted - arrival   # NaN: never scheduled
+        self.listed_before = np.full(n, np.nan)   # at its last step (_admitted_before)
         first = requests["first_token_s"].to_numpy(dtype=float)
         finish = requests["finish_s"].to_numpy(dtype=float)
         self.replicas: dict[int, _Replica] = {}
@@ -117,6 +159,7 @@ class APIServerQueue:
             by_first = got[np.lexsort((arrival[got], first[got]))]
             ended = rows[np.isfinite(finish[rows])]
             by_finish = ended[np.argsort(finish[ended], kind="stable")]
+            self.listed_before[rows] = _admitted_before(admitted[rows], arrival[rows], finish[rows])
             self.replicas[r] = _Replica(arrival[by_arrival], by_arrival, first[by_first], by_first,
                                         finish[by_finish], by_finish)
 
@@ -185,7 +228,8 @@ class APIServerQueue:
         e_step = _match(end[:n], fin_t)
         ok = e_step >= 0
         es = e_step[ok]
-        self.last_wait[fin_rows[ok]] = step_wait[es] + np.maximum(chunks[es] - 1, 0) / 2 * self.chunk_s
+        ahead = np.minimum(np.nan_to_num(self.listed_before[fin_rows[ok]]), np.maximum(chunks[es] - 1, 0))
+        self.last_wait[fin_rows[ok]] = step_wait[es] + ahead * self.chunk_s
 
     def _held_anyway(self, rows: np.ndarray, arrival: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """How long past its first chance to be scheduled the engine kept each arriving request waiting: its

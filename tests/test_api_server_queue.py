@@ -26,7 +26,7 @@ def test_waits_on_a_timeline_worked_by_hand():
     """1 ms to admit, 0.1 ms a chunk. A arrives at 0 and B at 0.5 ms: B waits for A's admission (0.5 ms).
     C arrives at 9.9 ms and is never scheduled: its admission runs to 10.9 ms, so the step ending at 10 ms
     (A's first token, one chunk) waits 0.9 ms. At 20 ms A decodes and B gets its first token: B's chunk
-    comes after A's (0.1 ms). At 30 ms both finish: each at the middle of the two chunks (0.05 ms)."""
+    comes after A's (0.1 ms). At 30 ms both finish: A's chunk first (admitted first), B's after it."""
     req = _requests([(0, 0.0, 0.010, 0.030, "finished"), (0, 0.0005, 0.020, 0.030, "finished"),
                      (0, 0.0099, np.nan, np.nan, "rejected")])
     steps = _steps([(0.0, 0.010, 0, 0), (0.010, 0.010, 1, 0), (0.020, 0.010, 2, 0)])
@@ -34,7 +34,7 @@ def test_waits_on_a_timeline_worked_by_hand():
     q.add_steps(steps)
     first, last = q.waits()
     assert np.allclose(first, [0.0009, 0.0005 + 0.0001, 0.0], rtol=0, atol=1e-12)
-    assert np.allclose(last, [0.00005, 0.0005 + 0.00005, 0.0], rtol=0, atol=1e-12)
+    assert np.allclose(last, [0.0, 0.0005 + 0.0001, 0.0], rtol=0, atol=1e-12)
 
 
 def test_an_engine_queue_longer_than_the_servers_hides_its_admission_wait():
@@ -50,12 +50,13 @@ def test_an_engine_queue_longer_than_the_servers_hides_its_admission_wait():
         q.add_steps(steps)
         first, last = q.waits()
         assert first[1] == pytest.approx(shown + 0.0001, abs=1e-12)   # behind A's chunk
-        assert last[1] == pytest.approx(shown + 0.00005, abs=1e-12)    # the middle of two
+        assert last[1] == pytest.approx(shown + 0.0001, abs=1e-12)     # A was admitted first
 
 
 def test_new_first_tokens_queue_after_the_decodes_and_by_arrival():
     """Three requests get their first token in one step beside 10 decoding ones: they come after the ten
-    chunks, in arrival order. Two API servers halve every wait."""
+    chunks, in arrival order; finishing in that step, each comes after those of them admitted before it.
+    Two API servers halve every wait."""
     req = _requests([(0, 0.002, 0.05, 0.05, "finished"), (0, 0.001, 0.05, 0.05, "finished"),
                      (0, 0.003, 0.05, 0.05, "finished")])
     steps = _steps([(0.04, 0.01, 10, 0)])
@@ -63,10 +64,24 @@ def test_new_first_tokens_queue_after_the_decodes_and_by_arrival():
     q.add_steps(steps)
     first, last = q.waits()
     assert np.allclose(first, [11e-4, 10e-4, 12e-4], rtol=0, atol=1e-12)
-    assert np.allclose(last, [6e-4] * 3, rtol=0, atol=1e-12)   # the middle of 13 chunks
+    assert np.allclose(last, [1e-4, 0.0, 2e-4], rtol=0, atol=1e-12)
     two = APIServerQueue(req, 0.0, 1e-4, api_servers=2)
     two.add_steps(steps)
     assert np.allclose(two.waits()[0], first / 2, rtol=0, atol=1e-12)
+
+
+def test_a_finishing_request_comes_after_those_admitted_before_it_still_running():
+    """The running list keeps admission order: at a request's last step, the requests admitted before it
+    and not yet finished are listed first (a request finishing at the same step and admitted earlier
+    too); counted by a merge sort, checked here against the pairwise count."""
+    from simcore.api_server import _admitted_before, _prior_greater
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5, 64, 257):
+        keys = rng.permutation(n)
+        assert np.array_equal(_prior_greater(keys), [(keys[:i] > keys[i]).sum() for i in range(n)])
+    admitted = np.array([0.0, 1.0, 2.0, 3.0, np.nan])
+    finish = np.array([10.0, 5.0, 10.0, 7.0, np.nan])
+    assert np.array_equal(_admitted_before(admitted, admitted, finish), [0, 1, 1, 2, np.nan], equal_nan=True)
 
 
 def test_speculative_steps_count_one_chunk_per_request():
