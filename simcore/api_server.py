@@ -7,7 +7,7 @@ benchmarks.frontend_load on vLLM 0.32's CPU build). Its work arrives from two si
 when the request arrives, and one chunk per request that got tokens each time a step ends (the engine core
 sends a step's outputs together; AsyncLLM's `output_handler` processes them in the order the scheduler
 lists them and each stream's coroutine then writes its chunk). It serves them first come, first served, so
-a request waits for what is ahead of it twice:
+a request waits for what is ahead of it:
 
   - at admission, for the server's backlog when it arrives, less what the engine would have kept it
     waiting anyway: the server hands requests over in arrival order, so one that then sits in the engine's
@@ -24,10 +24,10 @@ a request waits for what is ahead of it twice:
 
 Waits only: the fixed front-end time (`FrontendLatency.latency_s`) was measured one request at a time, so it
 already holds one admission and one chunk's own CPU time. The queue is computed after the run from each
-replica's arrivals and steps, by Lindley's recursion in closed form (numpy, no event loop): the engine is
-not held back by it, as vLLM's engine core is not (another process), except that a request it would admit
-late still reaches the engine at its arrival time, a step's time at most below the back-pressure-free
-regime this is meant for (`api_server_busy` flags a run at 0.8 or more, where that no longer holds).
+replica's arrivals and steps, by Lindley's recursion in closed form (numpy, no event loop). The engine is
+not held back by it: vLLM's engine core is another process and streams its outputs whatever the server's
+backlog, but a request the server admits late still reaches the simulated engine at its arrival. That is
+right while the server keeps up and wrong once it cannot (`api_server_busy` flags a run at 0.8 or more).
 `api_server_count` processes share the work evenly: one queue that serves that many times as fast.
 
 Steps come as frames of `start_s`, `duration_s`, `decode_tokens` and `replica_id` (the iterations table, whole
