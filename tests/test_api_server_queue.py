@@ -140,3 +140,30 @@ def test_both_engines_and_a_streamed_run_give_the_same_waits(tmp_path):
     streamed = simulate(_point(), 0, tables_dir=tmp_path)
     for k in ("ttft_mean_ms", "ttft_p99_ms", "e2e_mean_ms", "api_server_wait_mean_ms"):
         assert fast.summary[k] == simpy.summary[k] == streamed.summary[k]
+
+
+@pytest.mark.parametrize("change", [
+    {"engine": {"policy": "tgi"}},
+    {"engine": {"policy": "sglang"}},
+    {"engine": {"policy": "chunked_prefill", "speculative": {"method": "eagle3", "num_speculative_tokens": 3}}},
+    {"engine": {"policy": "chunked_prefill", "fast_path": "off"}, "cluster": {"num_replicas": 2}},
+    {"model": "llama-3.1-70b", "hardware": "h200-sxm", "pipeline_parallel_size": 2},
+])
+def test_every_first_and_last_token_belongs_to_a_logged_step(change):
+    """The queue finds each finished request's first and last token among its replica's steps (the engines
+    stamp both with the step's end) under other schedulers, speculation, a cluster and pipeline stages."""
+    raw = {"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h100-sxm", "profile": "roofline",
+           "engine": {"policy": "chunked_prefill", "frontend": "none"},
+           "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate_per_s": 20.0},
+                        "prompt_tokens": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max": 2000},
+                        "output_tokens": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max": 300}}}
+    for k, v in change.items():
+        raw[k] = {**raw[k], **v, "frontend": "none"} if k == "engine" else v
+    res = simulate(resolve_point(raw), 0)
+    q = APIServerQueue(res.requests, 1.2e-3, 60e-6,
+                       drafts_per_step=3 if "speculative" in raw["engine"] else 0)
+    q.add_steps(res.iterations)
+    q.waits()
+    fin = (res.requests["status"] == "finished").to_numpy()
+    assert fin.sum() == 150
+    assert not np.isnan(q.first_wait[fin]).any() and not np.isnan(q.last_wait[fin]).any()
