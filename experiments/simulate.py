@@ -274,7 +274,8 @@ def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None,
     first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not. With `steps` (the
     iterations, a frame or frames in order) and a front end whose API-server CPU is known, each request also
     waits in its replica's API server (simcore/api_server.py): at admission, behind its step's other chunks
-    for its first token and at its last; `keys` then gets `api_server_wait_mean_ms`, the finished requests'
+    for its first token and at its last (the two differ, so a client's TPOT moves a little with them);
+    `keys` then gets `api_server_wait_mean_ms`, the finished requests'
     mean wait to their first token, and `api_server_busy`, the busiest replica's server's share of time
     spent (APIServerQueue.busy). `drafts`: draft tokens a speculative step verifies per request;
     `async_lag`: steps an arrival during a step waits for its first (2 under async scheduling, else 1)."""
