@@ -216,9 +216,8 @@ def simulate(config: PointConfig | dict, seed: int = 0, specs=None, cost_model=N
                               f"t={env.now:.3f}s with {sum(len(e.waiting) for e in engines)} waiting, "
                               f"{sum(len(e.running) for e in engines)} running)")
     iterations = iterations_frame(log)
-    queue_keys: dict = {}
-    requests = with_frontend(requests_frame(log), frontend, None if disagg is not None else iterations,
-                             drafts_per_step(cfg), 2 if limits.async_scheduling else 1, queue_keys)
+    requests, queue_keys = with_frontend(requests_frame(log), frontend, None if disagg is not None else iterations,
+                                         limits)
     usable = num_usable_blocks(plan.num_gpu_blocks)  # KV usage over what requests can hold, as vLLM reports it
     requests, summary, replicas = pooled_results(cfg, requests, iterations, log.itl_gaps_s, usable, num_replicas,
                                                  disagg)
@@ -268,39 +267,34 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
 STEP_FRAMES = ["start_s", "duration_s", "decode_tokens", "replica_id"]
 
 
-def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None, drafts: int = 0,
-                  async_lag: int = 2, keys: dict | None = None) -> pd.DataFrame:
-    """The request table as the client sees it: each request's front-end time (its prompt's) added to its
-    first token and its finish, so TTFT and E2E grow by it and TPOT and ITL do not. With `steps` (the
-    iterations, a frame or frames in order) and a front end whose API-server CPU is known, each request also
-    waits in its replica's API server (simcore/api_server.py): at admission, behind its step's other chunks
-    for its first token and at its last (the two differ, so a client's TPOT moves a little with them);
-    `keys` then gets `api_server_wait_mean_ms`, the finished requests'
-    mean wait to their first token, and `api_server_busy`, the busiest replica's server's share of time
-    spent (APIServerQueue.busy). `drafts`: draft tokens a speculative step verifies per request;
-    `async_lag`: steps an arrival during a step waits for its first (2 under async scheduling, else 1)."""
+def with_frontend(requests: pd.DataFrame, frontend: FrontendLatency, steps=None,
+                  limits: EngineLimits | None = None) -> tuple[pd.DataFrame, dict]:
+    """(the request table as the client sees it, the API server's summary keys). Each request's front-end
+    time (its prompt's) is added to its first token and its finish, so TTFT and E2E grow by it and TPOT and
+    ITL do not. With `steps` (the iterations, a frame or frames in order) and a front end whose API-server CPU
+    is known, each request also waits in its replica's API server (simcore/api_server.py): at admission,
+    behind its step's other chunks for its first token and at its last (the two differ, so a client's TPOT
+    moves a little with them); the keys are then `api_server_wait_mean_ms`, the finished requests' mean wait
+    to their first token, and `api_server_busy`, the busiest replica's server's share of time spent
+    (APIServerQueue.busy). `limits`: the run's engine limits (its speculation's drafts per verification, and
+    async scheduling's lag before an arrival's first step)."""
     if frontend.is_zero:
-        return requests
+        return requests, {}
     latency = (frontend.fixed_s if frontend.per_prompt_token_s == 0
                else frontend.latency_s(requests["prompt_tokens"].to_numpy(dtype=float)))
     if steps is None or not frontend.has_server_cpu or not len(requests):
-        return client_view(requests, latency)
+        return client_view(requests, latency), {}
+    spec = limits.speculative if limits is not None else None
     queue = APIServerQueue(requests, frontend.cpu_per_request_s, frontend.cpu_per_chunk_s, frontend.api_servers,
-                           drafts, async_lag)
+                           drafts_per_step=spec.num_speculative_tokens if spec is not None else 0,
+                           async_lag=2 if limits is None or limits.async_scheduling else 1)
     for frame in ([steps] if isinstance(steps, pd.DataFrame) else steps):
         queue.add_steps(frame)
     first, last = queue.waits()
-    if keys is not None:
-        fin = (requests["status"] == "finished").to_numpy()
-        keys["api_server_busy"] = queue.busy()
-        keys["api_server_wait_mean_ms"] = float(first[fin].mean() * 1e3) if fin.any() else math.nan
-    return client_view(requests, latency + first, latency + last)
-
-
-def drafts_per_step(cfg: PointConfig) -> int:
-    """Draft tokens a speculative step verifies per request (a step's decode_tokens count them too)."""
-    spec = cfg.engine.speculative
-    return int(spec.num_speculative_tokens) if spec is not None else 0
+    fin = (requests["status"] == "finished").to_numpy()
+    keys = {"api_server_busy": queue.busy(),
+            "api_server_wait_mean_ms": float(first[fin].mean() * 1e3) if fin.any() else math.nan}
+    return client_view(requests, latency + first, latency + last), keys
 
 
 def described(cost_model, frontend: FrontendLatency) -> dict:
@@ -314,10 +308,15 @@ def as_scheduled(cfg: PointConfig, cost_model):
     step behind the GPU's (the prior, [aic]: `Efficiencies.async_scheduling`) adds it instead. Pipeline
     parallelism, which turns async scheduling off in vLLM but overlaps a batch's CPU work with the other
     stages' GPU work, keeps the model as it is."""
-    setting = cfg.engine.async_scheduling
-    if setting is None:
-        setting = rules_of(cfg.policy).async_scheduling_default
+    setting = async_scheduling_setting(cfg)
     return cost_model if setting or not hasattr(cost_model, "synchronous") else cost_model.synchronous()
+
+
+def async_scheduling_setting(cfg: PointConfig) -> bool:
+    """`engine.async_scheduling` as written, else the default of the release engine.vllm_version names
+    (policies/vllm_versions.py: on since 0.14)."""
+    setting = cfg.engine.async_scheduling
+    return rules_of(cfg.policy).async_scheduling_default if setting is None else setting
 
 
 def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:
@@ -327,9 +326,9 @@ def engine_limits(cfg: PointConfig, plan, cost_model=None) -> EngineLimits:
     (0.14 and later); never with pipeline parallelism (vLLM's V1
     model runner turns it off there)."""
     block_bytes = plan.block_size * plan.kv_bytes_per_token
-    async_scheduling = cfg.engine.async_scheduling
-    if async_scheduling is None:   # (off by default before vLLM 0.14: policies/vllm_versions.py)
-        async_scheduling = async_scheduling_of(cost_model) and rules_of(cfg.policy).async_scheduling_default
+    async_scheduling = async_scheduling_setting(cfg)
+    if cfg.engine.async_scheduling is None:   # unset: the cost model's own too (a fitted step model: off)
+        async_scheduling = async_scheduling and async_scheduling_of(cost_model)
     if cfg.deployment is not None and cfg.deployment.pipeline_parallel_size > 1:
         async_scheduling = False
     return EngineLimits(
@@ -451,9 +450,7 @@ def _fast_result(cfg: PointConfig, plan: MemoryPlan, cost_model, gen, limits: En
         if writer is not None:
             writer.close()
     steps = None if disagg is not None else iterations if writer is None else iteration_chunks(tables_dir, STEP_FRAMES)
-    queue_keys: dict = {}
-    requests = with_frontend(requests, frontend, steps, drafts_per_step(cfg), 2 if limits.async_scheduling else 1,
-                             queue_keys)
+    requests, queue_keys = with_frontend(requests, frontend, steps, limits)
     requests, summary, replicas = pooled_results(cfg, requests, iterations, itl[:2],
                                                  num_usable_blocks(plan.num_gpu_blocks), n, disagg)
     summary.update(queue_keys)

@@ -38,7 +38,10 @@ class DecisionApplier:
         space and the KV offload tier's loads."""
         self.prefix_cache: PrefixCachingBlockPool | None = None
         if limits.enable_prefix_caching:
-            self.prefix_cache = (PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size) if limits.kv_groups is None
+            # the hybrid pool frees (and retains sliding blocks) as vLLM 0.32 does for every release
+            # (experiments/config_warnings.py says so); the plain one in the release's free-queue order
+            self.prefix_cache = (PrefixCachingBlockPool(limits.num_gpu_blocks, limits.block_size,
+                                                        limits.hashless_blocks_first) if limits.kv_groups is None
                                  else HybridPrefixCachingBlockPool(limits.num_gpu_blocks, limits.kv_groups))
             spec = limits.speculative   # EAGLE/MTP: a hit recomputes its last block (simcore/speculative.py)
             drop = bool(spec and spec.drops_last_hit_block)
@@ -46,10 +49,6 @@ class DecisionApplier:
                 raise ValueError(f"engine.{'speculative' if drop else 'kv_offload'}: not modelled with prefix caching "
                                  "under vLLM's hybrid KV cache manager")
             self.prefix_cache.drop_last_hit_block = drop
-            if not limits.hashless_blocks_first and limits.kv_groups is None:
-                # vLLM before 0.24's free-queue order; the hybrid pool frees (and retains sliding blocks) as
-                # vLLM 0.32 does for every release (experiments/config_warnings.py says so)
-                self.prefix_cache.hashless_blocks_first = False
         self.pool = self.prefix_cache or gpu_block_pool(limits.num_gpu_blocks, limits.block_size, limits.kv_groups)
         self.hybrid_kv = self.pool if limits.kv_groups is not None else None   # what views ask block needs of
         self.swap_space = HostSwapSpace(limits.num_swap_blocks)

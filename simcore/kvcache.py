@@ -207,10 +207,9 @@ class PrefixCachingBlockPool(BlockPool, RequestBlockHashes):
     blocks counted once per holder), which equals the sum of `Request.num_blocks`.
     """
 
-    hashless_blocks_first = True   # vLLM's free-queue order since 0.24 (the engine sets it per release)
-
-    def __init__(self, num_gpu_blocks: int, block_size: int):
+    def __init__(self, num_gpu_blocks: int, block_size: int, hashless_blocks_first: bool = True):
         super().__init__(num_gpu_blocks, block_size)
+        self.hashless_blocks_first = hashless_blocks_first   # vLLM's free-queue order since 0.24
         self.num_block_refs = 0
         # The free queue, head first: _front (blocks without a hash, put back at the head), then
         # _num_fresh never-used blocks, then _free (cached blocks, least recently freed first).
