@@ -27,8 +27,10 @@ serve` drove; none for the LLMServingSim runs, whose times are all the engine co
 core receiving the tokenised request). Cost models: `roofline`
 (the datasheet prior) and `default` (what a plain `experiments.run` picks: the [aic] tables when installed
 and they have the GPU, else the same prior); for a multi-GPU run on a PCIe GPU also `roofline-pcie_host`,
-the prior with the GPUs described as having no peer-to-peer path (host_staged_point says why). Writes
-stages.csv, runs.csv and report.md under --out.
+the prior with the GPUs described as having no peer-to-peer path (host_staged_point says why). Each
+cost model also prices the decode-only steps each LLMServingSim run's own 1 s ticks show, outside any
+scheduling (fidelity/run_ticks.py: step_curves.csv, by requests decoding). Writes stages.csv, runs.csv,
+step_curves.csv and report.md under --out.
 Without ../shared it says so and exits 0; a `--shared` folder without real-runs/ is refused (exit 2).
 """
 from __future__ import annotations
@@ -252,10 +254,12 @@ def _with_profile(cfg, name: str):
     return dataclasses.replace(cfg, profile="roofline" if name == "roofline" else None)
 
 
-def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFrame:
+def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs.csv's rows: each run replayed with each cost model, beside the peer's errors; step_curves.csv's:
+    each cost model's price of the decode-only steps the run's own ticks show, by batch, fidelity/run_ticks.py)."""
     from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
     from fidelity.realruns import replay, replay_config
-    rows = []
+    rows, curves = [], []
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
         run = read_run(d)
         real = run.requests
@@ -266,12 +270,14 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
         (gpus, catalog_kind), host_kind = _linked_gpus(point), host_interconnect(run)
+        ticks = run_decode_ticks(d, real)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
-                res = replay(run, replay_config(run, host), "roofline")
+                cfg_used, chosen = replay_config(run, host), "roofline"
             else:
-                res = replay(run, cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name])
+                cfg_used, chosen = cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name]
+            res = replay(run, cfg_used, chosen)
             m = _lss_metrics(res.requests)
             described = res.resolved.get("cost_model") if isinstance(res.resolved.get("cost_model"), dict) else {}
             kind = "pcie_host" if name == "roofline-pcie_host" else catalog_kind
@@ -288,7 +294,41 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> pd.DataFr
             rows.append(row)
             say(f"{d.name} {name}: TPOT mean {m['tpot_mean_ms']:.2f} ms (real {real_m['tpot_mean_ms']:.2f}), "
                 f"TTFT mean {m['ttft_mean_ms']:.0f} ms (real {real_m['ttft_mean_ms']:.0f}), {row['sim_wall_s']} s")
-    return pd.DataFrame(rows)
+            if ticks is not None and len(ticks.table):
+                curves.append(step_curve(d.name, name, ticks, cfg_used, chosen, point.get("data_parallel_size", 1)))
+    return pd.DataFrame(rows), (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame())
+
+
+def run_decode_ticks(folder: Path, requests: pd.DataFrame):
+    """The run's decode-only ticks (fidelity/run_ticks.py), or None where it kept no timeseries."""
+    from fidelity import run_ticks
+    path = folder / run_ticks.TIMESERIES
+    if not path.exists():
+        return None
+    return run_ticks.decode_ticks(requests, run_ticks.read_timeseries(path))
+
+
+def step_curve(run: str, cost_model: str, ticks, cfg, profile: str | None, dp: int) -> pd.DataFrame:
+    """One cost model's price of a run's decode-only ticks, by batch (fidelity.run_ticks.batch_curve): the
+    model as the replay used it (experiments.simulate's own choice and scheduling)."""
+    import dataclasses
+    from experiments.simulate import as_scheduled, point_cost_model
+    from fidelity import run_ticks
+    if profile is not None:
+        cfg = dataclasses.replace(cfg, profile=profile)
+    model = as_scheduled(cfg, point_cost_model(cfg))
+    sim = np.array([run_ticks.price(model, c, dp) for c in ticks.table["contexts"]])
+    curve = run_ticks.batch_curve(ticks.table, sim)
+    overall = {"batch_bin": "all", "ticks": len(sim), "batch_mean": ticks.table["batch"].mean(),
+               "context_mean": ticks.table["context_mean"].mean(),
+               "real_step_ms": ticks.table["real_step_s"].mean() * 1e3, "sim_step_ms": sim.mean() * 1e3}
+    overall["err"] = overall["sim_step_ms"] / overall["real_step_ms"] - 1
+    curve = pd.concat([curve, pd.DataFrame([overall])], ignore_index=True)
+    curve.insert(0, "cost_model", cost_model)
+    curve.insert(0, "run", run)
+    curve["median_abs_err_ticks"] = float(np.median(np.abs(sim / ticks.table["real_step_s"].to_numpy() - 1)))
+    curve["clock_offset_s"], curve["running_mismatch"] = ticks.offset_s, round(ticks.running_mismatch, 3)
+    return curve
 
 
 def _linked_gpus(point: dict) -> tuple[int, str]:
@@ -390,7 +430,7 @@ def _percent(s: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=lambda c: c.replace("|", "\\|"))
 
 
-def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
+def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path, curves: pd.DataFrame | None = None) -> str:
     from experiments.report import md_table
     lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
     if len(stages):
@@ -427,9 +467,27 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path) -> str:
                   "Error of this simulator and of the peer simulator (validation_summary.txt) on the same runs.", "",
                   md_table(t), "",
                   "Fitted to one run and applied to the others (fidelity/request_fit.py): cross_fit.md.", ""]
+    if curves is not None and len(curves):
+        lines += ["### Decode-only steps, as each run's own 1 s ticks show them", "",
+                  "Each tick with no prompt token, a KV pool under 95% full and the requests' decoding count "
+                  "agreeing with vLLM's stat logger gives one real step (tick x requests decoding / tokens "
+                  "generated), priced by each cost model at the same requests' contexts, outside any "
+                  "scheduling (fidelity/run_ticks.py; step_curves.csv). Real step and each cost model's "
+                  "error, by requests decoding:", "",
+                  md_table(step_curve_table(curves)), ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
+
+
+def step_curve_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """step_curves.csv as one row per run and batch bin: ticks, mean batch, real step (ms) and each cost
+    model's error."""
+    keys = ["run", "batch_bin"]
+    base = curves.drop_duplicates(keys)[keys + ["ticks", "batch_mean", "context_mean", "real_step_ms"]]
+    errs = curves.pivot_table(index=keys, columns="cost_model", values="err", aggfunc="first", sort=False)
+    t = base.merge(errs.map(lambda v: "" if pd.isna(v) else f"{v:+.1%}").reset_index(), on=keys)
+    return t.round({"batch_mean": 1, "context_mean": 0, "real_step_ms": 2})
 
 
 def main(argv=None) -> int:
@@ -470,20 +528,22 @@ def main(argv=None) -> int:
             ap.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stages = runs = pd.DataFrame()
+    stages = runs = curves = pd.DataFrame()
     with tempfile.TemporaryDirectory() as work:   # the layer profiles fitted for the LLMServingSim runs
         if tables:
             stages = file_stages(tables, models, a.max_stage_s, keep=out / "stages.csv")
             stages.to_csv(out / "stages.csv", index=False)   # the whole table at once: one dtype per column
         if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
-            runs = llmservingsim_runs(shared, models, Path(work))
+            runs, curves = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
+            if len(curves):
+                curves.to_csv(out / "step_curves.csv", index=False)
             from benchmarks import gpu_cross_fit   # fit on one run, apply to the others: cross_fit.md
             fits, cross = gpu_cross_fit.cross_fit(shared)
             fits.to_csv(out / "cross_fit_params.csv", index=False)
             cross.to_csv(out / "cross_fit.csv", index=False)
             gpu_cross_fit.report(fits, cross, out)
-    print(report(stages, runs, out))
+    print(report(stages, runs, out, curves))
     return 0
 
 

@@ -61,6 +61,30 @@ def test_small_runs_end_to_end(tmp_path, capsys):
     assert "vLLM 0.15.1" in (out / "report.md").read_text()
 
 
+def test_a_runs_decode_only_seconds_are_priced_step_by_step(tmp_path, capsys):
+    """A run whose stat logger saw 4 requests decode every 10 ms for 5 s (its ticks 2-6): step_curves.csv
+    holds the cost model's price of those steps beside the real 10 ms, and the report says so."""
+    import json
+    shared = tmp_path / "shared"
+    d = write_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B", n=4)
+    lines = [json.dumps({"request_id": f"r{i}", "input_toks": 1000, "output_toks": 551, "arrival_time": 1.7e9,
+                         "queued_ts": 5000.0, "scheduled_ts": 5000.001, "first_token_ts": 5000.5,
+                         "last_token_ts": 5000.5 + 550 * 0.01}) for i in range(4)]
+    (d / "vllm_requests.jsonl").write_text("\n".join(lines) + "\n")
+    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct", "1.0,4000.0,200.0,4,0,10.0"]
+    rows += [f"{t}.0,0.0,400.0,4,0,10.0" for t in range(2, 7)]
+    (d / "vllm_timeseries.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    assert gpu_fidelity.main(["--shared", str(shared), "--out", str(out), "--models", "roofline",
+                              "--sets", "llmservingsim"]) == 0
+    curves = pd.read_csv(out / "step_curves.csv")
+    whole = curves[curves["batch_bin"] == "all"].set_index("cost_model")
+    assert set(whole.index) == {"roofline"} and whole.loc["roofline", "ticks"] == 5
+    assert whole.loc["roofline", "real_step_ms"] == pytest.approx(10.0)
+    assert whole.loc["roofline", "sim_step_ms"] > 0 and abs(whole.loc["roofline", "clock_offset_s"]) <= 0.5
+    assert "Decode-only steps, as each run's own 1 s ticks show them" in (out / "report.md").read_text()
+
+
 def test_a_stage_replays_the_clients_pool_of_100_prompts():
     # inference-perf made 10 system prompts x 10 questions once and sent them in turn: each request is one
     # of 100 prompts of the stage's mean length, all of it but the last token repeated

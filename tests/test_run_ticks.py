@@ -1,0 +1,99 @@
+"""Decode-only steps recovered from a run's 1 s stat ticks (fidelity/run_ticks.py): a hand-built run whose
+engine stepped every 20 ms gives back 20 ms, its clock offset and its contexts; the ticks the arithmetic
+does not hold for are left out; the public runs, where present, give their own steps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fidelity import run_ticks
+
+STEP_S, SHIFT_S = 0.02, 0.3   # the engine's step; the logger's clock runs this far ahead of the requests'
+
+
+def hand_built_run():
+    """8 requests decode over [0, 10) s, 4 others over [10, 20) s, one over [4.68, 7.72) s, one step every
+    20 ms; the stat logger ticks every second on a clock SHIFT_S ahead (the short request's start and end
+    tell the offset to within 0.02 s). Tick 11 (engine 9.7-10.7 s) holds the 4 prompts, tick 5 a full
+    pool, and tick 15's running count is misrecorded."""
+    rows = []
+    for i in range(13):
+        first, finish = (0.0, 10.0) if i < 8 else (10.0, 20.0) if i < 12 else (4.68, 7.72)
+        rows.append({"status": "finished", "first_token_s": first, "finish_s": finish, "prompt_tokens": 1000 + i,
+                     "output_tokens": int(round((finish - first) / STEP_S)) + 1})
+    requests = pd.DataFrame(rows)
+    ticks = []
+    for t in range(1, 21):
+        a, b = t - 1 - SHIFT_S, t - SHIFT_S   # the tick on the engine's clock
+        batch = sum(max(0.0, min(r["finish_s"], b) - max(r["first_token_s"], a)) for r in rows)
+        running = sum(r["first_token_s"] <= b < r["finish_s"] for r in rows)
+        ticks.append({"t": float(t), "prompt_throughput": 4000.0 if t == 11 else 0.0,
+                      "gen_throughput": batch / STEP_S, "running": 20 if t == 15 else running,
+                      "waiting": 0, "kv_cache_pct": 99.0 if t == 5 else 50.0})
+    return requests, pd.DataFrame(ticks)
+
+
+def test_a_steady_engine_gives_back_its_step_offset_and_contexts():
+    requests, ts = hand_built_run()
+    got = run_ticks.decode_ticks(requests, ts)
+    assert got.offset_s == pytest.approx(-SHIFT_S)
+    t = got.table.set_index("t")
+    assert t["real_step_s"].to_numpy() == pytest.approx(STEP_S)
+    # the first tick has no tick before it, 5 a full pool, 11 prompts, 15 a count that disagrees (and 16,
+    # whose start is 15's end); nothing else is dropped
+    assert sorted(set(range(1, 21)) - set(t.index.astype(int))) == [1, 5, 11, 15, 16]
+    assert t.loc[3.0, "batch"] == pytest.approx(8) and t.loc[18.0, "batch"] == pytest.approx(4)
+    mid = 3 - 0.5 - SHIFT_S   # tick 3's middle on the engine's clock: 2.2 s into 10 s of 500 decode steps
+    assert t.loc[3.0, "context_mean"] == pytest.approx(1003.5 + mid / 10.0 * 500, abs=0.5)
+    assert t.loc[3.0, "num_seqs"] == 8 and len(t.loc[3.0, "contexts"]) == 8
+
+
+class StubModel:
+    """A step of 1 ms a sequence plus 1 us a context token."""
+    def step_time_s(self, prefill=(), decode=(), num_logits=None):
+        return 1e-3 * len(decode) + 1e-6 * sum(decode)
+
+
+def test_price_deals_the_requests_to_the_dp_ranks_and_takes_the_slowest():
+    contexts = [100, 200, 300, 400, 500]
+    assert run_ticks.price(StubModel(), contexts) == pytest.approx(5e-3 + 1.5e-3)
+    # rank 0 gets 100, 300, 500; rank 1 gets 200, 400
+    assert run_ticks.price(StubModel(), contexts, data_parallel_size=2) == pytest.approx(3e-3 + 0.9e-3)
+
+
+def test_batch_curve_bins_the_ticks_by_requests_decoding():
+    requests, ts = hand_built_run()
+    table = run_ticks.decode_ticks(requests, ts).table
+    curve = run_ticks.batch_curve(table, table["real_step_s"].to_numpy() * 1.1)
+    assert list(curve["batch_bin"]) == ["(0, 4]", "(4, 16]"]
+    assert curve["err"].to_numpy() == pytest.approx(0.1)
+    assert curve["real_step_ms"].to_numpy() == pytest.approx(STEP_S * 1e3)
+    assert curve["ticks"].sum() == len(table)
+
+
+def test_a_bad_timeseries_is_one_line(tmp_path):
+    p = tmp_path / run_ticks.TIMESERIES
+    p.write_text("t,prompt_throughput\n1,0\n")
+    with pytest.raises(run_ticks.TicksError, match="lacks column"):
+        run_ticks.read_timeseries(p)
+    p.write_text("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n2,0,1,1,0,1\n1,0,1,1,0,1\n")
+    with pytest.raises(run_ticks.TicksError, match="increasing"):
+        run_ticks.read_timeseries(p)
+
+
+QWEN32B = Path(__file__).resolve().parents[2] / "shared/real-runs/llmservingsim/RTXPRO6000_Qwen3-32B"
+
+
+@pytest.mark.skipif(not QWEN32B.exists(), reason="needs ../shared/real-runs (LLMServingSim's runs)")
+def test_the_qwen3_32b_run_decodes_128_requests_in_about_60_ms_a_step():
+    """The public run's decode-only seconds at its 128-sequence cap (vLLM 0.19, two RTX PRO 6000 at TP 2):
+    its own ticks say a step took 56-64 ms, on two clocks the running counts tie within a second."""
+    from fidelity.llmservingsim import read_run
+    run = read_run(QWEN32B)
+    got = run_ticks.decode_ticks(run.requests, run_ticks.read_timeseries(QWEN32B / run_ticks.TIMESERIES))
+    full = got.table[got.table["batch"] > 127.5]
+    assert len(full) >= 30 and abs(got.offset_s) <= 1.0 and got.running_mismatch < 1.0
+    assert 0.056 <= np.median(full["real_step_s"]) <= 0.064
