@@ -11,10 +11,12 @@ the tick's middle), so the simulator's cost model can price exactly the step the
 scheduling: what is left between the two is the cost model's own error (kernels, collectives, the step's
 CPU), separated from the scheduler's.
 
-A tick is used only where that arithmetic holds: no prompt token in it (no chunk, no recomputation), the
-KV pool under 95% full at its end (a full pool preempts, and a preempted request stops decoding without a
-trace in its times), and B, from the requests, within 1.5 of the stat logger's own running count (the
-mean of its counts at the tick's two ends). The two clocks (the engine's request times and the stat
+A tick is used only where that arithmetic holds: no request prefilling in it (none whose prefill, from
+its first scheduling to its first token, overlaps the tick; and no prompt token in the logger's count,
+which vLLM's IterationStats adds, whole, when a prefill completes), the KV pool under 95% full at its end
+(a full pool preempts, and a preempted request stops decoding without a trace in its times), and B, from
+the requests, within 1.5 of the stat logger's own running count (the mean of its counts at the tick's
+two ends). The two clocks (the engine's request times and the stat
 logger's ticks) differ by an offset that the run does not record; it is taken as the one, on a 0.05 s
 grid within +-2 s, that best matches the requests' running count to the logger's at every tick end
 (the mean absolute difference is returned with it)."""
@@ -85,18 +87,22 @@ def clock_offset(requests: pd.DataFrame, ts: pd.DataFrame) -> tuple[float, float
 
 def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float = 1.0) -> Ticks:
     """The run's decode-only ticks (module docstring): `requests` is the run's request table
-    (fidelity.realruns: `first_token_s`, `finish_s`, `prompt_tokens`, `output_tokens`, `status`), `ts` its
-    stat logger's ticks (read_timeseries)."""
+    (fidelity.realruns: `first_token_s`, `finish_s`, `prompt_tokens`, `output_tokens`, `status`, and
+    `scheduled_s` where recorded), `ts` its stat logger's ticks (read_timeseries)."""
     offset, mismatch = clock_offset(requests, ts)
     fin = requests[requests["status"] == "finished"]
     first, last = fin["first_token_s"].to_numpy(float), fin["finish_s"].to_numpy(float)
     prompt, output = fin["prompt_tokens"].to_numpy(float), fin["output_tokens"].to_numpy(float)
+    # when each request's prefill began (its first scheduling), where the run recorded it
+    began = fin["scheduled_s"].to_numpy(float) if "scheduled_s" in fin else None
     rows = []
     t, prompt_tok, gen, running, kv = (ts[c].to_numpy(float) for c in TIMESERIES_COLUMNS)
     for i in range(1, len(ts)):
         if prompt_tok[i] != 0 or gen[i] <= 0 or kv[i] >= FULL_POOL_PCT:
             continue
         a, b = t[i] - tick_s + offset, t[i] + offset
+        if began is not None and ((began < b) & (first > a)).any():
+            continue   # a prefill chunk ran in the tick: some steps were not decode-only
         batch = float((np.minimum(last, b) - np.maximum(first, a)).clip(min=0).sum() / tick_s)
         if batch < 1 or abs(batch - (running[i - 1] + running[i]) / 2) > RUNNING_TOLERANCE:
             continue

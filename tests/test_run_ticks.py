@@ -16,22 +16,27 @@ STEP_S, SHIFT_S = 0.02, 0.3   # the engine's step; the logger's clock runs this 
 
 def hand_built_run():
     """8 requests decode over [0, 10) s, 4 others over [10, 20) s, one over [4.68, 7.72) s, one step every
-    20 ms; the stat logger ticks every second on a clock SHIFT_S ahead (the short request's start and end
-    tell the offset to within 0.02 s). Tick 11 (engine 9.7-10.7 s) holds the 4 prompts, tick 5 a full
-    pool, and tick 15's running count is misrecorded."""
+    20 ms, each prefilled in the 50 ms before its first token; and one long prompt prefilled over [12.8,
+    14.9) s, ticks 14-16, and done 2 tokens later. The stat logger ticks every second on a clock SHIFT_S
+    ahead (the short request's start and end tell the offset to within 0.02 s), counting a prompt's tokens
+    in the tick its prefill completes. Tick 5 has a full pool, and tick 18's running count is
+    misrecorded."""
     rows = []
-    for i in range(13):
-        first, finish = (0.0, 10.0) if i < 8 else (10.0, 20.0) if i < 12 else (4.68, 7.72)
+    for i in range(14):
+        first, finish = ((0.0, 10.0) if i < 8 else (10.0, 20.0) if i < 12 else (4.68, 7.72) if i == 12
+                         else (14.9, 14.94))
         rows.append({"status": "finished", "first_token_s": first, "finish_s": finish, "prompt_tokens": 1000 + i,
-                     "output_tokens": int(round((finish - first) / STEP_S)) + 1})
+                     "output_tokens": int(round((finish - first) / STEP_S)) + 1,
+                     "scheduled_s": 12.8 if i == 13 else first - 0.05})
     requests = pd.DataFrame(rows)
     ticks = []
     for t in range(1, 21):
         a, b = t - 1 - SHIFT_S, t - SHIFT_S   # the tick on the engine's clock
         batch = sum(max(0.0, min(r["finish_s"], b) - max(r["first_token_s"], a)) for r in rows)
         running = sum(r["first_token_s"] <= b < r["finish_s"] for r in rows)
-        ticks.append({"t": float(t), "prompt_throughput": 4000.0 if t == 11 else 0.0,
-                      "gen_throughput": batch / STEP_S, "running": 20 if t == 15 else running,
+        prompts = sum(r["prompt_tokens"] for r in rows if a < r["first_token_s"] <= b)
+        ticks.append({"t": float(t), "prompt_throughput": float(prompts),
+                      "gen_throughput": batch / STEP_S, "running": 20 if t == 18 else running,
                       "waiting": 0, "kv_cache_pct": 99.0 if t == 5 else 50.0})
     return requests, pd.DataFrame(ticks)
 
@@ -42,10 +47,11 @@ def test_a_steady_engine_gives_back_its_step_offset_and_contexts():
     assert got.offset_s == pytest.approx(-SHIFT_S)
     t = got.table.set_index("t")
     assert t["real_step_s"].to_numpy() == pytest.approx(STEP_S)
-    # the first tick has no tick before it, 5 a full pool, 11 prompts, 15 a count that disagrees (and 16,
-    # whose start is 15's end); nothing else is dropped
-    assert sorted(set(range(1, 21)) - set(t.index.astype(int))) == [1, 5, 11, 15, 16]
-    assert t.loc[3.0, "batch"] == pytest.approx(8) and t.loc[18.0, "batch"] == pytest.approx(4)
+    # the first tick has prompts (and no tick before it), 5 a full pool and the short request's prompt, 11
+    # four prompts, 14-16 the long prompt's chunks (16 its completed prompt too), 18 a count that disagrees
+    # (and 19, whose start is 18's end); nothing else is dropped
+    assert sorted(set(range(1, 21)) - set(t.index.astype(int))) == [1, 5, 11, 14, 15, 16, 18, 19]
+    assert t.loc[3.0, "batch"] == pytest.approx(8) and t.loc[17.0, "batch"] == pytest.approx(4)
     mid = 3 - 0.5 - SHIFT_S   # tick 3's middle on the engine's clock: 2.2 s into 10 s of 500 decode steps
     assert t.loc[3.0, "context_mean"] == pytest.approx(1003.5 + mid / 10.0 * 500, abs=0.5)
     assert t.loc[3.0, "num_seqs"] == 8 and len(t.loc[3.0, "contexts"]) == 8
