@@ -13,13 +13,14 @@ CPU), separated from the scheduler's.
 
 A tick is used only where that arithmetic holds: no request prefilling in it (none whose prefill, from
 its first scheduling to its first token, overlaps the tick; and no prompt token in the logger's count,
-which vLLM's IterationStats adds, whole, when a prefill completes), the KV pool under 95% full at its end
-(a full pool preempts, and a preempted request stops decoding without a trace in its times), and B, from
-the requests, within 1.5 of the stat logger's own running count (the mean of its counts at the tick's
-two ends). The two clocks (the engine's request times and the stat
-logger's ticks) differ by an offset that the run does not record; it is taken as the one, on a 0.05 s
-grid within +-2 s, that best matches the requests' running count to the logger's at every tick end
-(the mean absolute difference is returned with it)."""
+which vLLM's IterationStats adds, whole, when a prefill completes); the KV pool under 95% full at its
+end (a full pool preempts, and a preempted request stops decoding without a trace in its times; later
+runs count preemptions, and a tick with one is left out); the row before it its start (the logger writes
+no row for a second without an iteration); and B, from the requests, within 1.5 of the logger's own
+running count (the mean of its counts at the tick's two ends). The two clocks (the engine's request
+times and the logger's ticks) differ by an offset that the run does not record; it is taken as the one,
+on a 0.05 s grid within +-2 s, that best matches the requests' running count to the logger's at every
+tick end (the mean absolute difference is returned with it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ def read_timeseries(path: str | Path) -> pd.DataFrame:
     missing = [c for c in TIMESERIES_COLUMNS if c not in ts.columns]
     if missing:
         raise TicksError(f"{p}: lacks column(s) {', '.join(missing)}")
-    ts = ts[list(TIMESERIES_COLUMNS)].apply(pd.to_numeric, errors="coerce")
+    ts = ts[list(TIMESERIES_COLUMNS) + (["preempted"] if "preempted" in ts else [])].apply(pd.to_numeric,
+                                                                                          errors="coerce")
     if ts.isna().any().any() or not (np.diff(ts["t"].to_numpy()) > 0).all():
         raise TicksError(f"{p}: expected numbers in every row and increasing tick times `t`")
     return ts.reset_index(drop=True)
@@ -97,8 +99,12 @@ def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float = 1.0) 
     began = fin["scheduled_s"].to_numpy(float) if "scheduled_s" in fin else None
     rows = []
     t, prompt_tok, gen, running, kv = (ts[c].to_numpy(float) for c in TIMESERIES_COLUMNS)
+    preempted = ts["preempted"].to_numpy(float) if "preempted" in ts else None   # later LLMServingSim runs
     for i in range(1, len(ts)):
-        if prompt_tok[i] != 0 or gen[i] <= 0 or kv[i] >= FULL_POOL_PCT:
+        if prompt_tok[i] != 0 or gen[i] <= 0 or kv[i] >= FULL_POOL_PCT or abs(t[i] - t[i - 1] - tick_s) > 1e-6:
+            continue   # (the logger writes no row for a tick without an iteration: the row before is then
+                       # not this tick's start)
+        if preempted is not None and preempted[i] > 0:
             continue
         a, b = t[i] - tick_s + offset, t[i] + offset
         if began is not None and ((began < b) & (first > a)).any():

@@ -57,6 +57,17 @@ def test_a_steady_engine_gives_back_its_step_offset_and_contexts():
     assert t.loc[3.0, "num_seqs"] == 8 and len(t.loc[3.0, "contexts"]) == 8
 
 
+def test_a_tick_with_a_preemption_or_without_its_start_row_is_left_out():
+    """Later runs count preemptions per tick; and the logger writes no row for a second without an
+    iteration, so the row before such a gap is not the next tick's start."""
+    requests, ts = hand_built_run()
+    ts["preempted"] = np.where(ts["t"] == 3.0, 1, 0)
+    ts = ts[ts["t"] != 7.0].reset_index(drop=True)
+    kept = set(run_ticks.decode_ticks(requests, ts).table["t"].astype(int))
+    assert 3 not in kept and 7 not in kept and 8 not in kept
+    assert {2, 4, 6, 9, 10} <= kept
+
+
 class StubModel:
     """A step of 1 ms a sequence plus 1 us a context token."""
     def step_time_s(self, prefill=(), decode=(), num_logits=None):
