@@ -257,6 +257,7 @@ def _with_profile(cfg, name: str):
 def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs.csv's rows: each run replayed with each cost model, beside the peer's errors; step_curves.csv's:
     each cost model's price of the decode-only steps the run's own ticks show, by batch, fidelity/run_ticks.py)."""
+    from fidelity import run_ticks
     from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
     from fidelity.realruns import replay, replay_config
     rows, curves = [], []
@@ -270,7 +271,7 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
         (gpus, catalog_kind), host_kind = _linked_gpus(point), host_interconnect(run)
-        ticks = run_decode_ticks(d, real)
+        ticks = run_ticks.ticks_of_run(run)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
@@ -299,15 +300,6 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.
     return pd.DataFrame(rows), (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame())
 
 
-def run_decode_ticks(folder: Path, requests: pd.DataFrame):
-    """The run's decode-only ticks (fidelity/run_ticks.py), or None where it kept no timeseries."""
-    from fidelity import run_ticks
-    path = folder / run_ticks.TIMESERIES
-    if not path.exists():
-        return None
-    return run_ticks.decode_ticks(requests, run_ticks.read_timeseries(path))
-
-
 def step_curve(run: str, cost_model: str, ticks, cfg, profile: str | None, dp: int) -> pd.DataFrame:
     """One cost model's price of a run's decode-only ticks, by batch (fidelity.run_ticks.batch_curve): the
     model as the replay used it (experiments.simulate's own choice and scheduling)."""
@@ -317,7 +309,7 @@ def step_curve(run: str, cost_model: str, ticks, cfg, profile: str | None, dp: i
     if profile is not None:
         cfg = dataclasses.replace(cfg, profile=profile)
     model = as_scheduled(cfg, point_cost_model(cfg))
-    sim = np.array([run_ticks.price(model, c, dp) for c in ticks.table["contexts"]])
+    sim = run_ticks.price_ticks(model, ticks.table, dp)
     curve = run_ticks.batch_curve(ticks.table, sim)
     overall = {"batch_bin": "all", "ticks": len(sim), "batch_mean": ticks.table["batch"].mean(),
                "context_mean": ticks.table["context_mean"].mean(),

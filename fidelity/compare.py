@@ -3,12 +3,14 @@
     python -m fidelity.compare RUN [RUN ...] [--config POINT.yaml] [--profile P] [--out DIR]
 
 RUN is any real run fidelity/realruns.py reads (a fidelity.vllm_run folder, vllm bench serve or GuideLLM
-JSON, a per-request CSV). Each run's exact requests (same send times, same lengths) are replayed through our
+JSON, a per-request CSV, an LLMServingSim run folder). Each run's exact requests (same send times, same lengths) are replayed through our
 engine with the point's configuration (--config, else the one vllm_run recorded) and cost model (--profile,
 else the point's own `profile:` or the automatic choice), and the report gives per point the real runs'
 median and range (min-max over the repeats) and the simulated median of p50/p99 TTFT, ITL, TPOT, E2E and
 throughput, whether the simulation lies inside the real range and its error to the real median, and, where
-the engine recorded its steps, the error of the cost model's price of every real step. Writes compare.csv
+the engine recorded its steps, the error of the cost model's price of every real step (where it kept only
+vLLM's 1 s stat ticks, as LLMServingSim's runs do, of every decode-only second's step: fidelity/run_ticks.py),
+outside any scheduling. Writes compare.csv
 and compare.md under --out. (Two cost models against each other: python -m calibration.compare A B.)
 """
 from __future__ import annotations
@@ -25,9 +27,10 @@ from commandline.outputs import OutputError, out_dir
 from commandline.parser import Parser
 from costmodels.catalog import CatalogError
 from experiments.config import ConfigError, load_sweep_file
-from experiments.simulate import point_cost_model
+from experiments.simulate import as_scheduled, point_cost_model
 from fidelity.fit_engine import step_errors
 from fidelity.realruns import RealRunError, read_runs, replay, replay_config
+from fidelity.run_ticks import tick_errors
 from fidelity.runchecks import failed_requests_line
 
 RUN_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
@@ -61,7 +64,10 @@ def compare_runs(runs, point: dict | None, profile: str | None):
                          "real_spread_pct": (np.nanmax(rv) - np.nanmin(rv)) / med * 100 if med else np.nan})
         e = step_errors(cost, group)
         if e:
-            step_rows.append({"point": label, **e})
+            step_rows.append({"point": label, "from": "engine log", **e})
+        e = tick_errors(as_scheduled(cfg, cost), group, cfg.deployment.data_parallel_size if cfg.deployment else 1)
+        if e:   # runs that kept only the stat logger's 1 s ticks: their decode-only steps
+            step_rows.append({"point": label, "from": "1 s ticks, decode-only", **e})
         cost_kind = cost.describe().get("kind", "?")
     return pd.DataFrame(rows), pd.DataFrame(step_rows), cost_kind
 
@@ -102,14 +108,19 @@ def run_report(metrics, steps, kind: str, args) -> str:
         lines += ["", f"{int(metrics['in_range'].sum())} of {len(metrics)} simulated values inside the real range; "
                       f"{int((metrics['err_to_median_pct'].abs() <= 5).sum())} within 5% of the real median."]
     if len(steps):
-        lines += ["", "| point | steps | step error median | p90 | total time | noise floor median | p90 |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['point']} | {r['steps']} | {r['median_ape_pct']}% | {r['p90_ape_pct']}% | "
-                  f"{r['total_time_err_pct']:+}% | {r.get('noise_floor_median_ape_pct', float('nan'))}% | "
-                  f"{r.get('noise_floor_p90_ape_pct', float('nan'))}% |" for _, r in steps.iterrows()]
+        lines += ["", "| point | steps from | steps | step error median | p90 | total time | noise floor median | p90 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['point']} | {r['from']} | {r['steps']} | {r['median_ape_pct']}% | {r['p90_ape_pct']}% | "
+                  f"{r['total_time_err_pct']:+}% | {_pct(r.get('noise_floor_median_ape_pct'))} | "
+                  f"{_pct(r.get('noise_floor_p90_ape_pct'))} |" for _, r in steps.iterrows()]
         lines += ["", "Noise floor: each step against the median of its run's steps of the same shape (seen 5+ "
-                      "times), the error of a model that knew every shape's typical time."]
+                      "times), the error of a model that knew every shape's typical time. Steps from 1 s ticks: "
+                      "the seconds in which the engine only decoded, each one step's time (fidelity/run_ticks.py)."]
     return "\n".join(lines) + "\n"
+
+
+def _pct(v) -> str:
+    return "" if v is None or pd.isna(v) else f"{v}%"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

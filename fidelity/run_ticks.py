@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fidelity.realruns import RealRun, RealRunError
+
 TIMESERIES = "vllm_timeseries.csv"
 TIMESERIES_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "kv_cache_pct")
 # A pool this full may have preempted a request in the tick (vLLM preempts only when it cannot allocate).
@@ -39,7 +41,7 @@ RUNNING_TOLERANCE = 1.5
 OFFSET_GRID_S = np.round(np.arange(-2.0, 2.0001, 0.05), 2)
 
 
-class TicksError(ValueError):
+class TicksError(RealRunError):
     """A timeseries file this module cannot read: one line naming the file and what is wrong."""
 
 
@@ -124,6 +126,39 @@ def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float = 1.0) 
                      "contexts": contexts.tolist()})
     cols = ["t", "batch", "generated", "real_step_s", "num_seqs", "context_mean", "contexts"]
     return Ticks(pd.DataFrame(rows, columns=cols), offset, mismatch, len(ts))
+
+
+def ticks_of_run(run: RealRun) -> Ticks | None:
+    """The decode-only ticks of a real run whose folder keeps the stat logger's ticks (LLMServingSim's runs,
+    fidelity/llmservingsim.py); None for any other run."""
+    path = Path(run.name) / TIMESERIES
+    if run.format != "llmservingsim" or not path.exists():
+        return None
+    return decode_ticks(run.requests, read_timeseries(path))
+
+
+def price_ticks(cost_model, table: pd.DataFrame, data_parallel_size: int = 1) -> np.ndarray:
+    """The cost model's price (seconds) of every tick's step in a `decode_ticks` table."""
+    return np.array([price(cost_model, c, data_parallel_size) for c in table["contexts"]], dtype=float)
+
+
+def tick_errors(cost_model, runs: list[RealRun], data_parallel_size: int = 1) -> dict | None:
+    """Relative error of the cost model's price of every decode-only tick's step over `runs` (those that
+    keep ticks): median and p90 of |error| and the bias of the summed time, as fidelity.fit_engine's
+    `step_errors` gives them for logged steps; None where no run has a usable tick."""
+    real, sim = [], []
+    for run in runs:
+        ticks = ticks_of_run(run)
+        if ticks is not None and len(ticks.table):
+            real.append(ticks.table["real_step_s"].to_numpy(float))
+            sim.append(price_ticks(cost_model, ticks.table, data_parallel_size))
+    if not real:
+        return None
+    y, pred = np.concatenate(real), np.concatenate(sim)
+    err = pred / y - 1
+    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
+            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
+            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
 
 
 def price(cost_model, contexts: list[int], data_parallel_size: int = 1, graph_max_tokens: int | None = None) -> float:

@@ -62,18 +62,11 @@ def test_small_runs_end_to_end(tmp_path, capsys):
 
 
 def test_a_runs_decode_only_seconds_are_priced_step_by_step(tmp_path, capsys):
-    """A run whose stat logger saw 4 requests decode every 10 ms for 5 s (its ticks 2-6): step_curves.csv
-    holds the cost model's price of those steps beside the real 10 ms, and the report says so."""
-    import json
+    """A run whose stat logger saw 4 requests decode every 10 ms for 5 s: step_curves.csv holds the cost
+    model's price of those steps beside the real 10 ms, and the report says so."""
+    from tests.test_run_ticks import write_decoding_run
     shared = tmp_path / "shared"
-    d = write_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B", n=4)
-    lines = [json.dumps({"request_id": f"r{i}", "input_toks": 1000, "output_toks": 551, "arrival_time": 1.7e9,
-                         "queued_ts": 5000.0, "scheduled_ts": 5000.001, "first_token_ts": 5000.5,
-                         "last_token_ts": 5000.5 + 550 * 0.01}) for i in range(4)]
-    (d / "vllm_requests.jsonl").write_text("\n".join(lines) + "\n")
-    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct", "1.0,4000.0,200.0,4,0,10.0"]
-    rows += [f"{t}.0,0.0,400.0,4,0,10.0" for t in range(2, 7)]
-    (d / "vllm_timeseries.csv").write_text("\n".join(rows) + "\n")
+    write_decoding_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B")
     out = tmp_path / "out"
     assert gpu_fidelity.main(["--shared", str(shared), "--out", str(out), "--models", "roofline",
                               "--sets", "llmservingsim"]) == 0

@@ -101,6 +101,33 @@ def test_a_bad_timeseries_is_one_line(tmp_path):
         run_ticks.read_timeseries(p)
 
 
+def write_decoding_run(d: Path) -> Path:
+    """An LLMServingSim run folder (tests/test_llmservingsim_reader.py's, RTX 4090) whose 4 requests decode
+    one token every 10 ms for 5.5 s after a 0.5 s prefill, and whose stat logger's ticks 2-6 saw only that."""
+    import json
+    from tests.test_llmservingsim_reader import write_run
+    write_run(d, n=4)
+    lines = [json.dumps({"request_id": f"r{i}", "input_toks": 1000, "output_toks": 551, "arrival_time": 1.7e9,
+                         "queued_ts": 5000.0, "scheduled_ts": 5000.001, "first_token_ts": 5000.5,
+                         "last_token_ts": 5000.5 + 550 * 0.01}) for i in range(4)]
+    (d / "vllm_requests.jsonl").write_text("\n".join(lines) + "\n")
+    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct", "1.0,4000.0,200.0,4,0,10.0"]
+    rows += [f"{t}.0,0.0,400.0,4,0,10.0" for t in range(2, 7)]
+    (d / run_ticks.TIMESERIES).write_text("\n".join(rows) + "\n")
+    return d
+
+
+def test_fidelity_compare_prices_a_runs_decode_only_seconds(tmp_path, capsys):
+    """`python -m fidelity.compare` on an LLMServingSim run that kept only its stat logger's ticks: the step
+    table gives the cost model's error on each decode-only second's step."""
+    from fidelity import compare
+    run = write_decoding_run(tmp_path / "RTX4090_Llama-3.1-8B")
+    assert compare.main([str(run), "--profile", "roofline", "--out", str(tmp_path / "out")]) == 0
+    steps = pd.read_csv(tmp_path / "out" / "compare_steps.csv")
+    assert list(steps["from"]) == ["1 s ticks, decode-only"] and steps["steps"].iloc[0] == 5
+    assert "1 s ticks, decode-only | 5 |" in capsys.readouterr().out
+
+
 QWEN32B = Path(__file__).resolve().parents[2] / "shared/real-runs/llmservingsim/RTXPRO6000_Qwen3-32B"
 
 
