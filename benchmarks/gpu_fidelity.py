@@ -461,11 +461,11 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path, curves: pd.DataF
                   "Fitted to one run and applied to the others (fidelity/request_fit.py): cross_fit.md.", ""]
     if curves is not None and len(curves):
         lines += ["### Decode-only steps, as each run's own 1 s ticks show them", "",
-                  "Each tick with no prompt token, a KV pool under 95% full and the requests' decoding count "
-                  "agreeing with vLLM's stat logger gives one real step (tick x requests decoding / tokens "
-                  "generated), priced by each cost model at the same requests' contexts, outside any "
-                  "scheduling (fidelity/run_ticks.py; step_curves.csv). Real step and each cost model's "
-                  "error, by requests decoding:", "",
+                  "Each tick in which nothing was prefilled, with a KV pool under 95% full and the requests' "
+                  "decoding count agreeing with vLLM's stat logger, gives one real step (tick x requests "
+                  "decoding / tokens generated), priced by each cost model at the same requests' contexts, "
+                  "outside any scheduling (fidelity/run_ticks.py; step_curves.csv). Real step and each cost "
+                  "model's error, by requests decoding:", "",
                   md_table(step_curve_table(curves)), ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
