@@ -136,6 +136,14 @@ def nvls_multicast(gpu) -> bool:
     return gpu.interconnect_kind == "nvlink" and gpu.compute_capability is not None and float(gpu.compute_capability) >= 9.0
 
 
+def ring_allgather_s(share_bytes: float, gpus: int, link_bytes_per_s: float, link: LinkCollective) -> float:
+    """One ring all-gather of `share_bytes` from each of `gpus` GPUs: each receives the other gpus - 1 shares
+    (half an all-reduce's ring: a ring all-reduce is a reduce-scatter then an all-gather)."""
+    if gpus <= 1:
+        return 0.0
+    return (gpus - 1) * share_bytes / (link_bytes_per_s * link.efficiency) + link.latency_s
+
+
 def ring_allreduce_s(message_bytes: float, tp: int, link_bytes_per_s: float, link: LinkCollective) -> float:
     """One ring all-reduce of `message_bytes` per GPU: each GPU sends and receives 2 (tp - 1) / tp of it."""
     if tp <= 1:

@@ -143,3 +143,24 @@ def test_the_refit_recovers_a_latency_and_a_bandwidth():
 def test_the_link_is_recorded_in_the_cost_model_description():
     d = RooflineCostModel(QWEN3_32B, GPUS["rtx-4090"], tp=2).describe()
     assert d["tp_link"] == {"kind": "pcie_host", "efficiency": 0.252, "latency_s": 9.5e-6}
+
+
+def test_the_lm_heads_vocabulary_shards_are_all_gathered_under_tp():
+    """vLLM all-gathers each TP rank's logits shard (bf16) before sampling: at TP 2 over PCIe without P2P,
+    128 sequences of Qwen3-32B's 151,936-token vocabulary move 128 x 75,968 x 2 bytes into each GPU at
+    LLMServingSim's host-staged figures, 19.45 MB / (64e9 x 0.252) + 9.5 us = 1.2154 ms; over an H100's
+    NVLink at TP 4 a quarter-vocabulary share each from three GPUs, 3 x 128 x 37,984 x 2 / (450e9 x 0.60) +
+    6.6 us = 0.1146 ms; one GPU gathers nothing."""
+    from costmodels.collectives import ring_allgather_s
+    host = dataclasses.replace(GPUS["rtx-pro-6000-server"], interconnect_kind="pcie_host")
+    share = 128 * 75968 * 2
+    assert ring_allgather_s(share, 2, 64e9, PCIE_HOST) == pytest.approx(share / (64e9 * 0.252) + 9.5e-6)
+    assert RooflineCostModel(QWEN3_32B, host, tp=2)._logits_gather_s(128) == pytest.approx(1.21544e-3, rel=1e-4)
+    assert RooflineCostModel(QWEN3_32B, GPUS["h100-sxm"], tp=4)._logits_gather_s(128) == pytest.approx(
+        0.11465e-3, rel=1e-3)
+    assert RooflineCostModel(QWEN3_32B, GPUS["h100-sxm"], tp=1)._logits_gather_s(128) == 0.0
+    # it is part of the step's LM head term
+    two = RooflineCostModel(QWEN3_32B, host, tp=2)
+    terms = two.step_terms_s(decode=[1000] * 128)
+    assert terms["lm_head_sampling"] > two._logits_gather_s(128)
+    assert sum(terms.values()) == pytest.approx(two.step_time_s(decode=[1000] * 128))
