@@ -20,7 +20,7 @@ import numpy as np
 
 from costmodels.attention_kernel import PrefillTileFit
 from costmodels.catalog import DTYPE_BYTES, GPU, CatalogError, ModelShape, get_gpu
-from costmodels.collectives import gpu_allreduce_link, ring_allreduce_s
+from costmodels.collectives import gpu_allreduce_link, logits_gather_s, ring_allreduce_s
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels.gridslice import GridSlice
 
@@ -317,13 +317,19 @@ class ProfileCostModel:
         return sum(n * GridSlice(self.elementwise[op], ()).many(m) for op, n in ELEMENTWISE_PER_STEP.items())
 
     def _logits_block(self, m: np.ndarray) -> np.ndarray:
-        return GridSlice(self.gemm["lm_head"], ()).many(m) + GridSlice(self.sampling, ()).many(m)
+        t = GridSlice(self.gemm["lm_head"], ()).many(m) + GridSlice(self.sampling, ()).many(m)
+        return t + np.array([self._logits_gather_s(int(x)) for x in m.tolist()]) if self.tp > 1 else t
+
+    def _logits_gather_s(self, num_logits: int) -> float:
+        """The all-gather of the LM head's vocabulary shards under TP: not in the kernel tables, so the
+        roofline prior's term (collectives.logits_gather_s)."""
+        return logits_gather_s(num_logits, self.model.vocab_size, self.tp, DTYPE_BYTES[self.dtype], self.gpu)
 
     def _step_terms_scalar_s(self, num_tokens: int, num_logits: int) -> float:
         """`_step_terms_s` one count at a time (the reference the tables are tested against)."""
         step = sum(n * self.elementwise[op](num_tokens) for op, n in ELEMENTWISE_PER_STEP.items())
         if num_logits:
-            step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits)
+            step += self.gemm["lm_head"](num_logits) + self.sampling(num_logits) + self._logits_gather_s(num_logits)
         return step
 
     def prefill_layer_s(self, prefill: Sequence[tuple[int, int]]) -> float:

@@ -11,7 +11,6 @@ quantisation, wave effects, cache reuse and compute/communication overlap; profi
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
@@ -20,7 +19,7 @@ import numpy as np
 from costmodels.attention_kernel import (empty_query_tiles, fp8_kv_decode_on_chip_bound, mixed_batch_rereads_kv,
                                         prefill_compute_s, prefill_tile_shape, tile_seconds)
 from costmodels.catalog import GPU, GPUS, ModelShape
-from costmodels.collectives import collective_link, gpu_allreduce_link, ring_allgather_s, ring_allreduce_s
+from costmodels.collectives import collective_link, gpu_allreduce_link, logits_gather_s, ring_allreduce_s
 from costmodels.deployment import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES, Deployment
 from costmodels.frontend import HTTP as HTTP_FRONTEND, FrontendLatency
 from costmodels import deployment as _deployment
@@ -269,7 +268,6 @@ class RooflineCostModel:
         self.tp_link = gpu_allreduce_link(gpu, tp)
         self.p2p_link = collective_link(gpu.interconnect_kind, 2)   # one GPU to one other
         self.ep_link = collective_link(gpu.interconnect_kind, max(2, d.data_parallel_size))
-        self.tp_gather_link = collective_link(gpu.interconnect_kind, tp)   # NCCL's all-gather over the TP group
         # query heads per KV head whose decode rows re-read the KV in a mixed step (costmodels/attention_kernel.py)
         kv_heads = self.kv_dim / (2 * m.head_dim) if not m.is_mla else 0   # kv_dim holds K and V
         self._kv_heads = kv_heads
@@ -653,15 +651,8 @@ class RooflineCostModel:
         return head + 3 * e.kernel_launch_s + self._logits_gather_s(num_logits)
 
     def _logits_gather_s(self, num_logits: int) -> float:
-        """Under TP each GPU's LM head computes its shard of the vocabulary, and vLLM all-gathers the shards,
-        in the model's dtype, before sampling (`LogitsProcessor._gather_logits`: an all-gather on every CUDA
-        platform, vLLM 0.15 through 0.32; run after the model's CUDA graph, through NCCL), so a step moves
-        num_logits x vocab / TP x (TP - 1) bytes into each GPU: at TP 2 over PCIe without P2P, 128
-        sequences of a 151,936-token vocabulary, 19.4 MB and about 1.2 ms; over NVLink tens of microseconds."""
-        if self.tp == 1:
-            return 0.0
-        share = num_logits * math.ceil(self.model.vocab_size / self.tp) * self.dt
-        return ring_allgather_s(share, self.tp, self.gpu.interconnect_bytes_per_s, self.tp_gather_link)
+        """The all-gather of the LM head's vocabulary shards under TP (collectives.logits_gather_s)."""
+        return logits_gather_s(num_logits, self.model.vocab_size, self.tp, self.dt, self.gpu)
 
     def weights_floor_s(self) -> float:
         """The decode floor: one step reads every weight this GPU holds that a batch-1 step touches, at the

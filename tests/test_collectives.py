@@ -159,6 +159,10 @@ def test_the_lm_heads_vocabulary_shards_are_all_gathered_under_tp():
     assert RooflineCostModel(QWEN3_32B, GPUS["h100-sxm"], tp=4)._logits_gather_s(128) == pytest.approx(
         0.11465e-3, rel=1e-3)
     assert RooflineCostModel(QWEN3_32B, GPUS["h100-sxm"], tp=1)._logits_gather_s(128) == 0.0
+    # a measured profile adds it the same way (no kernel table times it)
+    prof = ProfileCostModel.__new__(ProfileCostModel)   # only what _logits_gather_s reads
+    prof.tp, prof.gpu, prof.model, prof.dtype = 2, host, QWEN3_32B, "bf16"
+    assert prof._logits_gather_s(128) == pytest.approx(1.21544e-3, rel=1e-4)
     # it is part of the step's LM head term
     two = RooflineCostModel(QWEN3_32B, host, tp=2)
     terms = two.step_terms_s(decode=[1000] * 128)
