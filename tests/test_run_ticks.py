@@ -141,3 +141,13 @@ def test_the_qwen3_32b_run_decodes_128_requests_in_about_60_ms_a_step():
     full = got.table[got.table["batch"] > 127.5]
     assert len(full) >= 30 and abs(got.offset_s) <= 1.0 and got.running_mismatch < 1.0
     assert 0.056 <= np.median(full["real_step_s"]) <= 0.064
+
+
+def test_fidelity_compare_refuses_a_bad_timeseries_in_one_line(tmp_path, capsys):
+    """A run folder whose stat-logger file is malformed: one line naming the file, exit 2."""
+    from fidelity import compare
+    run = write_decoding_run(tmp_path / "RTX4090_Llama-3.1-8B")
+    (run / run_ticks.TIMESERIES).write_text("t,prompt_throughput\n1,0\n")
+    assert compare.main([str(run), "--profile", "roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert run_ticks.TIMESERIES in err and "lacks column" in err and "\n" not in err
