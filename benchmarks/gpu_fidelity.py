@@ -254,6 +254,20 @@ def _with_profile(cfg, name: str):
     return dataclasses.replace(cfg, profile="roofline" if name == "roofline" else None)
 
 
+def lss_run_folders(shared: Path) -> list[Path]:
+    """LLMServingSim's run folders under real-runs/llmservingsim/, in name order."""
+    return sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists())
+
+
+def check_llmservingsim_runs(shared: Path) -> None:
+    """Read every LLMServingSim run folder and its stat-logger ticks before minutes of replay: a file that
+    cannot be read raises fidelity.realruns.RealRunError, one line naming it."""
+    from fidelity import run_ticks
+    from fidelity.llmservingsim import read_run
+    for d in lss_run_folders(shared):
+        run_ticks.ticks_of_run(read_run(d))
+
+
 def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs.csv's rows: each run replayed with each cost model, beside the peer's errors; step_curves.csv's:
     each cost model's price of the decode-only steps the run's own ticks show, by batch, fidelity/run_ticks.py)."""
@@ -261,7 +275,7 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.
     from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
     from fidelity.realruns import replay, replay_config
     rows, curves = [], []
-    for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
+    for d in lss_run_folders(shared):
         run = read_run(d)
         real = run.requests
         real_m = _lss_metrics(real)
@@ -518,6 +532,13 @@ def main(argv=None) -> int:
             tables = [read_stage_file(f) for f in stage_files(shared / "real-runs" if shared else None, named)]
         except StageFileError as e:
             ap.error(str(e))
+    lss = "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir()
+    if lss:
+        from fidelity.realruns import RealRunError
+        try:
+            check_llmservingsim_runs(shared)
+        except RealRunError as e:
+            ap.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = runs = curves = pd.DataFrame()
@@ -525,7 +546,7 @@ def main(argv=None) -> int:
         if tables:
             stages = file_stages(tables, models, a.max_stage_s, keep=out / "stages.csv")
             stages.to_csv(out / "stages.csv", index=False)   # the whole table at once: one dtype per column
-        if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
+        if lss:
             runs, curves = llmservingsim_runs(shared, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
             if len(curves):

@@ -78,6 +78,20 @@ def test_a_runs_decode_only_seconds_are_priced_step_by_step(tmp_path, capsys):
     assert "Decode-only steps, as each run's own 1 s ticks show them" in (out / "report.md").read_text()
 
 
+def test_a_malformed_run_folder_is_one_line_before_any_replay(tmp_path, capsys):
+    """A stat-logger file that cannot be read stops the benchmark in one line naming it, exit 2, before
+    minutes of replay and before --out is written."""
+    from tests.test_run_ticks import write_decoding_run
+    shared = tmp_path / "shared"
+    d = write_decoding_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B")
+    (d / "vllm_timeseries.csv").write_text("t,running\n1,2\n")
+    with pytest.raises(SystemExit) as e:
+        gpu_fidelity.main(["--shared", str(shared), "--out", str(tmp_path / "out"), "--sets", "llmservingsim"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "vllm_timeseries.csv" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stage_replays_the_clients_pool_of_100_prompts():
     # inference-perf made 10 system prompts x 10 questions once and sent them in turn: each request is one
     # of 100 prompts of the stage's mean length, all of it but the last token repeated
