@@ -254,29 +254,30 @@ def _with_profile(cfg, name: str):
     return dataclasses.replace(cfg, profile="roofline" if name == "roofline" else None)
 
 
-def lss_run_folders(shared: Path) -> list[Path]:
-    """LLMServingSim's run folders under real-runs/llmservingsim/, in name order."""
-    return sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists())
-
-
-def check_llmservingsim_runs(shared: Path) -> None:
-    """Read every LLMServingSim run folder and its stat-logger ticks before minutes of replay: a file that
-    cannot be read raises fidelity.realruns.RealRunError, one line naming it."""
+def read_llmservingsim_runs(shared: Path) -> list[tuple]:
+    """(folder, run, its decode-only ticks or None) for every LLMServingSim run folder under
+    real-runs/llmservingsim/, in name order, all read before minutes of replay: a file that cannot be read
+    raises fidelity.realruns.RealRunError, one line naming it."""
     from fidelity import run_ticks
     from fidelity.llmservingsim import read_run
-    for d in lss_run_folders(shared):
-        run_ticks.ticks_of_run(read_run(d))
+    out = []
+    for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
+        run = read_run(d)
+        out.append((d, run, run_ticks.ticks_of_run(run)))
+    return out
 
 
-def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs.csv's rows: each run replayed with each cost model, beside the peer's errors; step_curves.csv's:
-    each cost model's price of the decode-only steps the run's own ticks show, by batch, fidelity/run_ticks.py)."""
-    from fidelity import run_ticks
-    from fidelity.llmservingsim import host_interconnect, peer_errors, read_run, replay_point
+def llmservingsim_runs(shared: Path, lss_runs: list[tuple], models: list[str],
+                       work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs.csv's rows: each run of `lss_runs` (read_llmservingsim_runs) replayed with each cost model, beside
+    the peer's errors; step_curves.csv's: each cost model's price of the decode-only steps the run's own
+    ticks show, by batch, fidelity/run_ticks.py)."""
+    import dataclasses
+    from experiments.simulate import as_scheduled, point_cost_model
+    from fidelity.llmservingsim import host_interconnect, peer_errors, replay_point
     from fidelity.realruns import replay, replay_config
     rows, curves = [], []
-    for d in lss_run_folders(shared):
-        run = read_run(d)
+    for d, run, ticks in lss_runs:
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
@@ -285,14 +286,16 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.
         profile = layer_profile(shared, d.name, work)
         host = host_staged_point(run, run.meta["model_id"])
         (gpus, catalog_kind), host_kind = _linked_gpus(point), host_interconnect(run)
-        ticks = run_ticks.ticks_of_run(run)
         for name in models + (["layer-profile"] if profile else []) + (["roofline-pcie_host"] if host else []):
             t0 = time.perf_counter()
             if name == "roofline-pcie_host":
                 cfg_used, chosen = replay_config(run, host), "roofline"
             else:
                 cfg_used, chosen = cfg, {"roofline": "roofline", "default": None, "layer-profile": profile}[name]
-            res = replay(run, cfg_used, chosen)
+            if chosen is not None:
+                cfg_used = dataclasses.replace(cfg_used, profile=chosen)
+            model = point_cost_model(cfg_used)   # one model for the replay and the ticks' steps
+            res = replay(run, cfg_used, cost_model=model)
             m = _lss_metrics(res.requests)
             described = res.resolved.get("cost_model") if isinstance(res.resolved.get("cost_model"), dict) else {}
             kind = "pcie_host" if name == "roofline-pcie_host" else catalog_kind
@@ -310,19 +313,15 @@ def llmservingsim_runs(shared: Path, models: list[str], work: Path) -> tuple[pd.
             say(f"{d.name} {name}: TPOT mean {m['tpot_mean_ms']:.2f} ms (real {real_m['tpot_mean_ms']:.2f}), "
                 f"TTFT mean {m['ttft_mean_ms']:.0f} ms (real {real_m['ttft_mean_ms']:.0f}), {row['sim_wall_s']} s")
             if ticks is not None and len(ticks.table):
-                curves.append(step_curve(d.name, name, ticks, cfg_used, chosen, point.get("data_parallel_size", 1)))
+                curves.append(step_curve(d.name, name, ticks, as_scheduled(cfg_used, model),
+                                         point.get("data_parallel_size", 1)))
     return pd.DataFrame(rows), (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame())
 
 
-def step_curve(run: str, cost_model: str, ticks, cfg, profile: str | None, dp: int) -> pd.DataFrame:
-    """One cost model's price of a run's decode-only ticks, by batch (fidelity.run_ticks.batch_curve): the
-    model as the replay used it (experiments.simulate's own choice and scheduling)."""
-    import dataclasses
-    from experiments.simulate import as_scheduled, point_cost_model
+def step_curve(run: str, cost_model: str, ticks, model, dp: int) -> pd.DataFrame:
+    """One cost model's price of a run's decode-only ticks, by batch (fidelity.run_ticks.batch_curve): `model`
+    as the replay used it (experiments.simulate's choice and scheduling)."""
     from fidelity import run_ticks
-    if profile is not None:
-        cfg = dataclasses.replace(cfg, profile=profile)
-    model = as_scheduled(cfg, point_cost_model(cfg))
     sim = run_ticks.price_ticks(model, ticks.table, dp)
     curve = run_ticks.batch_curve(ticks.table, sim)
     overall = {"batch_bin": "all", "ticks": len(sim), "batch_mean": ticks.table["batch"].mean(),
@@ -532,11 +531,11 @@ def main(argv=None) -> int:
             tables = [read_stage_file(f) for f in stage_files(shared / "real-runs" if shared else None, named)]
         except StageFileError as e:
             ap.error(str(e))
-    lss = "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir()
-    if lss:
+    lss_runs = None
+    if "llmservingsim" in sets and shared is not None and (shared / LSS_DIR).is_dir():
         from fidelity.realruns import RealRunError
         try:
-            check_llmservingsim_runs(shared)
+            lss_runs = read_llmservingsim_runs(shared)
         except RealRunError as e:
             ap.error(str(e))
     out = Path(a.out)
@@ -546,8 +545,8 @@ def main(argv=None) -> int:
         if tables:
             stages = file_stages(tables, models, a.max_stage_s, keep=out / "stages.csv")
             stages.to_csv(out / "stages.csv", index=False)   # the whole table at once: one dtype per column
-        if lss:
-            runs, curves = llmservingsim_runs(shared, models, Path(work))
+        if lss_runs is not None:
+            runs, curves = llmservingsim_runs(shared, lss_runs, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
             if len(curves):
                 curves.to_csv(out / "step_curves.csv", index=False)

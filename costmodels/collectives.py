@@ -33,7 +33,6 @@ collectives over PCIe").
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 

@@ -54,7 +54,6 @@ class Ticks:
     table: pd.DataFrame
     offset_s: float
     running_mismatch: float
-    ticks_total: int
 
 
 def read_timeseries(path: str | Path) -> pd.DataFrame:
@@ -128,7 +127,7 @@ def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None 
                      "num_seqs": int(live.sum()), "context_mean": float(contexts.mean()),
                      "contexts": contexts.tolist()})
     cols = ["t", "batch", "generated", "real_step_s", "num_seqs", "context_mean", "contexts"]
-    return Ticks(pd.DataFrame(rows, columns=cols), offset, mismatch, len(ts))
+    return Ticks(pd.DataFrame(rows, columns=cols), offset, mismatch)
 
 
 def ticks_of_run(run: RealRun) -> Ticks | None:
