@@ -255,29 +255,32 @@ def _with_profile(cfg, name: str):
 
 
 def read_llmservingsim_runs(shared: Path) -> list[tuple]:
-    """(folder, run, its decode-only ticks or None) for every LLMServingSim run folder under
-    real-runs/llmservingsim/, in name order, all read before minutes of replay: a file that cannot be read
-    raises fidelity.realruns.RealRunError, one line naming it."""
+    """(folder, run, its decode-only ticks or None, its busy ticks or None) for every LLMServingSim run folder
+    under real-runs/llmservingsim/, in name order, all read before minutes of replay: a file that cannot be
+    read raises fidelity.realruns.RealRunError, one line naming it."""
     from fidelity import run_ticks
     from fidelity.llmservingsim import read_run
     out = []
     for d in sorted(p for p in (shared / LSS_DIR).iterdir() if (p / "vllm_requests.jsonl").exists()):
         run = read_run(d)
-        out.append((d, run, run_ticks.ticks_of_run(run)))
+        ts = run_ticks.timeseries_of_run(run)
+        out.append((d, run, None if ts is None else run_ticks.decode_ticks(run.requests, ts),
+                    None if ts is None else run_ticks.busy_ticks(run.requests, ts)))
     return out
 
 
 def llmservingsim_runs(shared: Path, lss_runs: list[tuple], models: list[str],
-                       work: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       work: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs.csv's rows: each run of `lss_runs` (read_llmservingsim_runs) replayed with each cost model, beside
     the peer's errors; step_curves.csv's: each cost model's price of the decode-only steps the run's own
-    ticks show, by batch, fidelity/run_ticks.py)."""
+    ticks show, by batch; busy_ticks.csv's: its price of every busy tick's work, prefill included, against
+    the tick's length (fidelity/run_ticks.py), for the runs without DP)."""
     import dataclasses
     from experiments.simulate import as_scheduled, point_cost_model
     from fidelity.llmservingsim import host_interconnect, peer_errors, replay_point
     from fidelity.realruns import replay, replay_config
-    rows, curves = [], []
-    for d, run, ticks in lss_runs:
+    rows, curves, busy = [], [], []
+    for d, run, ticks, busy_ticks in lss_runs:
         real = run.requests
         real_m = _lss_metrics(real)
         peer = peer_errors(d)
@@ -315,7 +318,23 @@ def llmservingsim_runs(shared: Path, lss_runs: list[tuple], models: list[str],
             if ticks is not None and len(ticks.table):
                 curves.append(step_curve(d.name, name, ticks, as_scheduled(cfg_used, model),
                                          point.get("data_parallel_size", 1)))
-    return pd.DataFrame(rows), (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame())
+            if busy_ticks is not None and len(busy_ticks.table) and point.get("data_parallel_size", 1) == 1:
+                busy.append(busy_tick_rows(d.name, name, busy_ticks, as_scheduled(cfg_used, model),
+                                           int(cfg_used.policy.max_num_batched_tokens)))
+    return (pd.DataFrame(rows), pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+            pd.concat(busy, ignore_index=True) if busy else pd.DataFrame())
+
+
+def busy_tick_rows(run: str, cost_model: str, ticks, model, token_budget: int) -> pd.DataFrame:
+    """One cost model's price of a run's busy ticks against their length (fidelity.run_ticks.busy_summary):
+    the ticks without prefill, those with, all."""
+    from fidelity import run_ticks
+    priced = [run_ticks.price_busy_tick(model, t.contexts, t.prefill, t.steps, token_budget)
+              for t in ticks.table.itertuples()]
+    out = run_ticks.busy_summary(ticks.table, priced)
+    out.insert(0, "cost_model", cost_model)
+    out.insert(0, "run", run)
+    return out
 
 
 def step_curve(run: str, cost_model: str, ticks, model, dp: int) -> pd.DataFrame:
@@ -435,7 +454,8 @@ def _percent(s: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=lambda c: c.replace("|", "\\|"))
 
 
-def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path, curves: pd.DataFrame | None = None) -> str:
+def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path, curves: pd.DataFrame | None = None,
+           busy: pd.DataFrame | None = None) -> str:
     from experiments.report import md_table
     lines = ["# GPU fidelity: the default cost model against real vLLM runs", ""]
     if len(stages):
@@ -480,9 +500,30 @@ def report(stages: pd.DataFrame, runs: pd.DataFrame, out: Path, curves: pd.DataF
                   "outside any scheduling (fidelity/run_ticks.py; step_curves.csv). Real step and each cost "
                   "model's error, by requests decoding:", "",
                   md_table(step_curve_table(curves)), ""]
+    if busy is not None and len(busy):
+        lines += ["### Every busy tick, prefill included", "",
+                  "Each usable tick (as above, prefill or not) priced whole against its length: the steps it took "
+                  "(its tokens over the requests decoding), with the prompt tokens each prefilling request "
+                  "computed in it (spread over its span from first scheduling to first token) packed into steps "
+                  "as vLLM fills its token budget (fidelity/run_ticks.py; busy_ticks.csv; not for DP runs, whose "
+                  "ranks' prefills are not recorded). The prompt tokens priced beside the logger's own count, "
+                  "and each cost model's error: median over the ticks, and of their summed time:", "",
+                  md_table(busy_tick_table(busy)), ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
+
+
+def busy_tick_table(busy: pd.DataFrame) -> pd.DataFrame:
+    """busy_ticks.csv as one row per run and kind of tick: ticks, mean batch, prompt tokens a tick (priced
+    and logged) and each cost model's median and summed-time errors."""
+    keys = ["run", "ticks"]
+    base = busy.drop_duplicates(keys)[keys + ["n", "batch_mean", "prefill_tokens_per_tick",
+                                              "logged_prompt_tokens_per_tick"]]
+    errs = busy.assign(err=[f"{m:+.1%} / {t:+.1%}" for m, t in zip(busy["median_err"], busy["time_err"])])
+    errs = errs.pivot_table(index=keys, columns="cost_model", values="err", aggfunc="first", sort=False)
+    return base.merge(errs.reset_index(), on=keys).round(
+        {"batch_mean": 1, "prefill_tokens_per_tick": 0, "logged_prompt_tokens_per_tick": 0})
 
 
 def step_curve_table(curves: pd.DataFrame) -> pd.DataFrame:
@@ -540,22 +581,24 @@ def main(argv=None) -> int:
             ap.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stages = runs = curves = pd.DataFrame()
+    stages = runs = curves = busy = pd.DataFrame()
     with tempfile.TemporaryDirectory() as work:   # the layer profiles fitted for the LLMServingSim runs
         if tables:
             stages = file_stages(tables, models, a.max_stage_s, keep=out / "stages.csv")
             stages.to_csv(out / "stages.csv", index=False)   # the whole table at once: one dtype per column
         if lss_runs is not None:
-            runs, curves = llmservingsim_runs(shared, lss_runs, models, Path(work))
+            runs, curves, busy = llmservingsim_runs(shared, lss_runs, models, Path(work))
             runs.to_csv(out / "runs.csv", index=False)
             if len(curves):
                 curves.to_csv(out / "step_curves.csv", index=False)
+            if len(busy):
+                busy.to_csv(out / "busy_ticks.csv", index=False)
             from benchmarks import gpu_cross_fit   # fit on one run, apply to the others: cross_fit.md
             fits, cross = gpu_cross_fit.cross_fit(shared)
             fits.to_csv(out / "cross_fit_params.csv", index=False)
             cross.to_csv(out / "cross_fit.csv", index=False)
             gpu_cross_fit.report(fits, cross, out)
-    print(report(stages, runs, out, curves))
+    print(report(stages, runs, out, curves, busy))
     return 0
 
 

@@ -20,7 +20,14 @@ no row for a second without an iteration); and B, from the requests, within 1.5 
 running count (the mean of its counts at the tick's two ends). The two clocks (the engine's request
 times and the logger's ticks) differ by an offset that the run does not record; it is taken as the one,
 on a 0.05 s grid within +-2 s, that best matches the requests' running count to the logger's at every
-tick end (the mean absolute difference is returned with it)."""
+tick end (the mean absolute difference is returned with it).
+
+The ticks that carried prefill chunks cannot give a step, but the whole tick can be priced against its
+length (`busy_ticks`, `price_busy_tick`): the steps it took (its tokens over the requests decoding), the
+prompt tokens each prefilling request computed in it (from its scheduling and first-token times), packed
+into steps as vLLM fills its token budget. Priced that way beside the decode-only ticks, a cost model's
+error on the steps that carry prefill is told apart from its error on the steps that do not. A DP run's
+ticks are not priced so: which rank prefilled which request is not recorded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,10 +54,11 @@ class TicksError(RealRunError):
 
 @dataclass(frozen=True)
 class Ticks:
-    """Decode-only ticks of one run: `table` (one row per usable tick: `t` (end of the tick, the logger's
-    clock), `batch` (requests decoding, time-weighted over the tick), `generated` (tokens), `real_step_s`,
-    `num_seqs`, `context_mean` and `contexts` (each decoding request's context at the tick's middle)),
-    the clock offset used and how well the running counts agreed under it."""
+    """Ticks of one run: `table` (one row per usable tick: decode_ticks' for the decode-only ones, `t` (end of
+    the tick, the logger's clock), `batch` (requests decoding, time-weighted over the tick), `generated`
+    (tokens), `real_step_s`, `num_seqs`, `context_mean` and `contexts` (each decoding request's context at
+    the tick's middle); busy_ticks' for every tick with its prefill), the clock offset used and how well the
+    running counts agreed under it."""
     table: pd.DataFrame
     offset_s: float
     running_mismatch: float
@@ -88,31 +96,29 @@ def clock_offset(requests: pd.DataFrame, ts: pd.DataFrame) -> tuple[float, float
     return best[1], best[0]
 
 
-def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None = None) -> Ticks:
-    """The run's decode-only ticks (module docstring): `requests` is the run's request table
-    (fidelity.realruns: `first_token_s`, `finish_s`, `prompt_tokens`, `output_tokens`, `status`, and
-    `scheduled_s` where recorded), `ts` its stat logger's ticks (read_timeseries), whose token columns are
-    per second over each tick; `tick_s` the tick's length (default: the most common spacing of `t`)."""
-    if tick_s is None:
-        tick_s = float(np.median(np.diff(ts["t"].to_numpy(float)))) if len(ts) > 1 else 1.0
+def _usable_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float):
+    """The offset, the mismatch, and for every tick the arithmetic can use (module docstring: tokens
+    generated, a pool under FULL_POOL_PCT, no preemption, the row before it its start, the requests' decoding
+    count within RUNNING_TOLERANCE of the logger's, some request decoding at its middle) a dict: the tick's
+    row `i`, its span `a`, `b` on the requests' clock, `batch` (requests decoding, time-weighted), `contexts`
+    (each decoding request's context at the middle) and `prefill` (the index, into the finished requests,
+    of every request whose prefill overlaps the tick)."""
     offset, mismatch = clock_offset(requests, ts)
     fin = requests[requests["status"] == "finished"]
     first, last = fin["first_token_s"].to_numpy(float), fin["finish_s"].to_numpy(float)
     prompt, output = fin["prompt_tokens"].to_numpy(float), fin["output_tokens"].to_numpy(float)
     # when each request's prefill began (its first scheduling), where the run recorded it
     began = fin["scheduled_s"].to_numpy(float) if "scheduled_s" in fin else None
-    rows = []
-    t, prompt_tok, gen, running, kv = (ts[c].to_numpy(float) for c in TIMESERIES_COLUMNS)
+    t, gen, running, kv = (ts[c].to_numpy(float) for c in ("t", "gen_throughput", "running", "kv_cache_pct"))
     preempted = ts["preempted"].to_numpy(float) if "preempted" in ts else None   # later LLMServingSim runs
+    ticks = []
     for i in range(1, len(ts)):
-        if prompt_tok[i] != 0 or gen[i] <= 0 or kv[i] >= FULL_POOL_PCT or abs(t[i] - t[i - 1] - tick_s) > 1e-6:
+        if gen[i] <= 0 or kv[i] >= FULL_POOL_PCT or abs(t[i] - t[i - 1] - tick_s) > 1e-6:
             continue   # (the logger writes no row for a tick without an iteration: the row before is then
                        # not this tick's start)
         if preempted is not None and preempted[i] > 0:
             continue
         a, b = t[i] - tick_s + offset, t[i] + offset
-        if began is not None and ((began < b) & (first > a)).any():
-            continue   # a prefill chunk ran in the tick: some steps were not decode-only
         batch = float((np.minimum(last, b) - np.maximum(first, a)).clip(min=0).sum() / tick_s)
         if batch < 1 or abs(batch - (running[i - 1] + running[i]) / 2) > RUNNING_TOLERANCE:
             continue
@@ -122,21 +128,119 @@ def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None 
             continue
         span = np.maximum(last[live] - first[live], 1e-9)
         done = np.clip((mid - first[live]) / span, 0, 1) * np.maximum(output[live] - 1, 0)
-        contexts = np.rint(prompt[live] + done).astype(int)
-        rows.append({"t": t[i], "batch": batch, "generated": gen[i] * tick_s, "real_step_s": batch / gen[i],
-                     "num_seqs": int(live.sum()), "context_mean": float(contexts.mean()),
-                     "contexts": contexts.tolist()})
+        prefill = np.nonzero((began < b) & (first > a))[0] if began is not None else None
+        ticks.append({"i": i, "a": a, "b": b, "batch": batch, "contexts": np.rint(prompt[live] + done).astype(int),
+                      "prefill": prefill})
+    return offset, mismatch, ticks
+
+
+def _tick_length(ts: pd.DataFrame, tick_s: float | None) -> float:
+    if tick_s is not None:
+        return tick_s
+    return float(np.median(np.diff(ts["t"].to_numpy(float)))) if len(ts) > 1 else 1.0
+
+
+def decode_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None = None) -> Ticks:
+    """The run's decode-only ticks (module docstring): `requests` is the run's request table
+    (fidelity.realruns: `first_token_s`, `finish_s`, `prompt_tokens`, `output_tokens`, `status`, and
+    `scheduled_s` where recorded), `ts` its stat logger's ticks (read_timeseries), whose token columns are
+    per second over each tick; `tick_s` the tick's length (default: the most common spacing of `t`)."""
+    tick_s = _tick_length(ts, tick_s)
+    offset, mismatch, ticks = _usable_ticks(requests, ts, tick_s)
+    prompt_tok, gen = ts["prompt_throughput"].to_numpy(float), ts["gen_throughput"].to_numpy(float)
+    rows = []
+    for k in ticks:
+        i, contexts = k["i"], k["contexts"]
+        if prompt_tok[i] != 0 or (k["prefill"] is not None and len(k["prefill"])):
+            continue   # a prefill chunk ran in the tick: some steps were not decode-only
+        rows.append({"t": float(ts["t"].iloc[i]), "batch": k["batch"], "generated": gen[i] * tick_s,
+                     "real_step_s": k["batch"] / gen[i], "num_seqs": len(contexts),
+                     "context_mean": float(contexts.mean()), "contexts": contexts.tolist()})
     cols = ["t", "batch", "generated", "real_step_s", "num_seqs", "context_mean", "contexts"]
     return Ticks(pd.DataFrame(rows, columns=cols), offset, mismatch)
 
 
-def ticks_of_run(run: RealRun) -> Ticks | None:
-    """The decode-only ticks of a real run whose folder keeps the stat logger's ticks (LLMServingSim's runs,
-    fidelity/llmservingsim.py); None for any other run."""
+def busy_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None = None) -> Ticks:
+    """Every usable tick (`_usable_ticks`), prefill or not, as the work the engine did in it, to price the
+    whole tick against its length (`price_busy_tick`): the decoding requests' `contexts` (at the tick's
+    middle), `steps` (the steps the engine took: every one gave each decoding request a token, so the tick's
+    tokens less the first tokens of the requests whose prefill ended in it, over the requests decoding) and
+    `prefill`, the prompt tokens each prefilling request computed in the tick, as (tokens, tokens before
+    them), in the order vLLM schedules them (first scheduled first); `logged_prompt_tokens` is the
+    logger's own count beside them (whole prompts, in the tick each completes: equal over many ticks). A request's prefill is taken as spread
+    evenly over its span, from its first scheduling to its first token: vLLM gives a running request's
+    remaining prompt a chunk in every step until it is done. Prefix-cache hits are not recorded and are
+    priced as computed (LLMServingSim's runs share at most a chat template's few tens of tokens). Needs the
+    requests' scheduling times; a run without them gives an empty table."""
+    tick_s = _tick_length(ts, tick_s)
+    offset, mismatch, ticks = _usable_ticks(requests, ts, tick_s)
+    fin = requests[requests["status"] == "finished"]
+    gen, logged = ts["gen_throughput"].to_numpy(float), ts["prompt_throughput"].to_numpy(float)
+    rows = []
+    for k in ticks:
+        if k["prefill"] is None:
+            break
+        a, b, idx = k["a"], k["b"], k["prefill"]
+        began = fin["scheduled_s"].to_numpy(float)[idx]
+        first = fin["first_token_s"].to_numpy(float)[idx]
+        prompt = fin["prompt_tokens"].to_numpy(float)[idx]
+        span = np.maximum(first - began, 1e-9)
+        start = np.clip((a - began) / span, 0, 1) * prompt
+        end = np.clip((b - began) / span, 0, 1) * prompt
+        order = np.argsort(began, kind="stable")
+        pieces = [(int(round(end[j] - start[j])), int(round(start[j]))) for j in order if end[j] - start[j] >= 0.5]
+        firsts = int(((first > a) & (first <= b)).sum())
+        contexts = k["contexts"]
+        rows.append({"t": float(ts["t"].iloc[k["i"]]), "batch": k["batch"],
+                     "steps": max(gen[k["i"]] * tick_s - firsts, 0.0) / k["batch"],
+                     "prefill_tokens": int(sum(n for n, _ in pieces)), "logged_prompt_tokens": logged[k["i"]] * tick_s,
+                     "num_seqs": len(contexts),
+                     "context_mean": float(contexts.mean()), "contexts": contexts.tolist(), "prefill": pieces})
+    cols = ["t", "batch", "steps", "prefill_tokens", "logged_prompt_tokens", "num_seqs", "context_mean", "contexts",
+            "prefill"]
+    return Ticks(pd.DataFrame(rows, columns=cols), offset, mismatch)
+
+
+def price_busy_tick(cost_model, contexts: list[int], prefill: list[tuple[int, int]], steps: float,
+                    token_budget: int) -> float:
+    """The cost model's seconds for one busy tick's work (`busy_ticks`): `steps` steps over the decoding
+    `contexts`, the prefill pieces packed into the first of them as vLLM's scheduler fills a step's token
+    budget (the decodes first, then the prefilling requests' chunks in order, each step up to
+    `token_budget` tokens), the rest decode-only. Where the pieces need more steps than the tick took, every
+    packed step is priced all the same (the reconstruction has overrun the tick; the error then shows it)."""
+    room = max(token_budget - len(contexts), 1)
+    queue = [list(p) for p in prefill if p[0] > 0]
+    packed = []
+    while queue:
+        chunk, left = [], room
+        while queue and left > 0:
+            n, before = queue[0]
+            take = min(n, left)
+            chunk.append((take, before))
+            left -= take
+            if take == n:
+                queue.pop(0)
+            else:
+                queue[0] = [n - take, before + take]
+        packed.append(chunk)
+    decode_only = float(cost_model.step_time_s(decode=contexts))
+    mixed = sum(float(cost_model.step_time_s(decode=contexts, prefill=chunk)) for chunk in packed)
+    return mixed + max(steps - len(packed), 0.0) * decode_only
+
+
+def timeseries_of_run(run: RealRun) -> pd.DataFrame | None:
+    """The stat logger's ticks of a real run whose folder keeps them (LLMServingSim's runs,
+    fidelity/llmservingsim.py; read_timeseries); None for any other run."""
     path = Path(run.name) / TIMESERIES
     if run.format != "llmservingsim" or not path.exists():
         return None
-    return decode_ticks(run.requests, read_timeseries(path))
+    return read_timeseries(path)
+
+
+def ticks_of_run(run: RealRun) -> Ticks | None:
+    """The decode-only ticks of a real run whose folder keeps the stat logger's ticks; None for any other run."""
+    ts = timeseries_of_run(run)
+    return None if ts is None else decode_ticks(run.requests, ts)
 
 
 def price_ticks(cost_model, table: pd.DataFrame, data_parallel_size: int = 1) -> np.ndarray:
@@ -179,6 +283,24 @@ def price(cost_model, contexts: list[int], data_parallel_size: int = 1, graph_ma
     group = group_tokens([len(x) for x in ranks], data_parallel_size,
                          CUDA_GRAPH_MAX_TOKENS if graph_max_tokens is None else graph_max_tokens)
     return max(float(cost_model.step_time_in_dp_group_s(group, decode=x)) for x in ranks)
+
+
+def busy_summary(table: pd.DataFrame, priced_s: np.ndarray, tick_s: float = 1.0) -> pd.DataFrame:
+    """A cost model's price of a run's busy ticks (`busy_ticks`, `price_busy_tick`) against their length, for
+    the ticks without prefill, those with, and all: ticks, mean requests decoding, prompt tokens a tick
+    (the pieces priced, and the logger's own count), the median of the ticks' errors and the error of their
+    summed time."""
+    t = table.assign(err=np.asarray(priced_s, dtype=float) / tick_s - 1)
+    rows = []
+    for kind, part in (("decode-only", t[t["prefill_tokens"] == 0]), ("with prefill", t[t["prefill_tokens"] > 0]),
+                       ("all", t)):
+        if not len(part):
+            continue
+        rows.append({"ticks": kind, "n": len(part), "batch_mean": part["batch"].mean(),
+                     "prefill_tokens_per_tick": part["prefill_tokens"].mean(),
+                     "logged_prompt_tokens_per_tick": part["logged_prompt_tokens"].mean(),
+                     "median_err": float(part["err"].median()), "time_err": float(part["err"].mean())})
+    return pd.DataFrame(rows)
 
 
 # Batch bins of the summary: the decode step's shape changes most at small batches.

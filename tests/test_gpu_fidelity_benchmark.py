@@ -63,7 +63,8 @@ def test_small_runs_end_to_end(tmp_path, capsys):
 
 def test_a_runs_decode_only_seconds_are_priced_step_by_step(tmp_path, capsys):
     """A run whose stat logger saw 4 requests decode every 10 ms for 5 s: step_curves.csv holds the cost
-    model's price of those steps beside the real 10 ms, and the report says so."""
+    model's price of those steps beside the real 10 ms, busy_ticks.csv the same seconds priced whole (all
+    decode-only, so the same error), and the report says so."""
     from tests.test_run_ticks import write_decoding_run
     shared = tmp_path / "shared"
     write_decoding_run(shared / gpu_fidelity.LSS_DIR / "RTX4090_Llama-3.1-8B")
@@ -76,6 +77,11 @@ def test_a_runs_decode_only_seconds_are_priced_step_by_step(tmp_path, capsys):
     assert whole.loc["roofline", "real_step_ms"] == pytest.approx(10.0)
     assert whole.loc["roofline", "sim_step_ms"] > 0 and abs(whole.loc["roofline", "clock_offset_s"]) <= 0.5
     assert "Decode-only steps, as each run's own 1 s ticks show them" in (out / "report.md").read_text()
+    busy = pd.read_csv(out / "busy_ticks.csv").set_index("ticks")
+    assert list(busy.index) == ["decode-only", "all"] and busy.loc["all", "n"] == 5
+    step_err = whole.loc["roofline", "sim_step_ms"] / whole.loc["roofline", "real_step_ms"] - 1
+    assert busy.loc["all", "time_err"] == pytest.approx(step_err, abs=1e-3)
+    assert "Every busy tick, prefill included" in (out / "report.md").read_text()
 
 
 def test_a_malformed_run_folder_is_one_line_before_any_replay(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Decode-only steps recovered from a run's 1 s stat ticks (fidelity/run_ticks.py): a hand-built run whose
 engine stepped every 20 ms gives back 20 ms, its clock offset and its contexts; the ticks the arithmetic
-does not hold for are left out; the public runs, where present, give their own steps."""
+does not hold for are left out; the public runs, where present, give their own steps. And whole ticks,
+prefill included: an engine stepped by a known cost gives that cost back, tick by tick."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -151,3 +152,91 @@ def test_fidelity_compare_refuses_a_bad_timeseries_in_one_line(tmp_path, capsys)
     assert compare.main([str(run), "--profile", "roofline"]) == 2
     err = capsys.readouterr().err.strip()
     assert run_ticks.TIMESERIES in err and "lacks column" in err and "\n" not in err
+
+
+class PrefillCostModel:
+    """A step of `base_s`, plus `per_token_s` a prompt token it computes."""
+    def __init__(self, base_s=0.010, per_token_s=5e-6):
+        self.base_s, self.per_token_s = base_s, per_token_s
+
+    def step_time_s(self, prefill=(), decode=(), num_logits=None):
+        return self.base_s + self.per_token_s * sum(n for n, _ in prefill)
+
+
+def engine_run(model, budget=512, seconds=12.0):
+    """A chunked-prefill engine stepped in time by `model`: 6 requests decode throughout, and every 1.4 s a
+    1,500-token prompt arrives, and a 6,000-token one at 5.9 s (its chunks run past the tick's end), each
+    prefilled in chunks of what the budget leaves beside the decodes (first come first) and then decoding
+    30 tokens. Returns the requests' table and the stat logger's 1 s ticks (tokens
+    counted at each step's end; a prompt's tokens in the tick its prefill completes)."""
+    reqs = [{"arrive": 0.0, "prompt": 800, "out": 10 ** 6, "done": 800, "first": 0.0, "sched": 0.0, "made": 1}
+            for _ in range(6)]
+    reqs += [{"arrive": 0.35 + 1.4 * k, "prompt": 1500, "out": 30, "done": 0, "first": None, "sched": None, "made": 0}
+             for k in range(int(seconds / 1.4))]
+    reqs.append({"arrive": 5.9, "prompt": 6000, "out": 30, "done": 0, "first": None, "sched": None, "made": 0})
+    now, gen, prompts = 0.0, {}, {}
+    while now < seconds:
+        decoding = [r for r in reqs if r["first"] is not None and r["first"] <= now and r["made"] < r["out"]]
+        chunks, left = [], budget - len(decoding)
+        for r in reqs:
+            if r["arrive"] <= now and r["first"] is None and left > 0:
+                take = min(r["prompt"] - r["done"], left)
+                chunks.append((r, take))
+                left -= take
+        step = model.step_time_s(prefill=[(n, r["done"]) for r, n in chunks], decode=[0] * len(decoding))
+        now += step
+        tick = int(np.ceil(now))
+        for r in decoding:
+            r["made"] += 1
+            r["last"] = now
+        gen[tick] = gen.get(tick, 0) + len(decoding)
+        for r, n in chunks:
+            r["sched"] = now - step if r["sched"] is None else r["sched"]
+            r["done"] += n
+            if r["done"] == r["prompt"]:
+                r["first"], r["made"], r["last"] = now, 1, now
+                gen[tick] += 1
+                prompts[tick] = prompts.get(tick, 0) + r["prompt"]
+    rows = [{"status": "finished", "first_token_s": r["first"], "finish_s": r["last"], "prompt_tokens": r["prompt"],
+             "output_tokens": r["made"], "scheduled_s": r["sched"]} for r in reqs if r["first"] is not None]
+    requests = pd.DataFrame(rows)
+    ticks = []
+    for t in range(1, int(seconds)):
+        running = sum(r["first_token_s"] <= t < r["finish_s"] for r in rows)
+        ticks.append({"t": float(t), "prompt_throughput": float(prompts.get(t, 0)), "gen_throughput": float(gen.get(t, 0)),
+                      "running": running, "waiting": 0, "kv_cache_pct": 50.0})
+    return requests, pd.DataFrame(ticks)
+
+
+def test_busy_ticks_priced_with_the_engines_own_cost_come_to_their_length():
+    """The engine above, its ticks priced whole with the very cost that stepped it: every tick, with prefill
+    or without, comes to its second within a few percent; a model that doubles the prefill's cost is that
+    much over on the ticks with prefill only; and the prompt tokens priced match the logger's count."""
+    real = PrefillCostModel()
+    requests, ts = engine_run(real)
+    busy = run_ticks.busy_ticks(requests, ts).table
+    mixed = busy["prefill_tokens"] > 0
+    assert mixed.sum() >= 5 and (~mixed).sum() >= 2
+    right = np.array([run_ticks.price_busy_tick(real, t.contexts, t.prefill, t.steps, 512) for t in busy.itertuples()])
+    assert np.abs(right - 1.0).max() < 0.05
+    dear = PrefillCostModel(per_token_s=10e-6)
+    over = np.array([run_ticks.price_busy_tick(dear, t.contexts, t.prefill, t.steps, 512) for t in busy.itertuples()])
+    prefill_share = busy["prefill_tokens"].to_numpy() * 5e-6   # the seconds of each tick spent prefilling
+    assert over - right == pytest.approx(prefill_share, abs=0.01)
+    summary = run_ticks.busy_summary(busy, right).set_index("ticks")
+    assert abs(summary.loc["all", "time_err"]) < 0.02
+    assert summary.loc["all", "prefill_tokens_per_tick"] == pytest.approx(
+        summary.loc["all", "logged_prompt_tokens_per_tick"], rel=0.15)
+
+
+def test_price_busy_tick_packs_the_prompts_into_the_token_budget():
+    """Two prompts of 300 and 500 tokens beside 12 decodes, a budget of 412: the first step takes 300 + 100,
+    the second 400 (the second prompt's tokens 100-499), and the tick's other steps decode only."""
+    calls = []
+
+    class Recorder:
+        def step_time_s(self, prefill=(), decode=(), num_logits=None):
+            calls.append(list(prefill))
+            return 0.01
+    assert run_ticks.price_busy_tick(Recorder(), [100] * 12, [(300, 0), (500, 0)], 10.0, 412) == pytest.approx(0.1)
+    assert calls[1:] == [[(300, 0), (100, 0)], [(400, 100)]]
