@@ -29,8 +29,9 @@ core receiving the tokenised request). Cost models: `roofline`
 and they have the GPU, else the same prior); for a multi-GPU run on a PCIe GPU also `roofline-pcie_host`,
 the prior with the GPUs described as having no peer-to-peer path (host_staged_point says why). Each
 cost model also prices the decode-only steps each LLMServingSim run's own 1 s ticks show, outside any
-scheduling (fidelity/run_ticks.py: step_curves.csv, by requests decoding). Writes stages.csv, runs.csv,
-step_curves.csv and report.md under --out.
+scheduling (fidelity/run_ticks.py: step_curves.csv, by requests decoding), and every busy tick whole,
+prefill included, against its length (busy_ticks.csv; runs without DP). Writes stages.csv, runs.csv,
+step_curves.csv, busy_ticks.csv and report.md under --out.
 Without ../shared it says so and exits 0; a `--shared` folder without real-runs/ is refused (exit 2).
 """
 from __future__ import annotations
