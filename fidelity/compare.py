@@ -9,8 +9,8 @@ else the point's own `profile:` or the automatic choice), and the report gives p
 median and range (min-max over the repeats) and the simulated median of p50/p99 TTFT, ITL, TPOT, E2E and
 throughput, whether the simulation lies inside the real range and its error to the real median, and, where
 the engine recorded its steps, the error of the cost model's price of every real step (where it kept only
-vLLM's 1 s stat ticks, as LLMServingSim's runs do, of every decode-only second's step: fidelity/run_ticks.py),
-outside any scheduling. Writes compare.csv
+vLLM's 1 s stat ticks, as LLMServingSim's runs do, of every decode-only second's step, and of every second
+that carried prefill, priced whole: fidelity/run_ticks.py), outside any scheduling. Writes compare.csv
 and compare.md under --out. (Two cost models against each other: python -m calibration.compare A B.)
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from experiments.config import ConfigError, load_sweep_file
 from experiments.simulate import as_scheduled, point_cost_model
 from fidelity.fit_engine import step_errors
 from fidelity.realruns import RealRunError, read_runs, replay, replay_config
-from fidelity.run_ticks import tick_errors
+from fidelity.run_ticks import busy_tick_errors, tick_errors
 from fidelity.runchecks import failed_requests_line
 
 RUN_METRICS = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
@@ -65,9 +65,14 @@ def compare_runs(runs, point: dict | None, profile: str | None):
         e = step_errors(cost, group)
         if e:
             step_rows.append({"point": label, "from": "engine log", **e})
-        e = tick_errors(as_scheduled(cfg, cost), group, cfg.deployment.data_parallel_size if cfg.deployment else 1)
+        dp = cfg.deployment.data_parallel_size if cfg.deployment else 1
+        e = tick_errors(as_scheduled(cfg, cost), group, dp)
         if e:   # runs that kept only the stat logger's 1 s ticks: their decode-only steps
             step_rows.append({"point": label, "from": "1 s ticks, decode-only", **e})
+        budget = getattr(cfg.policy, "max_num_batched_tokens", None)
+        e = busy_tick_errors(as_scheduled(cfg, cost), group, budget) if dp == 1 and budget else None
+        if e:   # ... and the seconds that carried prefill, each priced whole against its length
+            step_rows.append({"point": label, "from": "1 s ticks, with prefill (whole ticks)", **e})
         cost_kind = cost.describe().get("kind", "?")
     return pd.DataFrame(rows), pd.DataFrame(step_rows), cost_kind
 
@@ -115,7 +120,9 @@ def run_report(metrics, steps, kind: str, args) -> str:
                   f"{_pct(r.get('noise_floor_p90_ape_pct'))} |" for _, r in steps.iterrows()]
         lines += ["", "Noise floor: each step against the median of its run's steps of the same shape (seen 5+ "
                       "times), the error of a model that knew every shape's typical time. Steps from 1 s ticks: "
-                      "the seconds in which the engine only decoded, each one step's time (fidelity/run_ticks.py)."]
+                      "the seconds in which the engine only decoded, each one step's time; with prefill: the "
+                      "seconds that carried prompt chunks, each priced whole against its length, a tick counted "
+                      "as a step (fidelity/run_ticks.py)."]
     return "\n".join(lines) + "\n"
 
 

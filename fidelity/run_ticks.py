@@ -267,6 +267,31 @@ def tick_errors(cost_model, runs: list[RealRun], data_parallel_size: int = 1) ->
             "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
 
 
+def busy_tick_errors(cost_model, runs: list[RealRun], token_budget: int) -> dict | None:
+    """The cost model's error on the whole ticks that carried prefill (`busy_ticks`, `price_busy_tick`) over
+    `runs` (those that keep ticks and their requests' scheduling times), in `tick_errors`' terms, a tick for a
+    step: median and p90 of |error| against the ticks' length and the bias of their summed time; None where
+    no run has such a tick. For one-rank runs (a DP run's ranks' prefills are not recorded)."""
+    real, sim = [], []
+    for run in runs:
+        ts = timeseries_of_run(run)
+        if ts is None:
+            continue
+        tick_s = _tick_length(ts, None)
+        table = busy_ticks(run.requests, ts, tick_s).table
+        table = table[table["prefill_tokens"] > 0]
+        real.append(np.full(len(table), tick_s))
+        sim.append(np.array([price_busy_tick(cost_model, t.contexts, t.prefill, t.steps, token_budget)
+                             for t in table.itertuples()], dtype=float))
+    if not real or not sum(len(r) for r in real):
+        return None
+    y, pred = np.concatenate(real), np.concatenate(sim)
+    err = pred / y - 1
+    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
+            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
+            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+
+
 def price(cost_model, contexts: list[int], data_parallel_size: int = 1, graph_max_tokens: int | None = None) -> float:
     """The cost model's price of one decode step over `contexts`. With DP > 1 the requests are dealt to the
     ranks in turn (the run's router balances them) and the step is the slowest rank's: an MoE model's ranks

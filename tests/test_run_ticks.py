@@ -240,3 +240,24 @@ def test_price_busy_tick_packs_the_prompts_into_the_token_budget():
             return 0.01
     assert run_ticks.price_busy_tick(Recorder(), [100] * 12, [(300, 0), (500, 0)], 10.0, 412) == pytest.approx(0.1)
     assert calls[1:] == [[(300, 0), (100, 0)], [(400, 100)]]
+
+
+def test_fidelity_compare_prices_the_seconds_that_carried_prefill_whole(tmp_path):
+    """An LLMServingSim run folder holding the engine above's requests and ticks: `fidelity.compare` gives a
+    row for its decode-only seconds and one for those that carried prefill, each priced whole."""
+    import json
+    from fidelity import compare
+    from tests.test_llmservingsim_reader import write_run
+    requests, ts = engine_run(PrefillCostModel(), budget=1024)   # the folder's recorded token budget
+    d = write_run(tmp_path / "RTX4090_Llama-3.1-8B", n=1)
+    lines = [json.dumps({"request_id": f"r{i}", "input_toks": int(r.prompt_tokens), "output_toks": int(r.output_tokens),
+                         "arrival_time": 1.7e9 + r.scheduled_s, "queued_ts": 5000.0 + r.scheduled_s,
+                         "scheduled_ts": 5000.0 + r.scheduled_s, "first_token_ts": 5000.0 + r.first_token_s,
+                         "last_token_ts": 5000.0 + r.finish_s}) for i, r in enumerate(requests.itertuples())]
+    (d / "vllm_requests.jsonl").write_text("\n".join(lines) + "\n")
+    ts.to_csv(d / run_ticks.TIMESERIES, index=False)
+    assert compare.main([str(d), "--profile", "roofline", "--out", str(tmp_path / "out")]) == 0
+    steps = pd.read_csv(tmp_path / "out" / "compare_steps.csv").set_index("from")
+    assert list(steps.index) == ["1 s ticks, decode-only", "1 s ticks, with prefill (whole ticks)"]
+    assert steps.loc["1 s ticks, with prefill (whole ticks)", "steps"] >= 5
+    assert np.isfinite(steps["total_time_err_pct"]).all()
