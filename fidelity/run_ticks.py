@@ -167,11 +167,11 @@ def busy_ticks(requests: pd.DataFrame, ts: pd.DataFrame, tick_s: float | None = 
     tokens less the first tokens of the requests whose prefill ended in it, over the requests decoding) and
     `prefill`, the prompt tokens each prefilling request computed in the tick, as (tokens, tokens before
     them), in the order vLLM schedules them (first scheduled first); `logged_prompt_tokens` is the
-    logger's own count beside them (whole prompts, in the tick each completes: equal over many ticks). A request's prefill is taken as spread
-    evenly over its span, from its first scheduling to its first token: vLLM gives a running request's
-    remaining prompt a chunk in every step until it is done. Prefix-cache hits are not recorded and are
-    priced as computed (LLMServingSim's runs share at most a chat template's few tens of tokens). Needs the
-    requests' scheduling times; a run without them gives an empty table."""
+    logger's own count beside them (whole prompts, in the tick each completes: equal over many ticks). A
+    request's prefill is taken as spread evenly over its span, from its first scheduling to its first
+    token: vLLM gives a running request's remaining prompt a chunk in every step until it is done. Prefix-cache
+    hits are not recorded and are priced as computed (LLMServingSim's runs share at most a chat template's few
+    tens of tokens). Needs the requests' scheduling times; a run without them gives an empty table."""
     tick_s = _tick_length(ts, tick_s)
     offset, mismatch, ticks = _usable_ticks(requests, ts, tick_s)
     fin = requests[requests["status"] == "finished"]

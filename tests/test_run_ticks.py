@@ -203,8 +203,8 @@ def engine_run(model, budget=512, seconds=12.0):
     ticks = []
     for t in range(1, int(seconds)):
         running = sum(r["first_token_s"] <= t < r["finish_s"] for r in rows)
-        ticks.append({"t": float(t), "prompt_throughput": float(prompts.get(t, 0)), "gen_throughput": float(gen.get(t, 0)),
-                      "running": running, "waiting": 0, "kv_cache_pct": 50.0})
+        ticks.append({"t": float(t), "prompt_throughput": float(prompts.get(t, 0)),
+                      "gen_throughput": float(gen.get(t, 0)), "running": running, "waiting": 0, "kv_cache_pct": 50.0})
     return requests, pd.DataFrame(ticks)
 
 
