@@ -9,9 +9,11 @@ process through AsyncLLM, one folder per run.
                                 and hardware (device_name, device_total_memory_bytes)
     <run>/validation_summary.txt (optional) LLMServingSim's own prediction against the run: a peer's errors
 
-A request's times are taken on the engine's clock, from `queued_ts` (when the engine received it; the
+A request's times are taken on the engine's clock, from `queued_ts` (when the engine core queued it; the
 wall-clock `arrival_time` is on another clock) as LLMServingSim's own validation does: TTFT =
-first_token_ts - queued_ts, TPOT = (last_token_ts - first_token_ts) / (output - 1). Anything missing is
+first_token_ts - queued_ts, TPOT = (last_token_ts - first_token_ts) / (output - 1). The engine core queues
+a request only between its steps (its busy loop drains its input queue before each), so a replay measures
+its simulated requests from the same point (fidelity.realruns.replay, simcore.metrics.engine_core_view). Anything missing is
 a one-line RealRunError naming the file.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fidelity.realruns import RealRun, RealRunError, _table
+from fidelity.realruns import ENGINE_CORE_CLOCK, RealRun, RealRunError, _table
 from fidelity.vllm_stages import data_parallel
 from policies.vllm_versions import nearest_modelled
 
@@ -79,7 +81,10 @@ def read_run(path: str | Path) -> RealRun:
         req["scheduled_s"] = np.array([float(r["scheduled_ts"]) for r in rows]) - col["queued_ts"].min()
     info = {"vllm_version": meta.get("vllm_version"), "model_id": meta.get("model"),
             "engine_kwargs": meta["engine_kwargs"], "kv_cache": meta.get("kv_cache") or {},
-            "hardware": meta.get("hardware") or {}, "started_at": meta.get("started_at")}
+            "hardware": meta.get("hardware") or {}, "started_at": meta.get("started_at"),
+            # queued_ts is vLLM's engine core's stamp, taken when its busy loop drains its input queue
+            # between steps: replays are measured from the same point (fidelity.realruns.replay)
+            "clock": ENGINE_CORE_CLOCK}
     info["num_gpu_blocks"] = info["kv_cache"].get("num_gpu_blocks")
     run = RealRun(str(d), "llmservingsim", req, None, None, None, d.name, info)
     try:   # the engine it ran, so that fidelity.fit_engine and replays need no --config

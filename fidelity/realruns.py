@@ -364,10 +364,25 @@ def replay_config(run: RealRun, point: dict | None):
         raise RealRunError(f"{run.name}: {e}") from None
 
 
+# A run whose times are vLLM's engine-core stamps (`meta["clock"]`): its clock starts when the engine core
+# queued each request, between its steps (simcore.metrics.engine_core_view), not when it was sent.
+ENGINE_CORE_CLOCK = "engine_core"
+LATENCY_KEYS = ("ttft_", "e2e_", "queue_")
+
+
 def replay(run: RealRun, cfg, profile: str | None = None, cost_model=None):
     """Simulate the run's exact requests (experiments.simulate, the one wiring) with `profile` (a path,
-    shipped name or "roofline"; None: the config's own) or an explicit `cost_model` value."""
+    shipped name or "roofline"; None: the config's own) or an explicit `cost_model` value. For a run timed
+    on vLLM's engine-core clock the simulated requests are measured the same way: their TTFT, E2E and
+    queue time from when the simulated engine would have queued them (simcore.metrics.engine_core_view)."""
     from experiments.simulate import simulate
+    from simcore.metrics import engine_core_view
     if profile is not None:
         cfg = dataclasses.replace(cfg, profile=profile)
-    return simulate(cfg, 0, specs=run.specs(), cost_model=cost_model)
+    res = simulate(cfg, 0, specs=run.specs(), cost_model=cost_model)
+    if run.meta.get("clock") != ENGINE_CORE_CLOCK:
+        return res
+    requests = engine_core_view(res.requests, res.iterations)
+    again = summarize(requests, res.iterations, res.itl_gaps_s, 1)
+    summary = {**res.summary, **{k: v for k, v in again.items() if k.startswith(LATENCY_KEYS)}}
+    return dataclasses.replace(res, requests=requests, summary=summary)

@@ -67,6 +67,34 @@ def client_view(requests: pd.DataFrame, latency_s, finish_latency_s=None) -> pd.
     return _with_latencies(out)
 
 
+def engine_core_view(requests: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
+    """The request table as vLLM's engine core stamps it in its own stats (`RequestStateStats.queued_ts`):
+    its busy loop takes new requests from its input queue only between iterations (`EngineCoreProc.
+    run_busy_loop`: `_process_input_queue`, then one engine step), so a request that reaches it while a step
+    runs is queued, and its clock starts, when that step ends; one that reaches an idle engine at once.
+    `arrival_s` becomes that time (on the request's replica, from `iterations`' `start_s`, `duration_s` and
+    `replica_id`), and TTFT, E2E and the queue time count from it; TPOT and ITL do not move. Runs whose
+    times are vLLM's engine-core stamps (LLMServingSim's) are compared with this view."""
+    if not len(requests) or not len(iterations):
+        return requests
+    arrival = requests["arrival_s"].to_numpy(float)
+    taken = arrival.copy()
+    req_replica = requests["replica_id"].to_numpy() if "replica_id" in requests else np.zeros(len(arrival), int)
+    it_replica = iterations["replica_id"].to_numpy() if "replica_id" in iterations else np.zeros(len(iterations), int)
+    for r in np.unique(req_replica):
+        steps = iterations[it_replica == r]
+        order = np.argsort(steps["start_s"].to_numpy(float), kind="stable")
+        start = steps["start_s"].to_numpy(float)[order]
+        end = start + steps["duration_s"].to_numpy(float)[order]
+        mine = np.nonzero(req_replica == r)[0]
+        k = np.searchsorted(start, arrival[mine], side="left") - 1   # the last step begun before the arrival
+        inside = (k >= 0) & (arrival[mine] < end[np.maximum(k, 0)])
+        taken[mine[inside]] = end[k[inside]]
+    out = requests.copy(deep=False)
+    out["arrival_s"] = taken
+    return _with_latencies(out)
+
+
 def iterations_frame(log: EngineLog) -> pd.DataFrame:
     df = pd.DataFrame.from_records(log.iterations, columns=list(ITERATION_COLUMNS))
     if not len(df):   # no step at all (a gateway ended every request): typed as a run with steps
