@@ -27,7 +27,7 @@ def parse_cluster(spec) -> ClusterSettings | None:
     if name not in ROUTERS:
         raise ConfigError(f"cluster.router: unknown router {name!r}; known: {', '.join(ROUTERS)}")
     cls = ROUTERS[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}   # knobs, not a router's memory
     knobs = {}
     for k, v in spec.items():
         if k in ("num_replicas", "router"):
@@ -72,6 +72,8 @@ def _pool_router(key: str, name, pool_size: int):
         raise ConfigError(f"{key}: unknown router {name!r}; known: {', '.join(ROUTERS)}")
     if name == "prefix_affinity":
         raise ConfigError(f"{key}: prefix_affinity needs prefix caching, which disaggregation does not model")
+    if key.endswith("decode_router") and getattr(ROUTERS[name], "at_arrival_only", False):
+        raise ConfigError(f"{key}: {name} routes at a request's arrival; the decode pool routes at the hand-off")
     router = ROUTERS[name]()
     if name == "length_split" and router.num_long_replicas >= pool_size:
         raise ConfigError(f"{key}: length_split needs more than {router.num_long_replicas} replicas in its pool")

@@ -2,7 +2,7 @@
 registered by the name a sweep's `cluster.router` uses. Ties always go to the lowest replica index."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from simcore.cluster import ReplicaLoad
@@ -98,4 +98,47 @@ class LengthSplit:
         return _least_outstanding(pool)
 
 
-ROUTERS = {r.name: r for r in (RoundRobin, LeastOutstanding, LeastKVUsage, PrefixAffinity, LengthSplit)}
+@dataclass(frozen=True)
+class VllmDP:
+    """vLLM's own front end choosing a data-parallel rank (`DPLBAsyncMPClient.get_core_engine_for_request`,
+    vllm/v1/engine/core_client.py, before 0.32): the engine with the lowest `waiting_weight` x waiting +
+    running, in the counts the DP coordinator last published (it republishes every `stats_interval_s`,
+    `stats_update_interval_ms` = 100, while they change), each raised by one waiting request for every
+    request this front end has sent there since; ties to the lowest rank. Between snapshots a burst thus
+    spreads across the ranks nearly in turn, whatever their running counts. Kept here: the snapshot is the
+    replicas' counts at the first arrival after each interval's start (the coordinator's are its ranks'
+    counts at their last step boundary before it). vLLM 0.32 scores max(in-flight, waiting + running) plus
+    a KV-pressure term on waiting instead: not modelled. Routes at arrival, as a front end does: not a
+    decode pool's router (a disaggregated deployment routes its decodes at the hand-off)."""
+    name: ClassVar[str] = "vllm_dp"
+    needs_prefix_info: ClassVar[bool] = False
+    at_arrival_only: ClassVar[bool] = True
+    waiting_weight: float = 4.0
+    stats_interval_s: float = 0.1
+    # the front end's copy of the counts: (interval index, {replica: [waiting, running]}); each Cluster routes
+    # with its own copy of the router (simcore/cluster.py), so a run starts with none
+    _published: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not self.waiting_weight >= 0:
+            raise ValueError(f"cluster.waiting_weight: expected a number >= 0, got {self.waiting_weight!r}")
+        if not self.stats_interval_s > 0:
+            raise ValueError(f"cluster.stats_interval_s: expected a number > 0, got {self.stats_interval_s!r}")
+
+    def route(self, spec: RequestSpec, replicas: Sequence[ReplicaLoad], num_routed: int) -> int:
+        interval = int(spec.arrival_s // self.stats_interval_s)
+        seen = self._published
+        if seen.get("interval") != interval:
+            seen["interval"] = interval
+            seen["counts"] = {r.replica_id: [r.num_waiting, r.num_running] for r in replicas}
+        counts = seen["counts"]
+        for r in replicas:   # a replica it has not seen (an autoscaler's new one): its counts now
+            counts.setdefault(r.replica_id, [r.num_waiting, r.num_running])
+        w = self.waiting_weight
+        best = min(replicas, key=lambda r: (w * counts[r.replica_id][0] + counts[r.replica_id][1],
+                                            r.replica_id)).replica_id
+        counts[best][0] += 1
+        return best
+
+
+ROUTERS = {r.name: r for r in (RoundRobin, LeastOutstanding, LeastKVUsage, PrefixAffinity, LengthSplit, VllmDP)}

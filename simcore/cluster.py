@@ -7,6 +7,7 @@ simcore/disagg.py. The same cluster without SimPy, event for event: simcore/fast
 """
 from __future__ import annotations
 
+import copy
 from array import array
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Sequence
@@ -38,7 +39,8 @@ class ReplicaLoad:
 
 
 class Router(Protocol):
-    """A routing policy: a frozen dataclass of its knobs (policies/routers.py). It only decides."""
+    """A routing policy: a frozen dataclass of its knobs (policies/routers.py). It only decides; one that
+    remembers what it saw (vLLM's DP balancer) keeps it in a field the Cluster's own copy starts empty."""
     name: ClassVar[str]
     needs_prefix_info: ClassVar[bool]  # the cluster looks up cached prefixes only for routers that use them
 
@@ -53,7 +55,8 @@ class Cluster:
     def __init__(self, engines: Sequence[Engine], router: Router):
         if not engines:
             raise SimulationError("a cluster needs at least one replica")
-        self.engines, self.router = list(engines), router
+        # its own copy: a router that remembers (vLLM's DP balancer's published counts) starts each run fresh
+        self.engines, self.router = list(engines), copy.deepcopy(router)
         self.num_routed = 0
         self.routed_to = array("i")  # replica of each request, in arrival order (4 bytes a request)
 

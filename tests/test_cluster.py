@@ -7,7 +7,7 @@ import simpy
 from experiments.config import ConfigError, resolve_point
 from experiments.simulate import simulate
 from policies import ChunkedPrefill
-from policies.routers import LeastKVUsage, LeastOutstanding, LengthSplit, PrefixAffinity, RoundRobin
+from policies.routers import LeastKVUsage, LeastOutstanding, LengthSplit, PrefixAffinity, RoundRobin, VllmDP
 from simcore.arrivals import open_loop
 from simcore.cluster import Cluster, ReplicaLoad
 from simcore.costmodel import ConstantCost
@@ -107,7 +107,43 @@ def test_simulate_cluster_summary_and_replicas():
     ({"num_replicas": 2, "router": "random"}, "cluster.router: unknown router 'random'"),
     ({"num_replicas": 2, "router": "round_robin", "threshold_tokens": 5}, "cluster.threshold_tokens: not a knob"),
     ({"num_replicas": 2, "router": "length_split", "num_long_replicas": 2}, "cluster.num_long_replicas"),
+    ({"num_replicas": 2, "router": "vllm_dp", "stats_interval_s": 0}, "cluster.stats_interval_s: expected"),
+    ({"num_replicas": 2, "router": "vllm_dp", "_published": {}}, "cluster._published: not a knob"),
 ])
 def test_cluster_config_errors(cluster, msg):
     with pytest.raises(ConfigError, match=msg):
         resolve_point({**BASE, "cluster": cluster})
+
+
+def test_vllm_dp_scores_the_published_counts_and_its_own_sends_since():
+    """vLLM's front end reads its DP ranks' counts from the coordinator's snapshot (every 0.1 s) and counts
+    each request it sends as one more waiting there, x 4, until the next: a burst alternates between two
+    ranks 2 running requests apart, where the exact least-outstanding sends it all to the emptier one."""
+    router = VllmDP()
+    burst = [RequestSpec(k, 0.01 * k, 100, 10) for k in range(4)]
+    frozen = [load(0, running=10), load(1, running=12)]   # the replicas as the burst finds them
+    assert [router.route(spec, frozen, k) for k, spec in enumerate(burst)] == [0, 1, 0, 1]
+    assert [LeastOutstanding().route(spec, frozen, k) for k, spec in enumerate(burst)] == [0, 0, 0, 0]
+    # the next interval: a fresh snapshot, where replica 1 has emptied
+    later = RequestSpec(9, 0.15, 100, 10)
+    assert router.route(later, [load(0, running=12), load(1, running=3)], 4) == 1
+    # waiting requests weigh 4 times: 1 waiting and 9 running (13) loses to 12 running
+    assert VllmDP().route(SPEC, [load(0, waiting=1, running=9), load(1, running=12)], 0) == 1
+
+
+def test_each_cluster_routes_with_a_fresh_copy_of_a_router_that_remembers():
+    """Two runs from one configured router: the second does not start from the first's snapshot."""
+    router = VllmDP()
+    env = simpy.Environment()
+    engines = [Engine(env, ChunkedPrefill(), ConstantCost(0.01, 0.0), EngineLimits(100, 16, 4096), EngineLog(),
+                      replica_id=i) for i in range(2)]
+    first, second = Cluster(engines, router), Cluster(engines, router)
+    assert [first.route(RequestSpec(k, 0.0, 100, 10)) for k in range(3)] == [0, 1, 0]
+    assert second.route(RequestSpec(3, 0.0, 100, 10)) == 0   # its own snapshot: nothing sent yet
+    assert router._published == {}                            # the configured one is never used
+
+
+def test_vllm_dp_is_not_a_decode_pools_router():
+    with pytest.raises(ConfigError, match="disaggregation.decode_router: vllm_dp routes at a request's arrival"):
+        resolve_point({**BASE, "disaggregation": {"num_prefill_replicas": 1, "num_decode_replicas": 2,
+                                                  "decode_router": "vllm_dp"}})

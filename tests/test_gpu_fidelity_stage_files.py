@@ -217,7 +217,7 @@ def test_run_table_columns_dp_mbt_kv_offload_and_precision():
     s = row_settings(row)
     assert (s["data_parallel_size"], s["max_num_batched_tokens"], s["kv_offload_gb"], s["quantization"]) == (2, 1024, 0, "fp8")
     point = gpu_fidelity.stage_point(row, 600.0, s)
-    assert point["data_parallel_size"] == 2 and point["cluster"] == {"num_replicas": 2, "router": "least_outstanding"}
+    assert point["data_parallel_size"] == 2 and point["cluster"] == {"num_replicas": 2, "router": "vllm_dp"}
     assert "kv_offload" not in point["engine"] and point["quantization"] == "fp8"
     assert point["engine"]["max_num_batched_tokens"] == 1024
     on = row_settings(pd.Series({**STAGE, "cpu_offload": True, "precision": "BF16"}))
