@@ -104,8 +104,8 @@ class VllmDP:
     vllm/v1/engine/core_client.py, before 0.32): the engine with the lowest `waiting_weight` x waiting +
     running, in the counts the DP coordinator last published (it republishes every `stats_interval_s`,
     `stats_update_interval_ms` = 100, while they change), each raised by one waiting request for every
-    request this front end has sent there since; ties to the lowest rank. Between snapshots a burst thus
-    spreads across the ranks nearly in turn, whatever their running counts. Kept here: the snapshot is the
+    request this front end has sent there since; ties to the lowest rank. Between snapshots each send thus
+    weighs as four running requests, and a burst spreads across ranks whose counts are close. Kept here: the snapshot is the
     replicas' counts at the first arrival after each interval's start (the coordinator's are its ranks'
     counts at their last step boundary before it). vLLM 0.32 scores max(in-flight, waiting + running) plus
     a KV-pressure term on waiting instead: not modelled. Routes at arrival, as a front end does: not a
