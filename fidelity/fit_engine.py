@@ -55,7 +55,8 @@ from costmodels.catalog import CatalogError
 from fidelity.realruns import RealRun, RealRunError, read_runs, replay, replay_config
 from fidelity.request_fit import DECODE_INTERVALS, RequestFitError, fit_step_terms
 from fidelity.runchecks import failed_requests_line
-from fidelity.stepfit import TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_features
+from fidelity.stepfit import (TERMS, StepFitCostModel, fit_held_out, fit_step_model, step_error_summary,
+                              step_features)
 from costmodels.stepmodel import MoeTerm
 from experiments.config import ConfigError, load_sweep_file
 
@@ -92,11 +93,7 @@ def step_errors(cost_model, runs: list[RealRun]) -> dict | None:
     args, y = step_data(runs)
     if not len(y):
         return None
-    pred = np.array([cost_model.step_time_s(**a) for a in args])
-    err = pred / y - 1
-    out = {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
-           "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
-           "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+    out = step_error_summary(y, [cost_model.step_time_s(**a) for a in args])
     floor = []
     for r in runs:
         a, t = step_data([r])

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from fidelity.realruns import RealRun, RealRunError
+from fidelity.stepfit import step_error_summary
 
 TIMESERIES = "vllm_timeseries.csv"
 TIMESERIES_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "kv_cache_pct")
@@ -260,11 +261,7 @@ def tick_errors(cost_model, runs: list[RealRun], data_parallel_size: int = 1) ->
             sim.append(price_ticks(cost_model, ticks.table, data_parallel_size))
     if not real:
         return None
-    y, pred = np.concatenate(real), np.concatenate(sim)
-    err = pred / y - 1
-    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
-            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
-            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+    return step_error_summary(np.concatenate(real), np.concatenate(sim))
 
 
 def busy_tick_errors(cost_model, runs: list[RealRun], token_budget: int) -> dict | None:
@@ -285,11 +282,7 @@ def busy_tick_errors(cost_model, runs: list[RealRun], token_budget: int) -> dict
                              for t in table.itertuples()], dtype=float))
     if not real or not sum(len(r) for r in real):
         return None
-    y, pred = np.concatenate(real), np.concatenate(sim)
-    err = pred / y - 1
-    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
-            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
-            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+    return step_error_summary(np.concatenate(real), np.concatenate(sim))
 
 
 def price(cost_model, contexts: list[int], data_parallel_size: int = 1, graph_max_tokens: int | None = None) -> float:

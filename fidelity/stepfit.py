@@ -17,6 +17,17 @@ from scipy.optimize import nnls
 from costmodels.stepmodel import FORMAT, TERMS, StepFitCostModel, read_stepfit, step_features  # noqa: F401
 
 
+def step_error_summary(measured_s, priced_s) -> dict:
+    """How a model's prices of steps err against their measured times: the count, median and p90 of
+    |relative error| (percent) and the error of their summed time (throughput), as the step tables report
+    them (fidelity.fit_engine.step_errors, fidelity.run_ticks)."""
+    y, pred = np.asarray(measured_s, dtype=float), np.asarray(priced_s, dtype=float)
+    err = pred / y - 1
+    return {"steps": int(len(y)), "median_ape_pct": round(float(np.median(np.abs(err)) * 100), 2),
+            "p90_ape_pct": round(float(np.percentile(np.abs(err), 90) * 100), 2),
+            "total_time_err_pct": round(float((pred.sum() / y.sum() - 1) * 100), 2)}
+
+
 def fit_step_model(cost_args: Sequence[dict], measured_s: Sequence[float], source: str = "?",
                    reference_step_s: float | None = None, holdout: float = 0.0, seed: int = 0,
                    dtype: str | None = None) -> StepFitCostModel:
