@@ -24,6 +24,7 @@ from experiments.autoscaling_config import parse_autoscaling
 from experiments.gateway_config import parse_gateway
 from experiments.speculative_config import check_speculative
 from experiments.offload_config import check_offload
+from policies.vllm_versions import rules_of
 from simcore.dp_lockstep import dp_group_size
 from simcore.gateway import GatewayLimits
 from experiments.sections import (DISAGG_POLICIES, ClusterSettings, DisaggSettings, SloSettings, parse_cluster,
@@ -139,7 +140,8 @@ def resolve_point(raw: dict) -> PointConfig:
         workload = parse_workload(raw.get("workload"))
     except WorkloadError as e:
         raise ConfigError(str(e)) from None
-    disagg = parse_disaggregation(raw.get("disaggregation"))
+    engine_release = rules_of(policy).version   # what a vLLM front end's router imitates (vllm_dp)
+    disagg = parse_disaggregation(raw.get("disaggregation"), engine_release)
     if disagg is not None:
         if raw.get("cluster") is not None:
             raise ConfigError("disaggregation: set either cluster (co-located replicas) or disaggregation, not both")
@@ -161,7 +163,7 @@ def resolve_point(raw: dict) -> PointConfig:
     if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
         raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")
     check_speculative(settings.speculative, policy, settings, disagg is not None, deployment.pipeline_parallel_size)
-    cluster = parse_cluster(raw.get("cluster"))
+    cluster = parse_cluster(raw.get("cluster"), engine_release)
     group = dp_group_size(model.is_moe, deployment.data_parallel_size)
     if cluster is not None and autoscaling is None and group > 1 and cluster.num_replicas % group:
         raise ConfigError(f"cluster.num_replicas: {cluster.num_replicas} is not a whole number of DP groups of "

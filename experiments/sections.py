@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from experiments.configcheck import ConfigError, check_keys, check_type, number
 from policies.routers import ROUTERS
+from policies.vllm_versions import MODELLED
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,16 @@ class ClusterSettings:
     router: object
 
 
-def parse_cluster(spec) -> ClusterSettings | None:
+def _engine_release(name: str, knobs: dict, engine_version: str) -> dict:
+    """A router that imitates a vLLM release's front end (`vllm_dp`) runs the engine's release unless the
+    file names one."""
+    if name == "vllm_dp" and knobs.get("vllm_version") is None:
+        return {**knobs, "vllm_version": engine_version}
+    return knobs
+
+
+def parse_cluster(spec, engine_version: str = MODELLED) -> ClusterSettings | None:
+    """`engine_version`: the vLLM release the engine runs (policies.vllm_versions.rules_of)."""
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -37,7 +47,7 @@ def parse_cluster(spec) -> ClusterSettings | None:
                               f"expected {', '.join(sorted(fields)) or 'none'}")
         knobs[k] = check_type(f"cluster.{k}", v, fields[k].default)
     try:
-        router = cls(**knobs)
+        router = cls(**_engine_release(name, knobs, engine_version))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if name == "length_split" and router.num_long_replicas >= n:
@@ -67,20 +77,20 @@ DISAGG_KEYS = {"num_prefill_replicas", "num_decode_replicas", "router", "decode_
                "link_bandwidth_gb_per_s", "link_latency_s", "first_token_from"}
 
 
-def _pool_router(key: str, name, pool_size: int):
+def _pool_router(key: str, name, pool_size: int, engine_version: str):
     if name not in ROUTERS:
         raise ConfigError(f"{key}: unknown router {name!r}; known: {', '.join(ROUTERS)}")
     if name == "prefix_affinity":
         raise ConfigError(f"{key}: prefix_affinity needs prefix caching, which disaggregation does not model")
     if key.endswith("decode_router") and getattr(ROUTERS[name], "at_arrival_only", False):
         raise ConfigError(f"{key}: {name} routes at a request's arrival; the decode pool routes at the hand-off")
-    router = ROUTERS[name]()
+    router = ROUTERS[name](**_engine_release(name, {}, engine_version))
     if name == "length_split" and router.num_long_replicas >= pool_size:
         raise ConfigError(f"{key}: length_split needs more than {router.num_long_replicas} replicas in its pool")
     return router
 
 
-def parse_disaggregation(spec) -> DisaggSettings | None:
+def parse_disaggregation(spec, engine_version: str = MODELLED) -> DisaggSettings | None:
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -95,9 +105,10 @@ def parse_disaggregation(spec) -> DisaggSettings | None:
         raise ConfigError(f"disaggregation.first_token_from: expected prefill or decode, got {first!r}")
     return DisaggSettings(
         sizes[0], sizes[1],
-        router=_pool_router("disaggregation.router", spec.get("router", "least_outstanding"), sizes[0]),
+        router=_pool_router("disaggregation.router", spec.get("router", "least_outstanding"), sizes[0],
+                            engine_version),
         decode_router=_pool_router("disaggregation.decode_router", spec.get("decode_router", "least_outstanding"),
-                                   sizes[1]),
+                                   sizes[1], engine_version),
         first_token_from=first, **knobs)
 
 

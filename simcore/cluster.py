@@ -27,6 +27,9 @@ class ReplicaLoad:
     num_used_blocks: int
     num_total_blocks: int
     num_cached_prefix_tokens: int = 0
+    # requests that reached the replica while its step ran, not yet in its queue (async scheduling's
+    # admission lag, simcore/async_scheduling.py): vLLM's engine core has them in its input queue
+    num_held: int = 0
 
     @property
     def num_outstanding(self) -> int:
@@ -34,8 +37,20 @@ class ReplicaLoad:
         return self.num_waiting + self.num_running
 
     @property
+    def num_in_flight(self) -> int:
+        """Every request sent here and not finished, those not yet in its queue included: what a front end
+        that counts its own sends and finishes knows exactly (vLLM's DP client, `engine_inflight`)."""
+        return self.num_waiting + self.num_running + self.num_held
+
+    @property
     def kv_usage(self) -> float:
         return self.num_used_blocks / self.num_total_blocks
+
+
+def _num_held(engine) -> int:
+    """Arrivals an engine holds until its step in flight ends (none without async scheduling)."""
+    late = getattr(engine, "late", None)
+    return len(late.held) if late is not None else 0
 
 
 class Router(Protocol):
@@ -73,7 +88,7 @@ class Cluster:
                     hashes = chain_hashes(spec, e.limits.block_size)
                 cached = e.prefix_cache.num_cached_tokens_for(hashes, spec.num_prompt_tokens)
             out.append(ReplicaLoad(i, len(e.waiting), len(e.running) + len(e.draining), e.pool.num_used_blocks,
-                                   e.pool.num_blocks, cached))
+                                   e.pool.num_blocks, cached, _num_held(e)))
         return out
 
     def route(self, spec: RequestSpec) -> int:
