@@ -2,6 +2,8 @@
 same routing, per-request rows, iteration rows in the same order, ITL samples and summaries, bitwise, for
 every router, open and closed loop, and ties (equal-time events of different replicas)."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,7 +12,7 @@ import simpy
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
 from policies import ChunkedPrefill, Continuous
-from policies.routers import ROUTERS, LengthSplit, PrefixAffinity
+from policies.routers import ROUTERS, LengthSplit, PrefixAffinity, VllmDP
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
 from simcore.engine import Engine, EngineLimits
@@ -117,3 +119,25 @@ def test_a_cluster_sweep_point_runs_on_the_fast_path_by_default():
     from experiments.fast import fast_path_reason
     cfg = resolve_point({**BASE, "cluster": {"num_replicas": 2}})
     assert fast_path_reason(cfg, []) is None
+
+
+HELD_SEEN = []   # the routers below are deep-copied by each cluster: what they saw goes here
+
+
+@dataclass(frozen=True)
+class WatchedVllmDP(VllmDP):
+    def route(self, spec, replicas, num_routed):
+        HELD_SEEN.append(sum(r.num_held for r in replicas))
+        return super().route(spec, replicas, num_routed)
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.32.0"])
+def test_fast_cluster_routes_as_vllms_dp_front_end_with_arrivals_held_by_async_scheduling(version):
+    """vLLM 0.27+'s DP front end counts the requests it sent and has not seen finish, those an engine holds
+    until its step ends included (ReplicaLoad.num_held): both clusters see the same counts."""
+    HELD_SEEN.clear()
+    for seed in range(3):
+        plain, fast = run_both(POLICIES[2], WatchedVllmDP(vllm_version=version), random_specs(seed), ROOFLINE, 3,
+                               async_scheduling=True)
+        assert_identical(plain, fast, 3 * 40)
+    assert max(HELD_SEEN) > 0
