@@ -11,7 +11,6 @@ import simpy
 
 from experiments.fast import iterations_table, requests_table
 from experiments.simulate import simulate
-from policies import ChunkedPrefill, Continuous
 from policies.routers import ROUTERS, LengthSplit, PrefixAffinity, VllmDP
 from simcore.cluster import Cluster
 from simcore.costmodel import ConstantCost
