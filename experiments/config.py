@@ -141,7 +141,7 @@ def resolve_point(raw: dict) -> PointConfig:
     except WorkloadError as e:
         raise ConfigError(str(e)) from None
     engine_release = rules_of(policy).version   # what a vLLM front end's router imitates (vllm_dp)
-    disagg = parse_disaggregation(raw.get("disaggregation"), engine_release)
+    disagg = parse_disaggregation(raw.get("disaggregation"), engine_release, model.is_moe)
     if disagg is not None:
         if raw.get("cluster") is not None:
             raise ConfigError("disaggregation: set either cluster (co-located replicas) or disaggregation, not both")
@@ -163,7 +163,7 @@ def resolve_point(raw: dict) -> PointConfig:
     if autoscaling is not None and (disagg is not None or deployment.pipeline_parallel_size > 1):
         raise ConfigError("autoscaling: not modelled with disaggregation or pipeline parallelism")
     check_speculative(settings.speculative, policy, settings, disagg is not None, deployment.pipeline_parallel_size)
-    cluster = parse_cluster(raw.get("cluster"), engine_release)
+    cluster = parse_cluster(raw.get("cluster"), engine_release, model.is_moe)
     group = dp_group_size(model.is_moe, deployment.data_parallel_size)
     if cluster is not None and autoscaling is None and group > 1 and cluster.num_replicas % group:
         raise ConfigError(f"cluster.num_replicas: {cluster.num_replicas} is not a whole number of DP groups of "

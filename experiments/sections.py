@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from experiments.configcheck import ConfigError, check_keys, check_type, number
 from policies.routers import ROUTERS
-from policies.vllm_versions import MODELLED
+from policies.vllm_versions import MODELLED, dp_counts_published
 
 
 @dataclass(frozen=True)
@@ -18,16 +18,21 @@ class ClusterSettings:
     router: object
 
 
-def _engine_release(name: str, knobs: dict, engine_version: str) -> dict:
-    """A router that imitates a vLLM release's front end (`vllm_dp`) runs the engine's release unless the
-    file names one."""
-    if name == "vllm_dp" and knobs.get("vllm_version") is None:
-        return {**knobs, "vllm_version": engine_version}
-    return knobs
+def _router(name: str, knobs: dict, engine_version: str, moe: bool):
+    """Router `name` with `knobs`; one that imitates a vLLM release's front end (`vllm_dp`) runs the engine's
+    release unless the file names one, and its ranks publish their counts as that release's do for the
+    model (an MoE one: `moe`) unless the file says. ValueError names the key."""
+    if name != "vllm_dp":
+        return ROUTERS[name](**knobs)
+    router = ROUTERS[name](**{"vllm_version": engine_version, **{k: v for k, v in knobs.items() if v is not None}})
+    if router.counts_published is None:
+        router = dataclasses.replace(router, counts_published=dp_counts_published(router.vllm_rules, moe))
+    return router
 
 
-def parse_cluster(spec, engine_version: str = MODELLED) -> ClusterSettings | None:
-    """`engine_version`: the vLLM release the engine runs (policies.vllm_versions.rules_of)."""
+def parse_cluster(spec, engine_version: str = MODELLED, moe: bool = False) -> ClusterSettings | None:
+    """`engine_version`: the vLLM release the engine runs (policies.vllm_versions.rules_of); `moe`: whether
+    the model is a mixture of experts."""
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -47,7 +52,7 @@ def parse_cluster(spec, engine_version: str = MODELLED) -> ClusterSettings | Non
                               f"expected {', '.join(sorted(fields)) or 'none'}")
         knobs[k] = check_type(f"cluster.{k}", v, fields[k].default)
     try:
-        router = cls(**_engine_release(name, knobs, engine_version))
+        router = _router(name, knobs, engine_version, moe)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if name == "length_split" and router.num_long_replicas >= n:
@@ -77,20 +82,20 @@ DISAGG_KEYS = {"num_prefill_replicas", "num_decode_replicas", "router", "decode_
                "link_bandwidth_gb_per_s", "link_latency_s", "first_token_from"}
 
 
-def _pool_router(key: str, name, pool_size: int, engine_version: str):
+def _pool_router(key: str, name, pool_size: int, engine_version: str, moe: bool):
     if name not in ROUTERS:
         raise ConfigError(f"{key}: unknown router {name!r}; known: {', '.join(ROUTERS)}")
     if name == "prefix_affinity":
         raise ConfigError(f"{key}: prefix_affinity needs prefix caching, which disaggregation does not model")
     if key.endswith("decode_router") and getattr(ROUTERS[name], "at_arrival_only", False):
         raise ConfigError(f"{key}: {name} routes at a request's arrival; the decode pool routes at the hand-off")
-    router = ROUTERS[name](**_engine_release(name, {}, engine_version))
+    router = _router(name, {}, engine_version, moe)
     if name == "length_split" and router.num_long_replicas >= pool_size:
         raise ConfigError(f"{key}: length_split needs more than {router.num_long_replicas} replicas in its pool")
     return router
 
 
-def parse_disaggregation(spec, engine_version: str = MODELLED) -> DisaggSettings | None:
+def parse_disaggregation(spec, engine_version: str = MODELLED, moe: bool = False) -> DisaggSettings | None:
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -106,9 +111,9 @@ def parse_disaggregation(spec, engine_version: str = MODELLED) -> DisaggSettings
     return DisaggSettings(
         sizes[0], sizes[1],
         router=_pool_router("disaggregation.router", spec.get("router", "least_outstanding"), sizes[0],
-                            engine_version),
+                            engine_version, moe),
         decode_router=_pool_router("disaggregation.decode_router", spec.get("decode_router", "least_outstanding"),
-                                   sizes[1], engine_version),
+                                   sizes[1], engine_version, moe),
         first_token_from=first, **knobs)
 
 

@@ -118,6 +118,10 @@ class VllmDP:
       queue on a rank whose KV is more than half full steers new requests away;
     - the scan starts at the lowest rank before 0.25, and one rank later for every request routed from 0.25
       (PR #47420), so ties rotate.
+    A dense model's ranks publish no counts from 0.14 to 0.26 (`counts_published` False, which
+    experiments.config sets from the release and the model: policies/vllm_versions.py): the coordinator
+    then republishes zeros every `UNPUBLISHED_REPUBLISH_S`, and the front end routes on its own sends since,
+    round robin blind to load.
     Kept here: the snapshot is the replicas' counts at the first arrival after each interval's start (the
     coordinator's are its ranks' counts at their last step boundary before it). Routes at arrival, as a
     front end does: not a decode pool's router (a disaggregated deployment routes its decodes at the
@@ -128,6 +132,7 @@ class VllmDP:
     vllm_version: str | None = None       # experiments.config sets the engine's where the file does not
     waiting_weight: float | None = None   # None: vLLM's 4 before 0.27; none from 0.27
     stats_interval_s: float = 0.1
+    counts_published: bool | None = None  # None: True (experiments.config sets the release's for the model)
     # the front end's copy of the counts: interval index, {replica: [waiting, running, KV usage]} and the
     # scan's start; each Cluster routes with its own copy of the router (simcore/cluster.py), so a run
     # starts with none
@@ -135,7 +140,7 @@ class VllmDP:
 
     def __post_init__(self):
         rules = vllm_rules(MODELLED if self.vllm_version is None else self.vllm_version, "cluster.vllm_version")
-        object.__setattr__(self, "_rules", rules)   # not a field: derived from vllm_version
+        object.__setattr__(self, "vllm_rules", rules)   # not a field: derived (policies.vllm_versions.rules_of)
         if self.waiting_weight is not None:
             if rules.dp_inflight_score:
                 raise ValueError(f"cluster.waiting_weight: vLLM {rules.version}'s front end has no waiting weight "
@@ -148,16 +153,20 @@ class VllmDP:
             object.__setattr__(self, "waiting_weight", VLLM_WAITING_WEIGHT)
         if not self.stats_interval_s > 0:
             raise ValueError(f"cluster.stats_interval_s: expected a number > 0, got {self.stats_interval_s!r}")
+        if self.counts_published is not None and not isinstance(self.counts_published, bool):
+            raise ValueError(f"cluster.counts_published: expected true or false, got {self.counts_published!r}")
 
     def route(self, spec: RequestSpec, replicas: Sequence[ReplicaLoad], num_routed: int) -> int:
-        rules, seen = self._rules, self._published
-        interval = int(spec.arrival_s // self.stats_interval_s)
+        rules, seen = self.vllm_rules, self._published
+        published = self.counts_published is not False
+        interval = int(spec.arrival_s // (self.stats_interval_s if published else UNPUBLISHED_REPUBLISH_S))
         if seen.get("interval") != interval:
             seen["interval"] = interval
-            seen["counts"] = {r.replica_id: [r.num_waiting, r.num_running, r.kv_usage] for r in replicas}
+            seen["counts"] = {}
         counts = seen["counts"]
-        for r in replicas:   # a replica it has not seen (an autoscaler's new one): its counts now
-            counts.setdefault(r.replica_id, [r.num_waiting, r.num_running, r.kv_usage])
+        for r in replicas:   # at a snapshot, and a replica it has not seen (an autoscaler's new one): its counts now
+            if r.replica_id not in counts:
+                counts[r.replica_id] = [r.num_waiting, r.num_running, r.kv_usage] if published else [0, 0, 0.0]
         n = len(replicas)
         start = seen.get("start", 0) % n if rules.dp_rotating_start else 0
         w = self.waiting_weight
@@ -183,6 +192,9 @@ class VllmDP:
 # waiting requests add 6 x (KV usage - 0.5) each once its KV is more than half full ("ramps from 0 at <=50%
 # usage to 3x waiting at 100%", PR #49204)
 VLLM_WAITING_WEIGHT = 4.0
+# vLLM's DP coordinator republishes its counts every 5 s while none changes (vllm/v1/engine/coordinator.py,
+# its poll's timeout), which for ranks that publish none are zeros
+UNPUBLISHED_REPUBLISH_S = 5.0
 VLLM_KV_WAITING_PENALTY = 6.0
 VLLM_KV_PENALTY_FROM = 0.5
 

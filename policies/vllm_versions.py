@@ -23,6 +23,11 @@ OLDEST = "0.11.0"
 CHANGES = (
     ((0, 14), "async_scheduling_default",
      "async scheduling on by default on CUDA (vllm-project/vllm PR #27614)"),
+    ((0, 14), "dense_dp_engines_apart",
+     "a dense model's DP ranks run as engines of their own (`EngineCoreProc`; PR #30739, 'efficient DP without "
+     "EP', as PR #49204 names it), which publish no request counts: the DP front end routes on the zeros its "
+     "coordinator republishes every 5 s and its own sends since (vllm/v1/engine/core.py `run_engine_core`); "
+     "before, every DP rank ran as a `DPEngineCoreProc`, which publishes them"),
     ((0, 19), "reserve_full_isl",
      "a waiting request is admitted only when its whole prompt fits in free KV, `scheduler_reserve_full_isl` "
      "(PR #37307); before, the step's first chunk had to fit"),
@@ -38,6 +43,9 @@ CHANGES = (
     ((0, 27), "dp_inflight_score",
      "the DP front end scores a rank max(its own in-flight requests there, waiting + running) plus waiting x 6 "
      "x max(0, KV usage - 0.5) (PR #49204); before, waiting x 4 + running"),
+    ((0, 27), "dense_dp_ranks_publish",
+     "a dense model's DP ranks publish their request counts to the DP coordinator again (PR #49204: `EngineCoreProc` "
+     "calls `_maybe_publish_request_counts` before and after each step)"),
     ((0, 28), "large_gpu_budget",
      "the server's token budget on GPUs of 160 GiB or more is 16,384 (PR #51726); before, 8,192 as on an H100"),
     ((0, 31), "threshold_spares_lone_request",
@@ -54,14 +62,21 @@ class VllmRules:
     """What one vLLM release does, where releases differ (CHANGES says since when and why)."""
     version: str = MODELLED
     async_scheduling_default: bool = True
+    dense_dp_engines_apart: bool = True
     reserve_full_isl: bool = True
     hybrid_kv_with_connector: bool = True
     hashless_blocks_first: bool = True
     dp_rotating_start: bool = True
     dp_inflight_score: bool = True
+    dense_dp_ranks_publish: bool = True
     large_gpu_budget: bool = True
     threshold_spares_lone_request: bool = True
     adaptive_threshold_knob: bool = True
+
+
+def dp_counts_published(rules: VllmRules, moe: bool) -> bool:
+    """Whether the DP ranks of a model (an MoE one, `moe`) publish their request counts to the front end."""
+    return moe or not rules.dense_dp_engines_apart or rules.dense_dp_ranks_publish
 
 
 # 'v'? major.minor[.patch], then any suffix a build adds ('.post2', 'rc1', '.dev12+g1a2b', '+cu128', '+cpu')

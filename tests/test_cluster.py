@@ -118,6 +118,7 @@ def test_simulate_cluster_summary_and_replicas():
      "cluster.waiting_weight: vLLM 0.32.0's front end has no waiting weight"),
     ({"num_replicas": 2, "router": "vllm_dp", "vllm_version": "0.19.0", "waiting_weight": "x"},
      "cluster.waiting_weight: expected a number"),
+    ({"num_replicas": 2, "router": "vllm_dp", "counts_published": "yes"}, "cluster.counts_published: expected true"),
 ])
 def test_cluster_config_errors(cluster, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -179,6 +180,25 @@ def test_a_vllm_dp_router_runs_the_engines_release_unless_it_names_one():
     assert (named.vllm_version, named.waiting_weight) == ("0.30.0", None)
 
 
+def test_a_dense_models_dp_ranks_publish_no_counts_from_vllm_0_14_to_0_26():
+    """vLLM 0.14-0.26 run a dense model's DP ranks as engines that publish no request counts: its front end
+    routes on zeros its coordinator republishes every 5 s and its own sends since, blind to load."""
+    dp = {"num_replicas": 2, "router": "vllm_dp"}
+    def published(model, version, **knobs):
+        engine = {"policy": "chunked_prefill", "vllm_version": version}
+        return resolve_point({**BASE, "model": model, "engine": engine, "cluster": {**dp, **knobs}}
+                             ).cluster.router.counts_published
+    assert [published("llama-3-8b", v) for v in ("0.13.0", "0.14.0", "0.19.0", "0.26.0", "0.27.0")] == \
+        [True, False, False, False, True]
+    assert published("mistralai/Mixtral-8x7B-v0.1", "0.19.0") is True     # MoE ranks always publish
+    assert published("llama-3-8b", "0.19.0", counts_published=True) is True   # a file may say otherwise
+    router = VllmDP(vllm_version="0.19.0", counts_published=False)
+    busy = [load(0, waiting=30, running=100), load(1)]                   # rank 0 far busier: not seen
+    assert [router.route(RequestSpec(k, 0.5 * k, 100, 10), busy, k) for k in range(9)] == [0, 1] * 4 + [0]
+    # the 5 s republish of zeros: the scan starts over at rank 0 although rank 0 had one send more
+    assert [router.route(RequestSpec(k, 5.0 + 0.5 * k, 100, 10), busy, k) for k in range(3)] == [0, 1, 0]
+
+
 def test_vllm_dp_chooses_as_vllms_own_front_end_does():
     """vLLM's `DPLBAsyncMPClient.get_core_engine_for_request` (the installed release, 0.27 or later) and the
     router, fed the same coordinator snapshots, sends and finishes, choose the same rank every time."""
@@ -186,7 +206,7 @@ def test_vllm_dp_chooses_as_vllms_own_front_end_does():
     import vllm
     version = vllm.__version__.split("+")[0]
     router = VllmDP(vllm_version=version)
-    if not router._rules.dp_inflight_score:
+    if not router.vllm_rules.dp_inflight_score:
         pytest.skip(f"vLLM {version} scores waiting x 4 + running")
     rng = random.Random(7)
     n = 4
