@@ -192,11 +192,11 @@ class VllmDP:
 # waiting requests add 6 x (KV usage - 0.5) each once its KV is more than half full ("ramps from 0 at <=50%
 # usage to 3x waiting at 100%", PR #49204)
 VLLM_WAITING_WEIGHT = 4.0
+VLLM_KV_WAITING_PENALTY = 6.0
+VLLM_KV_PENALTY_FROM = 0.5
 # vLLM's DP coordinator republishes its counts every 5 s while none changes (vllm/v1/engine/coordinator.py,
 # its poll's timeout), which for ranks that publish none are zeros
 UNPUBLISHED_REPUBLISH_S = 5.0
-VLLM_KV_WAITING_PENALTY = 6.0
-VLLM_KV_PENALTY_FROM = 0.5
 
 
 ROUTERS = {r.name: r for r in (RoundRobin, LeastOutstanding, LeastKVUsage, PrefixAffinity, LengthSplit, VllmDP)}
