@@ -6,10 +6,35 @@ from __future__ import annotations
 from policies import imitated
 
 
-def schedules_line(policies, vllm_versions=()) -> str:
+def schedules_line(policies, vllm_versions=(), routers=()) -> str:
     """'schedules as chunked_prefill: vLLM V1's scheduler, ...': which engine and version each policy of
-    the answers imitates (policies.imitated; `vllm_versions`: the results' `vllm_version` column)."""
-    return f"schedules as {imitated(policies, vllm_versions)}"
+    the answers imitates (policies.imitated; `vllm_versions`: the results' `vllm_version` column), and how a
+    router that imitates an engine's front end routes (`routers`: the results' `router_basis` column)."""
+    routes = list(dict.fromkeys(r for r in routers if isinstance(r, str)))
+    return f"schedules as {imitated(policies, vllm_versions)}" + "".join(f"; routes as {r}" for r in routes)
+
+
+def router_basis_column(router) -> dict:
+    """A results row's `router_basis`: what a router that imitates an engine's front end (vllm_dp) does, in
+    words; none for the others."""
+    describe = getattr(router, "describe", None)
+    return {} if describe is None else {"router_basis": describe()}
+
+
+def point_router_bases(points) -> list:
+    """The `router_basis` of each point's cluster or prefill-pool router, where it has one."""
+    out = []
+    for p in points:
+        cfg = p.config
+        router = (cfg.cluster.router if cfg.cluster is not None
+                  else cfg.disaggregation.router if cfg.disaggregation is not None else None)
+        out.append(router_basis_column(router).get("router_basis"))
+    return out
+
+
+def router_bases_of(results) -> list:
+    """The `router_basis` column of a results table."""
+    return list(results["router_basis"]) if "router_basis" in results else []
 
 
 def vllm_version_column(policy) -> dict:

@@ -225,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"The log's answer ({df.iloc[0]['binding']}) "
               + ("agrees with the intervention." if agrees else "is NOT confirmed by the intervention."))
     from costmodels.basis import rests_on
-    from experiments.answer_basis import point_vllm_versions, schedules_line, seeds_line
+    from experiments.answer_basis import point_router_bases, point_vllm_versions, schedules_line, seeds_line
     print(f"rests on the {rests_on({p.point_id: df.iloc[0].get('cost_model_basis')})}; the bandwidth and "
-          f"compute rows on the datasheet roofline's sensitivity\n{schedules_line([p.config.policy.name], point_vllm_versions([p]))}; "
+          f"compute rows on the datasheet roofline's sensitivity\n{schedules_line([p.config.policy.name], point_vllm_versions([p]), point_router_bases([p]))}; "
           f"{seeds_line(len(points))}")
     return 0
 

@@ -10,6 +10,7 @@ import dataclasses
 
 import pandas as pd
 
+from experiments.answer_basis import router_basis_column
 from simcore.disagg import HANDOFF_COLUMNS, DisaggregatedCluster, KVLink
 from simcore.engine import Engine, EngineLimits
 from simcore.fast.disagg import FastDisagg
@@ -73,7 +74,7 @@ def summary_keys(requests: pd.DataFrame, replicas: pd.DataFrame, cluster: Disagg
     moved = requests["kv_transfer_s"].notna()
     busy = replicas.groupby("role")["busy_fraction"].mean()
     return {"num_replicas": len(replicas), "num_prefill_replicas": d.num_prefill_replicas,
-            "num_decode_replicas": d.num_decode_replicas, "router": d.router.name,
+            "num_decode_replicas": d.num_decode_replicas, "router": d.router.name, **router_basis_column(d.router),
             "decode_router": d.decode_router.name, "first_token_from": d.first_token_from,
             "num_kv_transfers": int(moved.sum()),
             "kv_transfer_mean_ms": float(requests.loc[moved, "kv_transfer_s"].mean() * 1e3) if moved.any() else 0.0,

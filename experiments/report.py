@@ -14,7 +14,7 @@ import pandas as pd
 
 from costmodels.basis import rests_on
 from experiments import plots
-from experiments.answer_basis import point_vllm_versions, schedules_line
+from experiments.answer_basis import point_router_bases, point_vllm_versions, schedules_line
 from experiments.capacity_over_time import check_sentence
 from experiments.capacity_plan import CapacitySpec, replicas_curve
 from experiments.config import set_dotted
@@ -331,10 +331,12 @@ def answer_sentence(row, spec, label: str) -> str:
 
 def _search_md(sweep, res: SearchResult, labels, cap, cap_spec, made, out: Path) -> str:
     spec = res.spec
+    points = res.grid_points
+    schedules = schedules_line([p.config.policy.name for p in points], point_vllm_versions(points),
+                               point_router_bases(points))
     lines = [f"# {sweep.get('name', 'sweep')}: maximum load within the SLO", "",
              describe_setup(sweep) + ".", "",
-             f"**Rests on** the {rests_on(search_bases(res, labels))}; it "
-             f"{schedules_line([p.config.policy.name for p in res.grid_points], point_vllm_versions(res.grid_points))}.", "",
+             f"**Rests on** the {rests_on(search_bases(res, labels))}; it {schedules}.", "",
              f"Searched `{spec.over}` over [{spec.lo:g}, {spec.hi:g}] for the largest load meeting "
              f"{spec.slo_text}; {spec.rule_text} (seeds: {res.searches['seeds'].iloc[0]}). Tolerance: "
              + ("one user between the answer and the first failing load" if spec.is_integer and spec.tolerance <= 1

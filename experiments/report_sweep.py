@@ -11,7 +11,7 @@ from experiments import plots
 from experiments.offload_report import with_offload_columns
 from experiments.why_report import append_why_sections
 from simcore.metrics import untrusted_notes
-from experiments.answer_basis import schedules_line, seeds_line, vllm_versions_of
+from experiments.answer_basis import router_bases_of, schedules_line, seeds_line, vllm_versions_of
 from experiments.report import (LOAD_SUFFIXES, _gantt, _label, _requests_cdf_input, _timeseries, describe_setup,
                                 md_table, settings_words, with_basis)
 from costmodels.basis import rests_on
@@ -106,8 +106,8 @@ def _sweep_md(sweep, results, grid_keys, others, made) -> str:
     lines = [f"# {sweep.get('name', 'sweep')}", "", describe_setup(sweep) + ".", ""]
     if "cost_model_basis" in results:
         bases = {_label(r, grid_keys): r["cost_model_basis"] for _, r in results.iterrows()}
-        lines += [f"**Rests on** the {rests_on(bases)}; it {schedules_line(results['policy'], vllm_versions_of(results))}; "
-                  f"{seeds_line(results['seed'].nunique())}.", ""]
+        schedules = schedules_line(results['policy'], vllm_versions_of(results), router_bases_of(results))
+        lines += [f"**Rests on** the {rests_on(bases)}; it {schedules}; {seeds_line(results['seed'].nunique())}.", ""]
     by = [k for k in grid_keys if k != "engine.policy"]
     for num in ("continuous", "chunked_prefill"):
         ratio = policy_ratio(results, by, num)

@@ -37,7 +37,7 @@ with imports_frozen():
     from commandline.interrupts import raise_if_interrupted, remember_interrupts
     from commandline.progress import PROGRESS_MODES
     from costmodels.basis import rests_on
-    from experiments.answer_basis import schedules_line, seeds_line, vllm_versions_of
+    from experiments.answer_basis import router_bases_of, schedules_line, seeds_line, vllm_versions_of
     from commandline.argtypes import positive_int
     from commandline.outputs import OutputError, out_dir
     from commandline.parser import Parser
@@ -115,8 +115,10 @@ def _run(args, progress: str) -> str:
                 from experiments.report_sweep import sweep_report
             sweep_report(sweep, out, result.results)
             text += f"; plots and summary.md in {out}"
+        schedules = schedules_line(result.results['policy'], vllm_versions_of(result.results),
+                                   router_bases_of(result.results))
         text += (f"\nrests on the {rests_on(point_bases(result.results))}\n"
-                 f"{schedules_line(result.results['policy'], vllm_versions_of(result.results))}; {seeds_line(result.results['seed'].nunique())}")
+                 f"{schedules}; {seeds_line(result.results['seed'].nunique())}")
         notes = untrusted_lines(result.results, list((sweep.get("grid") or {}).keys()))
         if notes:
             text += (f"\n\nWARNING: {len(notes)} of {len(result.results)} results cannot be taken at face "

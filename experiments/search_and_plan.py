@@ -12,7 +12,7 @@ import pandas as pd
 from experiments.capacity_over_time import verify_over_time
 from experiments.capacity_plan import CapacitySpec, parse_capacity, plan
 from experiments.executors import open_executor
-from experiments.answer_basis import point_vllm_versions, schedules_line
+from experiments.answer_basis import point_router_bases, point_vllm_versions, schedules_line
 from experiments.report import answer_sentence, grid_labels, md_table, search_bases, search_report
 from costmodels.basis import rests_on
 from experiments.search import parse_search
@@ -38,7 +38,8 @@ def run_and_report(sweep: dict, out: Path, jobs: int | None = None, progress: bo
              + (f" ({res.num_reused} reused from an earlier run)" if res.num_reused else "")]
     lines += [answer_sentence(r, res.spec, labels[r.grid_point]).replace("**", "") for r in res.searches.itertuples()]
     lines.append(f"rests on the {rests_on(search_bases(res, labels))}")
-    lines.append(schedules_line([p.config.policy.name for p in res.grid_points], point_vllm_versions(res.grid_points)))
+    lines.append(schedules_line([p.config.policy.name for p in res.grid_points], point_vllm_versions(res.grid_points),
+                                point_router_bases(res.grid_points)))
     if cap is not None:
         show = [c for c in ("configuration", "capacity_rps_per_replica", "replicas", "gpus",
                             "cost_per_hour", "cost_per_million_input_tokens", "cost_per_million_output_tokens",

@@ -17,6 +17,7 @@ from costmodels.deployment import Deployment
 from costmodels.frontend import NONE as NO_FRONTEND, FrontendLatency, frontend_of
 from costmodels.roofline import RooflineCostModel
 from experiments import disaggregation
+from experiments.answer_basis import router_basis_column
 from experiments.config import PointConfig, resolve_point
 from experiments.fast import empty_iterations, lockstep_group_size, run_fast, use_fast_path
 from experiments.speculative_config import speculation_for
@@ -258,8 +259,9 @@ def pooled_results(cfg: PointConfig, requests: pd.DataFrame, iterations: pd.Data
         summary.update(disaggregation.summary_keys(requests, replicas, disagg, cfg))
     elif num_replicas > 1:
         replicas = replicas_frame(requests, iterations, usable, num_replicas)
-        summary.update(cluster_summary(summary, replicas),
-                       router=cfg.cluster.router.name if cfg.cluster is not None else "round_robin")
+        router = cfg.cluster.router if cfg.cluster is not None else None
+        summary.update(cluster_summary(summary, replicas), router=router.name if router is not None else "round_robin",
+                       **router_basis_column(router))
     return requests, summary, replicas
 
 

@@ -156,6 +156,18 @@ class VllmDP:
         if self.counts_published is not None and not isinstance(self.counts_published, bool):
             raise ValueError(f"cluster.counts_published: expected true or false, got {self.counts_published!r}")
 
+    def describe(self) -> str:
+        """What the routing of an answer rests on (experiments/answer_basis.py), in words."""
+        rules = self.vllm_rules
+        if self.counts_published is False:
+            how = "its ranks publish no counts, so requests go round robin, blind to load"
+        elif rules.dp_inflight_score:
+            how = (f"max(in-flight, waiting + running) plus KV pressure on waiting, from {self.stats_interval_s:g} s "
+                   "snapshots")
+        else:
+            how = f"waiting x {self.waiting_weight:g} + running, from {self.stats_interval_s:g} s snapshots"
+        return f"vLLM {rules.version}'s DP front end ({how})"
+
     def route(self, spec: RequestSpec, replicas: Sequence[ReplicaLoad], num_routed: int) -> int:
         rules, seen = self.vllm_rules, self._published
         published = self.counts_published is not False

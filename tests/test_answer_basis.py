@@ -197,6 +197,23 @@ def test_a_figure_names_the_gpu_as_the_sweep_gave_it(tp, hardware, words):
     assert _gpus(tp, hardware) == words
 
 
+def test_a_cluster_routed_as_vllms_dp_front_end_says_which_release_routes_it(tmp_path, capsys):
+    f = sweep_file(tmp_path, seeds=[0], profile="roofline", cluster={"num_replicas": 2, "router": "vllm_dp"},
+                   grid={"engine.vllm_version": ["0.19.0", "0.32.0"]})
+    assert run.main([str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("routes as vLLM 0.19.0's DP front end (its ranks publish no counts, so requests go round robin, "
+            "blind to load); routes as vLLM 0.32.0's DP front end (max(in-flight, waiting + running)") in out
+    res = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(res["router_basis"].str.slice(0, 11)) == ["vLLM 0.19.0", "vLLM 0.32.0"]
+    assert "routes as vLLM 0.19.0's DP front end" in (tmp_path / "out" / "summary.md").read_text()
+    # a router that imitates no engine adds nothing
+    f = sweep_file(tmp_path, seeds=[0], profile="roofline", cluster={"num_replicas": 2})
+    assert run.main([str(f), "--out", str(tmp_path / "plain"), "--jobs", "1", "--quiet", "--no-plots"]) == 0
+    assert "routes as" not in capsys.readouterr().out
+    assert "router_basis" not in pd.read_csv(tmp_path / "plain" / "results.csv")
+
+
 def test_every_policy_names_the_engine_and_version_it_imitates():
     from experiments.answer_basis import seeds_line
     from policies import POLICIES, imitated
